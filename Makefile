@@ -1,0 +1,34 @@
+# Cursus-py developer entry points. Every target creates the virtual environment it needs.
+PYTHON ?= python3
+VENV := .venv
+PY := $(VENV)/bin/python
+STAMP := $(VENV)/.installed
+
+.PHONY: venv run test lint bench chaos chaos-long clean
+
+$(STAMP): pyproject.toml
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip
+	$(PY) -m pip install -q -e '.[dev]'
+	touch $(STAMP)
+
+venv: $(STAMP)
+
+## make run: a standalone broker on 127.0.0.1 with data under ./data (Ctrl-C stops it cleanly)
+run: $(STAMP)
+	$(VENV)/bin/cursus-broker --host 127.0.0.1 --log-dir ./data
+
+## make test: the whole test suite (unit, integration with real broker processes)
+test: $(STAMP)
+	HYPOTHESIS_PROFILE=ci $(PY) -m pytest -q -p no:cacheprovider
+
+lint: $(STAMP)
+	$(VENV)/bin/ruff check cursus tests bench chaos
+	$(VENV)/bin/mypy cursus
+
+## make bench: benchmarks, one JSON line per measurement
+bench: $(STAMP)
+	$(PY) -m bench
+
+clean:
+	rm -rf $(VENV) build *.egg-info .pytest_cache .hypothesis

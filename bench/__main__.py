@@ -1,0 +1,44 @@
+"""Run every ``bench/bench_*.py`` module and print each result dict as one JSON line.
+
+Usage: ``python -m bench`` (all modules) or ``python -m bench wire storage`` (only the
+named ones, without the ``bench_`` prefix).
+"""
+
+from __future__ import annotations
+
+import importlib
+import json
+import sys
+from pathlib import Path
+
+
+def _module_names(selected: list[str]) -> list[str]:
+    names = sorted(path.stem for path in Path(__file__).resolve().parent.glob("bench_*.py"))
+    if selected:
+        wanted = {f"bench_{name.removeprefix('bench_')}" for name in selected}
+        names = [name for name in names if name in wanted]
+    return names
+
+
+def main(argv: list[str]) -> int:
+    """Import and run the bench modules; return a process exit code.
+
+    A module that fails prints one ``{"module": ..., "error": ...}`` line and the run
+    goes on with the next module; the exit code is then 1.
+    """
+    failed = False
+    for name in _module_names(argv):
+        try:
+            module = importlib.import_module(f"bench.{name}")
+            results = module.run()
+        except Exception as exc:  # one broken bench must not hide the others' numbers
+            failed = True
+            print(json.dumps({"module": name, "error": f"{type(exc).__name__}: {exc}"}), flush=True)
+            continue
+        for result in results:
+            print(json.dumps({"module": name, **result}), flush=True)
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
