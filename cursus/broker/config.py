@@ -1,0 +1,246 @@
+"""Broker configuration: one table of keys, four sources.
+
+Every key the broker understands is a row of :data:`SETTINGS` (name, type, default, unit, meaning). The
+documentation page ``docs/configuration.md`` is generated from the same table, so it cannot drift.
+
+Sources, lowest precedence first (facts decision 15): built-in defaults < YAML config file (``--config`` or
+``CONFIG_PATH``; flat keys) < environment variables (the upper-case key name, plus the reference broker's
+irregular aliases) < command-line flags. An unknown key or an invalid value raises :class:`ConfigError`
+naming the key; a reference-broker key that Cursus-py does not implement is accepted with a warning.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+MIB = 1024 * 1024
+
+
+class ConfigError(ValueError):
+    """A configuration key is unknown or its value is invalid; the message names the key."""
+
+
+def _parse_bool(value: Any) -> bool:
+    if isinstance(value, bool):
+        return value
+    text = str(value).strip().lower()
+    if text in ("true", "1", "yes", "on"):
+        return True
+    if text in ("false", "0", "no", "off"):
+        return False
+    raise ValueError(f"expected a boolean, got {value!r}")
+
+
+def _parse_int(value: Any) -> int:
+    if isinstance(value, bool):
+        raise ValueError(f"expected an integer, got {value!r}")
+    if isinstance(value, int):
+        return value
+    return int(str(value).strip(), 10)
+
+
+def _parse_str(value: Any) -> str:
+    if isinstance(value, (dict, list)):
+        raise ValueError(f"expected a string, got {type(value).__name__}")
+    return str(value)
+
+
+@dataclass(frozen=True, slots=True)
+class Setting:
+    """One configuration key: its parser, default, unit and meaning, and a range check."""
+
+    name: str
+    parse: Callable[[Any], Any]
+    default: Any
+    unit: str
+    doc: str
+    minimum: int | None = None
+    choices: tuple[str, ...] | None = None
+    env_aliases: tuple[str, ...] = ()
+
+    def coerce(self, raw: Any) -> Any:
+        try:
+            value = self.parse(raw)
+        except (TypeError, ValueError) as exc:
+            raise ConfigError(f"invalid value for {self.name}: {exc}") from None
+        if self.minimum is not None and value < self.minimum:
+            raise ConfigError(f"invalid value for {self.name}: must be >= {self.minimum}, got {value}")
+        if self.choices is not None and value not in self.choices:
+            raise ConfigError(f"invalid value for {self.name}: must be one of {', '.join(self.choices)}")
+        return value
+
+
+_B, _I, _S = _parse_bool, _parse_int, _parse_str
+
+#: The single table of supported keys. Timers are all configurable so tests can use short values.
+SETTINGS: tuple[Setting, ...] = (
+    Setting("host", _S, "0.0.0.0", "address", "Bind address of the client listener."),
+    Setting("broker_port", _I, 9000, "port", "Client listener port (Wire v2). 0 picks a free port.", 0),
+    Setting("health_check_port", _I, 9080, "port", "HTTP health port (/live, /ready). 0 picks a free port; -1 disables.", -1),
+    Setting("exporter_port", _I, 9100, "port", "Prometheus metrics port. 0 picks a free port; -1 disables.", -1),
+    Setting("advertised_host", _S, "", "host", "Host handed to clients in METADATA, FIND_COORDINATOR and redirects. Empty: the bind address, or 127.0.0.1 for a wildcard bind."),
+    Setting("log_dir", _S, "broker-logs", "path", "Data directory (topic logs, manifest, offsets)."),
+    Setting("log_segment_bytes", _I, 1 << 30, "bytes", "Roll a partition segment when it would exceed this size.", 4096),
+    Setting("log_segment_roll_ms", _I, 7 * 24 * 3600 * 1000, "ms", "Roll a partition segment when its first chunk is older than this.", 1),
+    Setting("log_index_interval_bytes", _I, 4096, "bytes", "Log bytes between two sparse offset-index entries.", 1),
+    Setting("log_recovery_point_interval_ms", _I, 1000, "ms", "How often partition checkpoints (recovery point, HWM) are written.", 1),
+    Setting("log_retention_hours", _I, 168, "hours", "Broker default time retention; -1 keeps forever.", -1),
+    Setting("log_retention_ms", _I, -1, "ms", "Broker default time retention in ms; overrides log_retention_hours when >= 0.", -1),
+    Setting("log_retention_bytes", _I, -1, "bytes", "Broker default size retention per partition; -1 keeps all.", -1),
+    Setting("log_retention_check_interval_ms", _I, 300_000, "ms", "Interval of the retention task.", 1),
+    Setting("max_message_bytes", _I, 1 * MIB, "bytes", "Largest single record the broker accepts.", 64),
+    Setting("max_client_connections", _I, 1000, "connections", "Concurrent client connections; further clients wait in the accept backlog.", 1),
+    Setting("client_idle_timeout_ms", _I, 0, "ms", "Close a client connection idle this long; 0 never closes idle connections (the spec's behaviour).", 0),
+    Setting("max_inflight_request_bytes", _I, 256 * MIB, "bytes", "Broker-wide budget for request payloads being read or handled (encoded + decoded).", 2 * 64 * MIB),
+    Setting("producer_state_ttl_ms", _I, 1_800_000, "ms", "Idle time after which an idempotent producer's sequence state expires.", 1),
+    Setting("min_insync_replicas", _I, 1, "replicas", "Broker default minimum ISR for acks=all (standalone: 1).", 1),
+    Setting("default_replication_factor", _I, 1, "replicas", "Replication factor for topics created without one (standalone records 1).", 1),
+    Setting("default_partitions", _I, 4, "partitions", "Partition count for topics created without one.", 1),
+    Setting("log_cleanup_policy", _S, "delete", "policy", "Broker default cleanup policy for new topics.", choices=("delete",)),
+    Setting("consume_default_max_bytes", _I, 1 * MIB, "bytes", "CONSUME reply byte limit when the request gives no max_bytes.", 1),
+    Setting("use_tls", _B, False, "bool", "Serve the client listener over TLS (1.2 minimum)."),
+    Setting("tls_cert_path", _S, "", "path", "PEM certificate chain of the client listener."),
+    Setting("tls_key_path", _S, "", "path", "PEM private key of the client listener."),
+    Setting("tls_ca_path", _S, "", "path", "PEM CA bundle; when set, clients must present a certificate it signed."),
+    Setting("tls_handshake_timeout_ms", _I, 10_000, "ms", "A client that does not finish the TLS handshake in time is dropped.", 1),
+    Setting("enable_sasl", _B, False, "bool", "Require token authentication (AUTH). Not implemented yet; must stay false."),
+    Setting("shutdown_grace_ms", _I, 10_000, "ms", "How long a clean shutdown waits for in-flight requests.", 0),
+)
+
+SETTINGS_BY_NAME: Mapping[str, Setting] = {s.name: s for s in SETTINGS}
+
+#: Reference-broker keys that are accepted (with a warning) but have no effect here yet.
+REFERENCE_KEYS_NOT_IMPLEMENTED: frozenset[str] = frozenset(
+    {
+        "enable_exporter", "raft_port", "discovery_port", "internal_broker_port", "disk_flush_batch_size",
+        "linger_ms", "disk_flush_interval_ms", "disk_write_timeout_ms", "channel_buffer_size", "compression_type",
+        "log_index_size_bytes", "log_min_cleanable_dirty_ratio", "log_cleanup_interval", "enabled_distribution",
+        "raft_snapshot_interval_ms", "raft_snapshot_threshold", "raft_trailing_logs", "static_cluster_members",
+        "enable_idempotence", "transactional_id_expiration_ms", "transaction_timeout_ms",
+        "transaction_coordinator_shards", "transaction_recovery_batch_size", "consumer_session_timeout_ms",
+        "consumer_heartbeat_check_ms", "max_stream_connections", "stream_timeout", "stream_heartbeat_interval",
+        "sasl_users", "client_request_timeout_ms",
+        "max_inflight_requests", "internal_auth_token", "internal_auth_token_next", "observation_grpc_port",
+    }
+)
+
+
+@dataclass(frozen=True, slots=True)
+class BrokerConfig:
+    """Resolved configuration. Field names are the configuration keys (see :data:`SETTINGS`)."""
+
+    values: Mapping[str, Any] = field(default_factory=dict)
+    warnings: tuple[str, ...] = ()
+
+    def __getattr__(self, name: str) -> Any:
+        try:
+            return self.values[name]
+        except KeyError:
+            raise AttributeError(name) from None
+
+    @property
+    def advertised(self) -> str:
+        """The host clients are told to connect to; never a wildcard address."""
+        if self.values["advertised_host"]:
+            return str(self.values["advertised_host"])
+        host = str(self.values["host"])
+        return "127.0.0.1" if host in ("0.0.0.0", "::", "") else host
+
+    def replace(self, **changes: Any) -> BrokerConfig:
+        merged = dict(self.values)
+        for key, raw in changes.items():
+            merged[key] = SETTINGS_BY_NAME[key].coerce(raw)
+        return dataclasses.replace(self, values=merged)
+
+
+def _env_names(setting: Setting) -> tuple[str, ...]:
+    return (setting.name.upper(), *setting.env_aliases)
+
+
+def load_config(
+    *,
+    config_path: str | os.PathLike[str] | None = None,
+    environ: Mapping[str, str] | None = None,
+    overrides: Mapping[str, Any] | None = None,
+) -> BrokerConfig:
+    """Resolve the configuration from defaults, a YAML file, the environment and flag overrides.
+
+    Args:
+        config_path: flat YAML file; when None, ``CONFIG_PATH`` from ``environ`` is used if set.
+        environ: environment mapping (defaults to ``os.environ``); upper-case key names override the file.
+        overrides: values from command-line flags (highest precedence); None values are ignored.
+
+    Raises:
+        ConfigError: unreadable file, non-mapping YAML, unknown key, or invalid value (message names the key).
+    """
+    env = os.environ if environ is None else environ
+    values: dict[str, Any] = {s.name: s.default for s in SETTINGS}
+    warnings: list[str] = []
+
+    path = config_path if config_path is not None else env.get("CONFIG_PATH") or None
+    if path is not None:
+        import yaml
+
+        try:
+            loaded = yaml.safe_load(Path(path).read_text(encoding="utf-8"))
+        except (OSError, yaml.YAMLError) as exc:
+            raise ConfigError(f"cannot read config file {path}: {exc}") from None
+        if loaded is None:
+            loaded = {}
+        if not isinstance(loaded, dict):
+            raise ConfigError(f"config file {path} must be a flat mapping of keys to values")
+        for key, raw in loaded.items():
+            key = str(key)
+            if key in SETTINGS_BY_NAME:
+                values[key] = SETTINGS_BY_NAME[key].coerce(raw)
+            elif key in REFERENCE_KEYS_NOT_IMPLEMENTED:
+                warnings.append(f"config key {key} is not implemented by Cursus-py and is ignored")
+            else:
+                raise ConfigError(f"unknown config key {key} in {path}")
+
+    for setting in SETTINGS:
+        for env_name in _env_names(setting):
+            if env_name in env:
+                values[setting.name] = setting.coerce(env[env_name])
+    for key, raw in (overrides or {}).items():
+        if raw is None:
+            continue
+        if key not in SETTINGS_BY_NAME:
+            raise ConfigError(f"unknown config key {key}")
+        values[key] = SETTINGS_BY_NAME[key].coerce(raw)
+    if values["enable_sasl"]:
+        raise ConfigError("invalid value for enable_sasl: token authentication is not implemented yet")
+    return BrokerConfig(values=values, warnings=tuple(warnings))
+
+
+def render_markdown() -> str:
+    """The configuration reference page (``docs/configuration.md`` body) from :data:`SETTINGS`."""
+    lines = [
+        "| key | default | unit | meaning |",
+        "| --- | --- | --- | --- |",
+    ]
+    for s in SETTINGS:
+        default = "`" + str(s.default).lower() + "`" if isinstance(s.default, bool) else f"`{s.default}`"
+        if s.default == "":
+            default = "(empty)"
+        lines.append(f"| `{s.name}` | {default} | {s.unit} | {s.doc} |")
+    return "\n".join(lines) + "\n"
+
+
+if __name__ == "__main__":  # python -m cursus.broker.config > docs/configuration.md
+    print(
+        "# Configuration\n\n"
+        "Generated from `cursus/broker/config.py` (`python -m cursus.broker.config > docs/configuration.md`);\n"
+        "a test fails when this page and the code disagree.\n\n"
+        "Sources, lowest precedence first: defaults, the flat YAML file (`--config FILE` or `CONFIG_PATH`),\n"
+        "environment variables (the upper-case key, e.g. `BROKER_PORT=9000`), command-line flags\n"
+        "(`--port`, `--host`, `--log-dir`, `--health-port`, `--metrics-port`, `--advertised-host`, and\n"
+        "`--set key=value` for any key). An unknown key or an invalid value stops startup with a message naming\n"
+        "the key; a key of the reference broker that Cursus-py does not implement is accepted with a warning.\n"
+    )
+    print(render_markdown(), end="")

@@ -1,0 +1,90 @@
+"""CONSUME: one long-poll read of one partition (spec "CONSUME", facts decision 14, B3.4).
+
+The reply is a CBV2 batch header followed by a records section copied from the segment: the broker never
+decodes stored records to serve them (it only peeks at the first and last record's producer sequence for
+the batch header).
+"""
+
+from __future__ import annotations
+
+import struct
+
+from cursus.broker.core import Broker
+from cursus.broker.handlers.common import check_topic_access, partition_of
+from cursus.broker.producer_state import record_producer
+from cursus.broker.replica import Replica
+from cursus.broker.request import Request
+from cursus.broker.topics import validate_topic_name
+from cursus.storage import OffsetOutOfRange
+from cursus.wire import MAX_RECORDS_PER_BATCH, encode_batch_header
+from cursus.wire.errors import BrokerError
+
+DEFAULT_BATCH_RECORDS = 8192
+#: Upper bound on one long poll; clients time out their sockets long before this (5 s by default).
+MAX_WAIT_MS = 300_000
+ISOLATION_LEVELS = ("read_committed", "read_uncommitted")
+_U32 = struct.Struct(">I")
+
+
+def _out_of_range(replica: Replica, requested: int) -> BrokerError:
+    return BrokerError.of("OFFSET_OUT_OF_RANGE", requested=requested, earliest=replica.log_start_offset,
+                          latest=replica.hwm)
+
+
+def _isolation(req: Request) -> str:
+    raw = req.get("isolation") or req.get("isolation_level") or "read_committed"
+    if raw not in ISOLATION_LEVELS:
+        raise BrokerError.of("invalid_isolation", value=raw, command=req.command.name)
+    return raw
+
+
+async def handle_consume(broker: Broker, req: Request) -> bytes:
+    """CONSUME topic partition offset [batch] [wait_ms] [max_bytes] [isolation] [autoOffsetReset]."""
+    raw_topic = req.get("topic")
+    if raw_topic and ("*" in raw_topic or "?" in raw_topic):
+        raise BrokerError.of("invalid_topic_name", topic=raw_topic, reason="wildcards belong to group subscriptions")
+    defn = broker.topic(validate_topic_name(raw_topic, command="CONSUME"))
+    check_topic_access(defn, "read")
+    replica = partition_of(broker, defn, req.int_field("partition", code="invalid_partition"))
+    _isolation(req)  # without transactions both levels read up to the HWM
+    max_records = min(req.int_field("batch", DEFAULT_BATCH_RECORDS, minimum=1, code="invalid_batch"),
+                      MAX_RECORDS_PER_BATCH)
+    wait_ms = min(req.int_field("wait_ms", 0, minimum=0, code="invalid_wait_ms"), MAX_WAIT_MS)
+    max_bytes = req.int_field("max_bytes", broker.config.consume_default_max_bytes, minimum=1,
+                              code="invalid_max_bytes")
+    reset = req.get("autoOffsetReset") or req.get("auto_offset_reset") or "earliest"
+    if req.get("offset") in (None, ""):
+        offset = replica.hwm if reset == "latest" else replica.log_start_offset
+    else:
+        offset = req.int_field("offset", code="invalid_offset")
+
+    if offset < replica.log_start_offset or offset > replica.leo:
+        raise _out_of_range(replica, offset)
+    if offset >= replica.hwm and wait_ms > 0:
+        await replica.wait_for_data(offset, wait_ms / 1000.0)
+        if replica.deleted:
+            raise BrokerError.of("topic_not_found", topic=defn.name)
+        if offset < replica.log_start_offset:
+            raise _out_of_range(replica, offset)
+    if offset >= replica.hwm:
+        return encode_batch_header(defn.name, replica.partition, acks="1", record_count=0)
+    try:
+        result = replica.log.read(offset, max_offset=replica.hwm, max_records=max_records, max_bytes=max_bytes)
+    except OffsetOutOfRange:
+        raise _out_of_range(replica, offset) from None
+    seq_start, seq_end = _seq_span(result.records, result.record_count)
+    header = encode_batch_header(defn.name, replica.partition, acks="1", seq_start=seq_start, seq_end=seq_end,
+                                 record_count=result.record_count)
+    return header + result.records
+
+
+def _seq_span(records: bytes, count: int) -> tuple[int, int]:
+    """First and last record's producer sequence (0 without a producer), for the batch header (facts B3.1)."""
+    if count == 0:
+        return 0, 0
+    first = record_producer(records, 4)
+    pos = 0
+    for _ in range(count - 1):
+        pos += 4 + _U32.unpack_from(records, pos)[0]
+    last = record_producer(records, pos + 4)
+    return (first[1] if first else 0), (last[1] if last else 0)

@@ -1,0 +1,195 @@
+"""PUBLISH: CBV2 batches and the text form (spec "PUBLISH", section 9; facts decisions 11-13, B3.3).
+
+Hot path for a batch: one validate-and-index pass over the bytes (:func:`cursus.wire.scan_batch`), one
+copy into a bytearray, offsets stamped in place, the records section handed to the writer thread as one
+chunk. No Python object per record.
+"""
+
+from __future__ import annotations
+
+import array
+import json
+
+from cursus.broker.core import Broker, now_ms
+from cursus.broker.handlers.common import check_topic_access, parse_acks, partition_of
+from cursus.broker.replica import Replica
+from cursus.broker.request import NO_REPLY, Reply, Request
+from cursus.broker.topics import TopicDefinition, is_internal_topic, validate_topic_name
+from cursus.partitioning import partition_for_key
+from cursus.wire import (
+    BatchView,
+    Record,
+    encode_record,
+    record_offset_field_position,
+    scan_batch,
+    stamp_offsets,
+)
+from cursus.wire.errors import BrokerError
+
+_U32_LEN = 4
+_TXN_FIELDS = ("transactional_id", "transaction_state", "transaction_marker")
+
+
+async def handle_publish(broker: Broker, req: Request) -> Reply | bytes:
+    """PUBLISH; acks=0/none gets no reply even when it fails (facts B1.5)."""
+    view = None
+    acks_raw: str | None = req.get("acks")
+    if req.batch is not None:
+        view = scan_batch(req.batch)  # ProtocolError: undecodable batch closes the connection (decision 5)
+        acks_raw = view.acks
+    mode = ACKS_SUPPRESSED if (acks_raw or "").strip().lower() in ("0", "none") else None
+    try:
+        if view is not None:
+            return await _publish_batch(broker, req, view)
+        return await _publish_text(broker, req)
+    except BrokerError as exc:
+        if mode is ACKS_SUPPRESSED:
+            broker.metrics.publish_acks_total.labels("none", exc.error.code).inc()
+            return NO_REPLY
+        raise
+
+
+ACKS_SUPPRESSED = object()
+
+
+def _target(broker: Broker, topic: str) -> TopicDefinition:
+    name = validate_topic_name(topic, command="PUBLISH")
+    defn = broker.topic(name)
+    if is_internal_topic(name):
+        raise BrokerError.of("internal_topic_write_forbidden", topic=name)
+    check_topic_access(defn, "write")
+    return defn
+
+
+def _check_min_isr(broker: Broker, defn: TopicDefinition, replica: Replica, mode: str) -> None:
+    if mode != "all":
+        return
+    required = defn.effective_min_isr(broker.config.min_insync_replicas)
+    if len(replica.isr) < required:
+        raise BrokerError.of("insufficient_in_sync_replicas", topic=defn.name, partition=replica.partition,
+                             isr=len(replica.isr), required=required)
+
+
+async def _append_and_ack(
+    broker: Broker, replica: Replica, mode: str, buf: bytearray, positions: array.array | list[int], body: memoryview,
+    record_count: int, *, producer: tuple[str, int, int, int] | None, idempotent: bool,
+) -> Reply | bytes:
+    """Dedup check (idempotent), stamp offsets, append, wait for the promised durability, AckResponse.
+
+    ``buf`` holds the records; ``positions`` are the indexes of their offset fields in ``buf``; ``body`` is
+    the records section inside ``buf`` that becomes the stored chunk.
+    """
+    producer_id, epoch, first_seq, last_seq = producer or ("", 0, 0, 0)
+    table = broker.producer_table(replica.topic, replica.partition)
+    stamp = now_ms()
+    if idempotent:
+        dup = table.check(producer_id, epoch, first_seq, last_seq, stamp)
+        if dup is not None:
+            end = dup.first_offset + record_count
+            await replica.wait_hwm(end)  # the original may still be in flight: never ack before it is durable
+            broker.metrics.publish_acks_total.labels(mode, "duplicate").inc()
+            return _ack(end - 1, producer_id, epoch, first_seq, last_seq)
+    replica.check_writable()
+    base_offset = replica.leo
+    stamp_offsets(buf, positions, base_offset)
+    replica.append(body, record_count)
+    if producer is not None and first_seq > 0:
+        table.record(producer_id, epoch, first_seq, last_seq, base_offset, stamp)
+    if mode == "none":
+        broker.metrics.publish_acks_total.labels("none", "ok").inc()
+        return NO_REPLY
+    await replica.wait_hwm(base_offset + record_count)
+    broker.metrics.publish_acks_total.labels(mode, "ok").inc()
+    return _ack(base_offset + record_count - 1, producer_id, epoch, first_seq, last_seq)
+
+
+async def _publish_batch(broker: Broker, req: Request, view: BatchView) -> Reply | bytes:
+    """A CBV2 batch naming one partition (facts decision 12)."""
+    mode = parse_acks(view.acks)
+    defn = _target(broker, view.topic)
+    replica = partition_of(broker, defn, view.partition)
+    if view.record_count == 0:
+        raise BrokerError.of("empty_messages", command="PUBLISH")
+    if view.has_transactional:
+        raise BrokerError.of("transaction_metadata_forbidden", command="PUBLISH")
+    if view.max_record_size > broker.config.max_message_bytes:
+        raise BrokerError.of("message_too_large", size=view.max_record_size,
+                             limit=broker.config.max_message_bytes)
+    producer = None
+    if view.producer_id is not None:
+        producer = (view.producer_id, view.producer_epoch, view.first_seq, view.last_seq)
+    if view.idempotent:
+        if mode != "all":
+            raise BrokerError.of("invalid_acks", value=view.acks, reason="idempotent producers need acks=all")
+        if producer is None or not view.producer_id:
+            raise BrokerError.of("missing_producer_id", command="PUBLISH")
+        if not view.uniform_producer or view.first_seq < 1:
+            raise BrokerError.of("invalid_seq_num", producer=view.producer_id, seq_start=view.first_seq,
+                                 seq_end=view.last_seq, reason="records must carry contiguous sequences from one producer session")
+    elif not view.uniform_producer:
+        producer = None  # mixed producers: nothing to remember for deduplication
+    _check_min_isr(broker, defn, replica, mode)
+    buf = bytearray(req.batch or b"")
+    body = memoryview(buf)[view.records_offset:]
+    return await _append_and_ack(broker, replica, mode, buf, view.offset_positions, body, view.record_count,
+                                 producer=producer, idempotent=view.idempotent)
+
+
+async def _publish_text(broker: Broker, req: Request) -> Reply | bytes:
+    """Text PUBLISH: one record built by the broker (record version 2)."""
+    mode = parse_acks(req.get("acks"))
+    for name in _TXN_FIELDS:
+        if name in req.fields:
+            raise BrokerError.of("transaction_metadata_forbidden", command="PUBLISH", field=name)
+    defn = _target(broker, req.require("topic"))
+    producer_id = req.require("producerId", code="missing_producer_id")
+    if "message" not in req.fields:
+        raise BrokerError.of("missing_message", command="PUBLISH")
+    message = req.fields["message"].encode("utf-8")
+    raw_idem = (req.get("isIdempotent") or "false").lower()
+    if raw_idem not in ("true", "false"):
+        raise BrokerError.of("invalid_is_idempotent", value=req.get("isIdempotent"))
+    idempotent = raw_idem == "true"
+    seq = req.int_field("seqNum", 0, minimum=0, code="invalid_seq_num")
+    epoch = req.int_field("epoch", 0, code="invalid_epoch")
+    if idempotent and mode != "all":
+        raise BrokerError.of("invalid_acks", value=req.get("acks"), reason="idempotent producers need acks=all")
+    if idempotent and seq < 1:
+        raise BrokerError.of("invalid_seq_num", producer=producer_id, value=seq)
+    key = req.get("key")
+    partition = req.int_field("partition", -1, code="invalid_partition")
+    if partition == -1:
+        partition = _choose_partition(broker, defn, key)
+    replica = partition_of(broker, defn, partition)
+    record = Record(topic=defn.name, partition=partition, payload=message, producer_id=producer_id,
+                    seq_num=seq, producer_epoch=epoch, key=key)
+    encoded = encode_record(record)
+    if len(encoded) > broker.config.max_message_bytes:
+        raise BrokerError.of("message_too_large", size=len(encoded), limit=broker.config.max_message_bytes)
+    _check_min_isr(broker, defn, replica, mode)
+    buf = bytearray(len(encoded).to_bytes(4, "big") + encoded)
+    positions = [_U32_LEN + record_offset_field_position(len(defn.name.encode("utf-8")))]
+    producer = (producer_id, epoch, seq, seq) if seq > 0 else None
+    return await _append_and_ack(broker, replica, mode, buf, positions, memoryview(buf), 1,
+                                 producer=producer, idempotent=idempotent)
+
+
+def _choose_partition(broker: Broker, defn: TopicDefinition, key: str | None) -> int:
+    """Broker-side partition choice: FNV-1a 64 of the key on hash_key topics, else round-robin."""
+    if key and defn.policy.partitioner == "hash_key":
+        return partition_for_key(key, defn.partitions)
+    counter = broker.round_robin.get(defn.name, 0)
+    broker.round_robin[defn.name] = counter + 1
+    return counter % defn.partitions
+
+
+def _ack(last_offset: int, producer_id: str, epoch: int, seq_start: int, seq_end: int) -> bytes:
+    doc = {
+        "status": "OK",
+        "last_offset": last_offset,
+        "producer_epoch": epoch,
+        "producer_id": producer_id,
+        "seq_start": seq_start,
+        "seq_end": seq_end,
+    }
+    return json.dumps(doc, separators=(",", ":")).encode("utf-8")

@@ -1,0 +1,79 @@
+"""Topic commands: CREATE, LIST, METADATA, LIST_OFFSETS (spec "Topic Management", facts B5)."""
+
+from __future__ import annotations
+
+from cursus.broker.core import Broker
+from cursus.broker.handlers.common import partition_of, topic_arg
+from cursus.broker.request import Request
+from cursus.broker.topics import apply_create, definition_fields, is_internal_topic, validate_topic_name
+from cursus.wire.errors import BrokerError
+from cursus.wire.responses import ok_text
+
+
+async def handle_create(broker: Broker, req: Request) -> bytes:
+    """CREATE: new topic or presence-aware patch; durable in the manifest before it is visible."""
+    name = validate_topic_name(req.get("topic"), command="CREATE")
+    if is_internal_topic(name):
+        raise BrokerError.of("invalid_topic_name", topic=name, reason="names starting with __ are broker-owned")
+    async with broker.admin_lock:
+        current = broker.catalog.get(name)
+        defn = apply_create(
+            current, name, req.fields,
+            default_partitions=broker.config.default_partitions,
+            default_cleanup_policy=broker.config.log_cleanup_policy,
+        )
+        if defn is not current:
+            try:
+                await broker.apply_definition(defn)
+            except OSError as exc:
+                raise BrokerError.of("create_topic_failed", topic=name, reason=str(exc)) from exc
+            broker.metrics.topics.set(len(broker.catalog.names()))
+            broker.metrics.partitions.set(len(broker.replicas))
+    return ok_text(*definition_fields(defn, broker.config.min_insync_replicas))
+
+
+async def handle_list(broker: Broker, req: Request) -> bytes:
+    """LIST: ``OK count=N topics=a,b`` (internal topics hidden)."""
+    names = [n for n in broker.catalog.names() if not is_internal_topic(n)]
+    return ok_text(("count", len(names)), ("topics", ",".join(names)))
+
+
+async def handle_metadata(broker: Broker, req: Request) -> bytes:
+    """METADATA: leaders (advertised client address) and epochs per partition plus the topic policy."""
+    defn = topic_arg(broker, req)
+    replicas = [broker.replica(defn.name, p) for p in range(defn.partitions)]
+    leader = broker.leader_address()
+    pol = defn.policy
+    return ok_text(
+        ("topic", defn.name),
+        ("partitions", defn.partitions),
+        ("leaders", ",".join(leader for _ in replicas)),
+        ("epochs", ",".join(str(r.leader_epoch) for r in replicas)),
+        ("revision", defn.revision),
+        ("replication_factor", defn.replication_factor),
+        ("idempotent", defn.idempotent),
+        ("event_sourcing", defn.event_sourcing),
+        ("cleanup_policy", pol.cleanup_policy),
+        ("partitioner", pol.partitioner),
+        ("auth_policy", pol.auth_policy),
+        ("read_acl", ",".join(pol.read_acl)),
+        ("write_acl", ",".join(pol.write_acl)),
+        ("retention_hours", pol.retention_hours),
+        ("retention_bytes", pol.retention_bytes),
+        ("lifecycle_epoch", defn.lifecycle_epoch),
+    )
+
+
+async def handle_list_offsets(broker: Broker, req: Request) -> bytes:
+    """LIST_OFFSETS: ``P<n>:earliest=E:latest=L:leo=X:hwm=H`` per partition (latest = HWM)."""
+    defn = topic_arg(broker, req)
+    if req.get("partition") is not None:
+        raw = req.int_field("partition", code="invalid_partition")
+        partitions = [partition_of(broker, defn, raw).partition]
+    else:
+        partitions = list(range(defn.partitions))
+    entries = []
+    for p in partitions:
+        r = broker.replica(defn.name, p)
+        entries.append(f"P{p}:earliest={r.log_start_offset}:latest={r.hwm}:leo={r.leo}:hwm={r.hwm}")
+    return ok_text(("topic", defn.name), ("partitions", len(entries)), ("offsets", ",".join(entries)))

@@ -1,0 +1,71 @@
+"""Prometheus metrics of one broker, with the reference broker's names (facts B9) where they apply.
+
+Each broker owns its own :class:`prometheus_client.CollectorRegistry`, so several brokers in one process
+(tests) never share counters.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+
+if TYPE_CHECKING:
+    from cursus.broker.replica import Replica
+
+WIRE_FAILURE_REASONS = (
+    "invalid_frame", "frame_too_large", "checksum_mismatch", "compression_mismatch", "decompression_rejected",
+    "unknown",
+)
+
+
+class BrokerMetrics:
+    """All metric families of one broker."""
+
+    def __init__(self) -> None:
+        r = self.registry = CollectorRegistry()
+        self.connections_total = Counter(
+            "cursus_broker_client_connections_total", "Client connections accepted.", registry=r)
+        self.connections_active = Gauge(
+            "cursus_broker_client_connections_active", "Client connections open now.", registry=r)
+        self.commands_total = Counter(
+            "cursus_broker_commands_total", "Commands handled, by command and result.", ["command", "result"],
+            registry=r)
+        self.command_errors_total = Counter(
+            "cursus_broker_command_errors_total", "Typed error replies, by command and code.", ["command", "code"],
+            registry=r)
+        self.command_duration = Histogram(
+            "cursus_broker_command_duration_seconds", "Command handling latency.", ["command"], registry=r,
+            buckets=(0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30))
+        self.publish_acks_total = Counter(
+            "cursus_broker_publish_acknowledgements_total", "PUBLISH outcomes by ack mode.", ["ack_mode", "result"],
+            registry=r)
+        self.wire_failures_total = Counter(
+            "cursus_wire_protocol_failures_total", "Connections closed for malformed frames, by reason.", ["reason"],
+            registry=r)
+        for reason in WIRE_FAILURE_REASONS:
+            self.wire_failures_total.labels(reason)
+        self.retention_deletions_total = Counter(
+            "cursus_storage_retention_deleted_segments_total", "Segments deleted by retention.", registry=r)
+        self.ready = Gauge("cursus_broker_ready", "1 when the broker is ready to serve.", registry=r)
+        self.topics = Gauge("cursus_broker_topics", "Topics known to the broker.", registry=r)
+        self.partitions = Gauge("cursus_broker_partitions", "Partition replicas hosted.", registry=r)
+        self.log_start = Gauge(
+            "cursus_partition_log_start_offset", "First retained offset.", ["topic", "partition"], registry=r)
+        self.log_end = Gauge(
+            "cursus_partition_log_end_offset", "Log end offset (LEO).", ["topic", "partition"], registry=r)
+        self.hwm = Gauge(
+            "cursus_partition_high_watermark", "High-water mark (HWM).", ["topic", "partition"], registry=r)
+
+    def observe_replica(self, replica: Replica) -> None:
+        labels = (replica.topic, str(replica.partition))
+        self.log_start.labels(*labels).set(replica.log_start_offset)
+        self.log_end.labels(*labels).set(replica.leo)
+        self.hwm.labels(*labels).set(replica.hwm)
+
+    def forget_partition(self, topic: str, partition: int) -> None:
+        for family in (self.log_start, self.log_end, self.hwm):
+            try:
+                family.remove(topic, str(partition))
+            except KeyError:
+                pass

@@ -1,0 +1,78 @@
+"""Request and reply values passed between the session and the command handlers."""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable, Mapping
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+from cursus.wire import Command
+from cursus.wire.errors import BrokerError
+
+if TYPE_CHECKING:
+    from cursus.broker.core import Broker
+
+
+@dataclass(slots=True)
+class SessionInfo:
+    """Per-connection facts a handler may need."""
+
+    peer: str
+    principal: str | None = None
+    authenticated: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class Request:
+    """One decoded application request.
+
+    ``fields``/``positionals`` come from the CRQ2 payload (empty for a CBV2 PUBLISH); ``batch`` holds the raw
+    CBV2 payload of a batch PUBLISH (else None).
+    """
+
+    command: Command
+    request_id: int
+    fields: Mapping[str, str]
+    positionals: tuple[str, ...] = ()
+    batch: bytes | None = None
+    session: SessionInfo = field(default_factory=lambda: SessionInfo(peer="?"))
+
+    def get(self, key: str, default: str | None = None) -> str | None:
+        return self.fields.get(key, default)
+
+    def require(self, key: str, *, code: str | None = None) -> str:
+        """The field value; raises ``missing_<key>`` (or ``code``) when absent or empty."""
+        value = self.fields.get(key)
+        if value is None or value == "":
+            raise BrokerError.of(code or f"missing_{key}", command=self.command.name)
+        return value
+
+    def int_field(self, key: str, default: int | None = None, *, minimum: int | None = None,
+                  code: str | None = None) -> int:
+        """Parse an integer field; raises ``invalid_<key>`` (or ``code``) / ``missing_<key>``."""
+        raw = self.fields.get(key)
+        if raw is None or raw == "":
+            if default is None:
+                raise BrokerError.of(f"missing_{key}", command=self.command.name)
+            return default
+        try:
+            value = int(raw, 10)
+        except ValueError:
+            raise BrokerError.of(code or f"invalid_{key}", command=self.command.name, value=raw) from None
+        if minimum is not None and value < minimum:
+            raise BrokerError.of(code or f"invalid_{key}", command=self.command.name, value=raw)
+        return value
+
+
+@dataclass(frozen=True, slots=True)
+class Reply:
+    """A handler's answer: OK payload bytes; ``close`` asks the session to close after sending it."""
+
+    payload: bytes
+    close: bool = False
+
+
+#: Returned by a handler whose reply is suppressed (acks=0 PUBLISH).
+NO_REPLY: Reply = Reply(b"")
+
+Handler = Callable[["Broker", Request], Awaitable[Reply | bytes]]

@@ -1,0 +1,154 @@
+"""Listeners and lifecycle: recover, listen, serve, and shut down in stages.
+
+Shutdown (SIGTERM/SIGINT), uvicorn style: stop accepting; let in-flight requests finish (bounded by
+``shutdown_grace_ms``); close connections; drain the writer thread so every pending append is fsynced;
+checkpoint every partition; write the clean-shutdown marker; release the log dir.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import signal
+import time
+
+from prometheus_client import start_http_server
+
+from cursus.broker.config import BrokerConfig
+from cursus.broker.core import Broker
+from cursus.broker.health import serve_health
+from cursus.broker.metrics import BrokerMetrics
+from cursus.broker.session import ByteBudget, Session
+from cursus.broker.tls import server_context
+
+log = logging.getLogger("cursus.server")
+
+
+class BrokerServer:
+    """A running broker node: domain state plus its client, health and metrics listeners."""
+
+    def __init__(self, config: BrokerConfig) -> None:
+        self.config = config
+        self.metrics = BrokerMetrics()
+        self.broker: Broker | None = None
+        self.sessions: set[Session] = set()
+        self._tasks: set[asyncio.Task[None]] = set()
+        self._client_server: asyncio.Server | None = None
+        self._health_server: asyncio.Server | None = None
+        self._metrics_server: object | None = None
+        self._stopping = asyncio.Event()
+        self._connection_slots = asyncio.Semaphore(config.max_client_connections)
+        self._budget = ByteBudget(config.max_inflight_request_bytes)
+
+    def not_ready(self) -> dict[str, str]:
+        if self.broker is None:
+            return {"recovery": "in progress"}
+        return dict(self.broker.not_ready_reasons)
+
+    async def start(self) -> None:
+        """Recover storage, then open the listeners. Raises on any startup failure."""
+        cfg = self.config
+        host = cfg.host
+        if cfg.health_check_port >= 0:
+            self._health_server = await serve_health(host, cfg.health_check_port, self.not_ready)
+        if cfg.exporter_port >= 0:
+            self._metrics_server = start_http_server(cfg.exporter_port, addr=host, registry=self.metrics.registry)
+        ssl_context = server_context(cfg)
+        self.broker = await Broker.open(cfg, self.metrics)
+        self._client_server = await asyncio.start_server(
+            self._on_connection, host, cfg.broker_port, limit=1 << 20, backlog=1024, ssl=ssl_context,
+            ssl_handshake_timeout=cfg.tls_handshake_timeout_ms / 1000.0 if ssl_context else None,
+        )
+        self.broker.client_port = self._client_server.sockets[0].getsockname()[1]
+        self.metrics.topics.set(len(self.broker.catalog.names()))
+        self.metrics.partitions.set(len(self.broker.replicas))
+        self.metrics.ready.set(1)
+        self.broker.ready = True
+        log.info("listening client=%s:%d tls=%s health=%s metrics=%s advertised=%s", host, self.broker.client_port,
+                 "on" if ssl_context else "off", self._port_text(self._health_server), self._metrics_port_text(), self.broker.leader_address())
+        log.info("ready")
+
+    @staticmethod
+    def _port_text(server: asyncio.Server | None) -> str:
+        if server is None:
+            return "off"
+        name = server.sockets[0].getsockname()
+        return f"{name[0]}:{name[1]}"
+
+    def _metrics_port_text(self) -> str:
+        if self._metrics_server is None:
+            return "off"
+        server = self._metrics_server[0] if isinstance(self._metrics_server, tuple) else self._metrics_server
+        addr = getattr(server, "server_address", None)
+        return f"{addr[0]}:{addr[1]}" if addr else "on"
+
+    async def _on_connection(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        assert self.broker is not None
+        if self._stopping.is_set():
+            writer.close()
+            return
+        async with self._connection_slots:
+            session = Session(self.broker, reader, writer, self._budget)
+            self.sessions.add(session)
+            self.metrics.connections_total.inc()
+            self.metrics.connections_active.inc()
+            try:
+                await session.run()
+            finally:
+                self.sessions.discard(session)
+                self.metrics.connections_active.dec()
+
+    async def run_until_stopped(self) -> None:
+        """Serve until SIGTERM/SIGINT (or :meth:`request_stop`), then shut down cleanly."""
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(sig, self.request_stop)
+        assert self.broker is not None
+        broker = self.broker
+        periodic = [
+            asyncio.create_task(self._every(self.config.log_retention_check_interval_ms, broker.enforce_retention)),
+            asyncio.create_task(self._every(min(self.config.producer_state_ttl_ms, 60_000),
+                                            broker.expire_producers)),
+        ]
+        await self._stopping.wait()
+        for task in periodic:
+            task.cancel()
+        await self.shutdown()
+
+    def request_stop(self) -> None:
+        self._stopping.set()
+
+    @staticmethod
+    async def _every(interval_ms: int, job: object) -> None:
+        """Run ``job`` (sync or async callable) every ``interval_ms``; errors are logged, never fatal."""
+        while True:
+            await asyncio.sleep(interval_ms / 1000.0)
+            try:
+                result = job()  # type: ignore[operator]
+                if asyncio.iscoroutine(result):
+                    await result
+            except Exception:
+                log.exception("periodic task %s failed", getattr(job, "__name__", job))
+
+    async def shutdown(self) -> None:
+        """Staged shutdown; every acknowledged and pending append is fsynced before the marker is written."""
+        started = time.monotonic()
+        self._stopping.set()
+        if self._client_server is not None:
+            self._client_server.close()
+        deadline = time.monotonic() + self.config.shutdown_grace_ms / 1000.0
+        while any(s.busy for s in self.sessions) and time.monotonic() < deadline:
+            await asyncio.sleep(0.01)
+        for session in list(self.sessions):
+            session.closing = True
+            session.writer.close()
+        if self.broker is not None:
+            await self.broker.close()
+        if self._health_server is not None:
+            self._health_server.close()
+        if self._metrics_server is not None:
+            server = self._metrics_server[0] if isinstance(self._metrics_server, tuple) else self._metrics_server
+            shutdown = getattr(server, "shutdown", None)
+            if shutdown is not None:
+                await asyncio.get_running_loop().run_in_executor(None, shutdown)
+        log.info("stopped in %.0f ms", (time.monotonic() - started) * 1000)

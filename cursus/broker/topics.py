@@ -1,0 +1,378 @@
+"""Topic definitions: validation, CREATE patch semantics and the standalone manifest.
+
+A :class:`TopicDefinition` is the authoritative, revisioned description of a topic. CREATE on an existing
+topic is a presence-aware patch (spec "CREATE"): omitted fields keep their value, explicit values apply,
+the partition count only grows, immutable fields may be restated but not changed, and the revision bumps
+only on an effective change.
+
+Standalone mode persists every definition in ``{log_dir}/__topic_metadata.json`` (manifest format 3,
+facts B6), replaced atomically before a change becomes visible.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from cursus.storage.atomic import atomic_write
+from cursus.wire.errors import BrokerError
+
+MANIFEST_NAME = "__topic_metadata.json"
+MANIFEST_VERSION = 3
+MANIFEST_MAX_BYTES = 16 * 1024 * 1024
+#: Upper bound on partitions per topic: keeps per-partition state (files, fds, memory) bounded.
+MAX_PARTITIONS = 4096
+
+_TOPIC_NAME = re.compile(r"[A-Za-z0-9._=-]{1,249}")
+INTERNAL_TOPIC_PREFIX = "__"
+CLEANUP_POLICIES = ("delete", "compact", "delete,compact")
+PARTITIONERS = ("hash_key", "round_robin")
+AUTH_POLICIES = ("open", "deny_write", "deny_read", "acl")
+#: Fields every command may carry (authentication), never part of a topic definition.
+AUTH_FIELDS = frozenset({"principal", "auth_token"})
+CREATE_FIELDS = frozenset(
+    {
+        "topic", "partitions", "idempotent", "event_sourcing", "replication_factor", "min_in_sync_replicas",
+        "cleanup_policy", "retention_hours", "retention_bytes", "partitioner", "auth_policy", "read_acl",
+        "write_acl",
+    }
+)
+
+
+def validate_topic_name(name: str | None, *, command: str) -> str:
+    """Check the portable topic-name rule (spec CREATE): 1-249 ASCII letters, digits, ``. _ - =``.
+
+    Raises:
+        BrokerError: ``missing_topic`` when absent, ``invalid_topic_name`` when the rule is broken.
+    """
+    if name is None or name == "":
+        raise BrokerError.of("missing_topic", command=command)
+    if not _TOPIC_NAME.fullmatch(name) or name in (".", ".."):
+        raise BrokerError.of("invalid_topic_name", topic=name, reason="must be 1-249 of A-Z a-z 0-9 . _ - =")
+    return name
+
+
+def is_internal_topic(name: str) -> bool:
+    """Broker-owned topics (``__consumer_offsets`` and friends) start with ``__``."""
+    return name.startswith(INTERNAL_TOPIC_PREFIX)
+
+
+@dataclass(frozen=True, slots=True)
+class TopicPolicy:
+    """Per-topic policy (manifest ``policy`` object)."""
+
+    cleanup_policy: str = "delete"
+    partitioner: str = "hash_key"
+    auth_policy: str = "open"
+    read_acl: tuple[str, ...] = ()
+    write_acl: tuple[str, ...] = ()
+    retention_hours: int = 0
+    retention_bytes: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class TopicDefinition:
+    """The authoritative definition of one topic (manifest format 3 entry)."""
+
+    name: str
+    partitions: int
+    revision: int = 1
+    replication_factor: int = 1
+    lifecycle_epoch: int = 0
+    idempotent: bool = False
+    event_sourcing: bool = False
+    policy: TopicPolicy = field(default_factory=TopicPolicy)
+    min_in_sync_replicas: int | None = None
+
+    def effective_min_isr(self, broker_default: int) -> int:
+        return self.min_in_sync_replicas if self.min_in_sync_replicas is not None else broker_default
+
+    def to_manifest(self) -> dict[str, Any]:
+        entry: dict[str, Any] = {
+            "name": self.name,
+            "revision": self.revision,
+            "partitions": self.partitions,
+            "replication_factor": self.replication_factor,
+            "lifecycle_epoch": self.lifecycle_epoch,
+            "idempotent": self.idempotent,
+            "event_sourcing": self.event_sourcing,
+            "policy": {
+                "cleanup_policy": self.policy.cleanup_policy,
+                "partitioner": self.policy.partitioner,
+                "auth_policy": self.policy.auth_policy,
+                "read_acl": list(self.policy.read_acl),
+                "write_acl": list(self.policy.write_acl),
+                "retention_hours": self.policy.retention_hours,
+                "retention_bytes": self.policy.retention_bytes,
+            },
+        }
+        if self.min_in_sync_replicas is not None:
+            entry["min_in_sync_replicas"] = self.min_in_sync_replicas
+        return entry
+
+    @classmethod
+    def from_manifest(cls, entry: Mapping[str, Any]) -> TopicDefinition:
+        """Strictly parse one manifest entry; unknown or missing fields raise ValueError."""
+        required = {"name", "revision", "partitions", "replication_factor", "lifecycle_epoch", "idempotent",
+                    "event_sourcing", "policy"}
+        allowed = required | {"min_in_sync_replicas"}
+        if not isinstance(entry, Mapping) or set(entry) - allowed or required - set(entry):
+            raise ValueError(f"bad manifest topic entry fields: {sorted(entry) if isinstance(entry, Mapping) else entry!r}")
+        pol = entry["policy"]
+        pol_fields = {"cleanup_policy", "partitioner", "auth_policy", "read_acl", "write_acl", "retention_hours",
+                      "retention_bytes"}
+        if not isinstance(pol, Mapping) or set(pol) != pol_fields:
+            raise ValueError(f"bad manifest policy for topic {entry['name']!r}")
+        ints = [entry["revision"], entry["partitions"], entry["replication_factor"], entry["lifecycle_epoch"],
+                pol["retention_hours"], pol["retention_bytes"]]
+        if not all(type(v) is int for v in ints) or not isinstance(entry["name"], str):
+            raise ValueError(f"bad manifest value types for topic {entry['name']!r}")
+        min_isr = entry.get("min_in_sync_replicas")
+        if min_isr is not None and type(min_isr) is not int:
+            raise ValueError(f"bad min_in_sync_replicas for topic {entry['name']!r}")
+        return cls(
+            name=entry["name"],
+            partitions=entry["partitions"],
+            revision=entry["revision"],
+            replication_factor=entry["replication_factor"],
+            lifecycle_epoch=entry["lifecycle_epoch"],
+            idempotent=bool(entry["idempotent"]),
+            event_sourcing=bool(entry["event_sourcing"]),
+            policy=TopicPolicy(
+                cleanup_policy=pol["cleanup_policy"],
+                partitioner=pol["partitioner"],
+                auth_policy=pol["auth_policy"],
+                read_acl=tuple(pol["read_acl"]),
+                write_acl=tuple(pol["write_acl"]),
+                retention_hours=pol["retention_hours"],
+                retention_bytes=pol["retention_bytes"],
+            ),
+            min_in_sync_replicas=min_isr,
+        )
+
+
+# ---------------------------------------------------------------------------------------------- CREATE
+
+
+def _int_field(fields: Mapping[str, str], key: str, code: str, *, minimum: int) -> int | None:
+    raw = fields.get(key)
+    if raw is None:
+        return None
+    try:
+        value = int(raw, 10)
+    except ValueError:
+        value = None
+    if value is None or value < minimum:
+        if code in ("invalid_partitions", "invalid_replication_factor"):
+            raise BrokerError.of(code, reason="must be a positive integer", value=raw)
+        raise BrokerError.of(code, value=raw)
+    return value
+
+
+def _bool_field(fields: Mapping[str, str], key: str) -> bool | None:
+    raw = fields.get(key)
+    if raw is None:
+        return None
+    if raw.lower() == "true":
+        return True
+    if raw.lower() == "false":
+        return False
+    raise BrokerError.of(f"invalid_{key}", value=raw)
+
+
+def _choice_field(fields: Mapping[str, str], key: str, choices: tuple[str, ...]) -> str | None:
+    raw = fields.get(key)
+    if raw is None:
+        return None
+    if raw not in choices:
+        raise BrokerError.of("invalid_topic_policy", field=key, reason=f"invalid {key} {raw}")
+    return raw
+
+
+def _acl_field(fields: Mapping[str, str], key: str) -> tuple[str, ...] | None:
+    raw = fields.get(key)
+    if raw is None:
+        return None
+    return tuple(p for p in (part.strip() for part in raw.split(",")) if p)
+
+
+def apply_create(
+    current: TopicDefinition | None,
+    name: str,
+    fields: Mapping[str, str],
+    *,
+    default_partitions: int,
+    default_cleanup_policy: str,
+) -> TopicDefinition:
+    """Build a new definition, or patch ``current``, from CREATE fields (spec "CREATE", facts B5).
+
+    Standalone rules (facts decision 11): the replication factor is always recorded as 1, and restating any
+    value is not a change. Returns ``current`` itself when nothing effectively changes.
+
+    Raises:
+        BrokerError: the typed validation errors of facts B5 (``invalid_partitions``, ``invalid_topic_policy``,
+            ``unsupported_topic_policy``, ``invalid_field`` for unknown fields, ...).
+    """
+    unknown = sorted(set(fields) - CREATE_FIELDS - AUTH_FIELDS)
+    if unknown:
+        raise BrokerError.of("invalid_field", command="CREATE", field=unknown[0], reason="unknown CREATE field")
+    partitions = _int_field(fields, "partitions", "invalid_partitions", minimum=1)
+    if partitions is not None and partitions > MAX_PARTITIONS:
+        raise BrokerError.of("invalid_partitions", reason=f"at most {MAX_PARTITIONS}", value=partitions)
+    requested_rf = _int_field(fields, "replication_factor", "invalid_replication_factor", minimum=1)
+    idempotent = _bool_field(fields, "idempotent")
+    event_sourcing = _bool_field(fields, "event_sourcing")
+    cleanup = _choice_field(fields, "cleanup_policy", CLEANUP_POLICIES)
+    partitioner = _choice_field(fields, "partitioner", PARTITIONERS)
+    auth_policy = _choice_field(fields, "auth_policy", AUTH_POLICIES)
+    retention_hours = _int_field(fields, "retention_hours", "invalid_retention_hours", minimum=0)
+    retention_bytes = _int_field(fields, "retention_bytes", "invalid_retention_bytes", minimum=0)
+    read_acl = _acl_field(fields, "read_acl")
+    write_acl = _acl_field(fields, "write_acl")
+    min_isr_raw = fields.get("min_in_sync_replicas")
+    min_isr: int | None | str = None
+    if min_isr_raw is not None:
+        if min_isr_raw == "default":
+            min_isr = "default"
+        else:
+            try:
+                min_isr = int(min_isr_raw, 10)
+            except ValueError:
+                raise BrokerError.of("invalid_min_in_sync_replicas", value=min_isr_raw) from None
+            rf_bound = max(requested_rf or 1, current.replication_factor if current else 1)
+            if not 1 <= min_isr <= rf_bound:
+                raise BrokerError.of("invalid_min_in_sync_replicas", value=min_isr_raw,
+                                     reason=f"must be between 1 and the replication factor {rf_bound}")
+
+    # Policies that are stored but not yet enforced are refused rather than silently ignored.
+    if cleanup is not None and cleanup != "delete":
+        raise BrokerError.of("unsupported_topic_policy", field="cleanup_policy", value=cleanup,
+                             reason="compaction is not available yet")
+    if auth_policy == "acl":
+        raise BrokerError.of("unsupported_topic_policy", field="auth_policy", value=auth_policy,
+                             reason="acl policies arrive with token authentication")
+
+    if current is None:
+        policy = TopicPolicy(
+            cleanup_policy=cleanup or default_cleanup_policy,
+            partitioner=partitioner or "hash_key",
+            auth_policy=auth_policy or "open",
+            read_acl=read_acl or (),
+            write_acl=write_acl or (),
+            retention_hours=retention_hours or 0,
+            retention_bytes=retention_bytes or 0,
+        )
+        return TopicDefinition(
+            name=name,
+            partitions=partitions or default_partitions,
+            revision=1,
+            replication_factor=1,
+            lifecycle_epoch=0,
+            idempotent=bool(idempotent),
+            event_sourcing=bool(event_sourcing),
+            policy=policy,
+            min_in_sync_replicas=min_isr if isinstance(min_isr, int) else None,
+        )
+
+    if partitions is not None and partitions < current.partitions:
+        raise BrokerError.of("invalid_partitions", reason="partition count can only increase",
+                             current=current.partitions, value=partitions)
+    if idempotent is not None and idempotent != current.idempotent:
+        raise BrokerError.of("invalid_idempotent", value=fields["idempotent"], reason="immutable after creation")
+    if event_sourcing is not None and event_sourcing != current.event_sourcing:
+        raise BrokerError.of("invalid_event_sourcing", value=fields["event_sourcing"],
+                             reason="immutable after creation")
+    pol = current.policy
+    new_policy = TopicPolicy(
+        cleanup_policy=cleanup if cleanup is not None else pol.cleanup_policy,
+        partitioner=partitioner if partitioner is not None else pol.partitioner,
+        auth_policy=auth_policy if auth_policy is not None else pol.auth_policy,
+        read_acl=read_acl if read_acl is not None else pol.read_acl,
+        write_acl=write_acl if write_acl is not None else pol.write_acl,
+        retention_hours=retention_hours if retention_hours is not None else pol.retention_hours,
+        retention_bytes=retention_bytes if retention_bytes is not None else pol.retention_bytes,
+    )
+    if min_isr is None:
+        new_min_isr = current.min_in_sync_replicas
+    else:
+        new_min_isr = None if min_isr == "default" else int(min_isr)
+    patched = dataclasses.replace(
+        current,
+        partitions=partitions if partitions is not None else current.partitions,
+        policy=new_policy,
+        min_in_sync_replicas=new_min_isr,
+    )
+    if patched == current:
+        return current
+    return dataclasses.replace(patched, revision=current.revision + 1)
+
+
+def definition_fields(defn: TopicDefinition, broker_min_isr: int) -> list[tuple[str, object]]:
+    """The CREATE reply fields in the reference order (facts B5)."""
+    return [
+        ("topic", defn.name),
+        ("partitions", defn.partitions),
+        ("cleanup_policy", defn.policy.cleanup_policy),
+        ("partitioner", defn.policy.partitioner),
+        ("auth_policy", defn.policy.auth_policy),
+        ("read_acl", ",".join(defn.policy.read_acl)),
+        ("write_acl", ",".join(defn.policy.write_acl)),
+        ("retention_hours", defn.policy.retention_hours),
+        ("retention_bytes", defn.policy.retention_bytes),
+        ("revision", defn.revision),
+        ("replication_factor", defn.replication_factor),
+        ("idempotent", defn.idempotent),
+        ("event_sourcing", defn.event_sourcing),
+        ("lifecycle_epoch", defn.lifecycle_epoch),
+        ("min_in_sync_replicas",
+         defn.min_in_sync_replicas if defn.min_in_sync_replicas is not None else "default"),
+        ("effective_min_in_sync_replicas", defn.effective_min_isr(broker_min_isr)),
+    ]
+
+
+# -------------------------------------------------------------------------------------------- manifest
+
+
+class ManifestError(RuntimeError):
+    """The topic manifest is unreadable, malformed, or missing while topic data exists."""
+
+
+def load_manifest(log_dir: Path) -> dict[str, TopicDefinition]:
+    """Read ``__topic_metadata.json`` (only version 3). A missing file is an empty catalog.
+
+    Raises:
+        ManifestError: oversized, unparsable, wrong version, unknown fields, duplicate names.
+    """
+    path = log_dir / MANIFEST_NAME
+    try:
+        raw = path.read_bytes()
+    except FileNotFoundError:
+        return {}
+    if len(raw) > MANIFEST_MAX_BYTES:
+        raise ManifestError(f"{path}: larger than {MANIFEST_MAX_BYTES} bytes")
+    try:
+        doc = json.loads(raw)
+        if not isinstance(doc, dict) or set(doc) != {"version", "topics"}:
+            raise ValueError("top level must be {version, topics}")
+        if doc["version"] != MANIFEST_VERSION:
+            raise ValueError(f"unsupported manifest version {doc['version']!r} (want {MANIFEST_VERSION})")
+        topics: dict[str, TopicDefinition] = {}
+        for entry in doc["topics"]:
+            defn = TopicDefinition.from_manifest(entry)
+            if defn.name in topics:
+                raise ValueError(f"duplicate topic {defn.name!r}")
+            topics[defn.name] = defn
+        return topics
+    except (ValueError, TypeError, KeyError) as exc:
+        raise ManifestError(f"{path}: {exc}") from None
+
+
+def save_manifest(log_dir: Path, topics: Mapping[str, TopicDefinition]) -> None:
+    """Atomically replace the manifest (temp file, fsync, rename, directory fsync). Raises OSError."""
+    doc = {"version": MANIFEST_VERSION, "topics": [topics[n].to_manifest() for n in sorted(topics)]}
+    atomic_write(log_dir / MANIFEST_NAME, json.dumps(doc, indent=2).encode("utf-8") + b"\n")

@@ -1,0 +1,1 @@
+"""Cursus Python SDK (transport layer; producers, consumers and admin follow)."""

@@ -1,0 +1,788 @@
+"""Blocking Wire v2 transport: one connection, and a client that reconnects and follows redirects.
+
+Two layers (facts A1-A3, spec sections 1-4 and 7):
+
+* :class:`Connection` is one negotiated socket. It speaks only frames: negotiation (preferred compression,
+  falling back to none), optional ``AUTH principal= token=``, request ids from 1, one request in flight
+  (concurrent callers are serialised), a timeout on every read. Any transport or protocol failure closes it:
+  a late or partial reply must never be mistaken for the next request's. It raises the raw exceptions
+  (``OSError``/``TimeoutError``, :class:`ConnectionClosed`, :class:`cursus.wire.ProtocolError`) because
+  tests and benchmarks drive it directly.
+* :class:`Client` owns connections to any number of brokers (lazily opened, one cached per address), turns
+  ERROR replies into typed :mod:`cursus.client.errors` exceptions, reconnects with exponential backoff and
+  jitter (bounded), retries only requests that are safe to repeat, and follows ``NOT_LEADER leader=`` and
+  ``NOT_COORDINATOR host= port=`` redirects. Producer, consumer, admin and ``cursusctl`` sit on it.
+
+The retry decisions are plain functions shared with the asyncio flavour in :mod:`cursus.client.aio`.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+import socket
+import ssl
+import threading
+import time
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+from cursus.client.errors import (
+    AuthenticationError,
+    BrokerUnavailableError,
+    ClientClosedError,
+    CursusError,
+    DeliveryUnknownError,
+    NotCoordinatorError,
+    NotLeaderError,
+    ProtocolViolationError,
+    RequestTimeoutError,
+    error_from_frame,
+)
+from cursus.wire import (
+    Command,
+    CommandPayload,
+    Compression,
+    Frame,
+    FrameDecoder,
+    Kind,
+    NegotiationRequest,
+    ProtocolError,
+    Status,
+    decode_negotiation_response,
+    encode_crq2,
+    encode_frame,
+    encode_negotiation_request,
+    parse_command_text,
+)
+
+__all__ = [
+    "DEFAULT_ADDRESS",
+    "Backoff",
+    "Client",
+    "Connection",
+    "ConnectionClosed",
+    "ConnectionOptions",
+    "Address",
+    "compression_of",
+    "format_address",
+    "make_ssl_context",
+    "negotiation_offers",
+    "ok_fields",
+    "ok_text_fields",
+    "parse_address",
+    "json_reply",
+]
+
+Address = tuple[str, int]
+DEFAULT_PORT = 9000
+DEFAULT_ADDRESS = "127.0.0.1:9000"
+#: Receive size per recv() call; large enough that a 1 MiB CONSUME reply needs few calls.
+RECV_BYTES = 1 << 20
+
+
+class ConnectionClosed(ConnectionError):
+    """The broker closed the connection (EOF) before a complete reply arrived, or the connection was
+    already closed by an earlier failure."""
+
+
+# ------------------------------------------------------------------------------------------ small helpers
+
+
+def parse_address(text: str, default_port: int = DEFAULT_PORT) -> Address:
+    """Parse ``host:port`` (split on the last colon, facts A1; ``[v6]:port`` accepted).
+
+    A bare host gets ``default_port``. Raises ``ValueError`` for an empty host or a bad port.
+    """
+    raw = text.strip()
+    if raw.startswith("["):
+        host, _, rest = raw[1:].partition("]")
+        port_text = rest[1:] if rest.startswith(":") else ""
+    elif ":" in raw:
+        host, _, port_text = raw.rpartition(":")
+    else:
+        host, port_text = raw, ""
+    if not host:
+        raise ValueError(f"address {text!r} has no host")
+    if not port_text:
+        return host, default_port
+    if not port_text.isdigit() or not 0 < int(port_text) < 65536:
+        raise ValueError(f"address {text!r} has an invalid port")
+    return host, int(port_text)
+
+
+def format_address(address: Address) -> str:
+    """``host:port`` (IPv6 hosts in brackets)."""
+    host, port = address
+    return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+
+
+def compression_of(value: Compression | str | int | None) -> Compression:
+    """A :class:`Compression` from an enum, a name (``"gzip"``) or an id; None means ``none``.
+
+    Raises ``ValueError`` for an unknown name or id.
+    """
+    if value is None:
+        return Compression.NONE
+    if isinstance(value, Compression):
+        return value
+    if isinstance(value, str):
+        try:
+            return Compression[value.strip().upper()]
+        except KeyError:
+            raise ValueError(f"unknown compression {value!r} (none, gzip, snappy, lz4)") from None
+    return Compression(value)
+
+
+def negotiation_offers(preferred: Compression) -> tuple[Compression, ...]:
+    """What a client offers: the preferred compression, then ``none`` unless it is ``none`` (facts A3)."""
+    return (preferred,) if preferred == Compression.NONE else (preferred, Compression.NONE)
+
+
+def make_ssl_context(ca_file: str | None = None, cert_file: str | None = None, key_file: str | None = None,
+                     *, verify: bool = True) -> ssl.SSLContext:
+    """A client TLS context (TLS 1.2+).
+
+    Args:
+        ca_file: PEM bundle to verify the broker against; None uses the system trust store.
+        cert_file, key_file: client certificate and key (PEM) for mutual TLS; give both or neither.
+        verify: False disables certificate and host name checks (testing only).
+
+    Raises:
+        ValueError: only one of ``cert_file``/``key_file`` given.
+        OSError, ssl.SSLError: unreadable or invalid files.
+    """
+    if (cert_file is None) != (key_file is None):
+        raise ValueError("a client certificate needs both cert_file and key_file")
+    context = ssl.create_default_context(ssl.Purpose.SERVER_AUTH, cafile=ca_file)
+    context.minimum_version = ssl.TLSVersion.TLSv1_2
+    if cert_file is not None:
+        context.load_cert_chain(cert_file, key_file)
+    if not verify:
+        context.check_hostname = False
+        context.verify_mode = ssl.CERT_NONE
+    return context
+
+
+def ok_text_fields(text: str) -> dict[str, str]:
+    """Fields of an ``OK k=v k=v`` reply text; surrounding double quotes on values are stripped (facts A6).
+
+    Tokens without ``=`` are ignored. Raises ``ValueError`` if the text is not ``OK`` / ``OK ...``.
+    """
+    if text != "OK" and not text.startswith("OK "):
+        raise ValueError(f"reply is not OK text: {text[:120]!r}")
+    fields: dict[str, str] = {}
+    for token in text.split()[1:]:
+        key, sep, value = token.partition("=")
+        if not sep or not key:
+            continue
+        if len(value) >= 2 and value[0] == value[-1] == '"':
+            value = value[1:-1]
+        fields[key] = value
+    return fields
+
+
+def ok_fields(frame: Frame) -> dict[str, str]:
+    """Fields of an OK text reply frame.
+
+    Raises:
+        CursusError: the frame is an ERROR reply (its typed exception).
+        ProtocolViolationError: the payload is not ``OK`` text.
+    """
+    if frame.status == Status.ERROR:
+        raise error_from_frame(frame)
+    try:
+        return ok_text_fields(frame.payload.decode("utf-8"))
+    except (UnicodeDecodeError, ValueError) as exc:
+        raise ProtocolViolationError(f"{frame.command.name} reply is not OK text: {exc}") from None
+
+
+def json_reply(frame: Frame) -> dict[str, Any]:
+    """The JSON object of a JSON reply frame (PUBLISH AckResponse, DESCRIBE).
+
+    Raises:
+        CursusError: the frame is an ERROR reply.
+        ProtocolViolationError: the payload is not a JSON object.
+    """
+    if frame.status == Status.ERROR:
+        raise error_from_frame(frame)
+    try:
+        doc = json.loads(frame.payload)
+    except (UnicodeDecodeError, ValueError) as exc:
+        raise ProtocolViolationError(f"{frame.command.name} reply is not JSON: {exc}") from None
+    if not isinstance(doc, dict):
+        raise ProtocolViolationError(f"{frame.command.name} reply is not a JSON object")
+    return doc
+
+
+# ------------------------------------------------------------------------------------------ options
+
+
+@dataclass(frozen=True, slots=True)
+class Backoff:
+    """Exponential backoff with jitter, bounded in attempts.
+
+    The n-th retry (n from 0) waits ``min(max_s, initial_s * multiplier**n)`` scaled by a random factor in
+    ``[1 - jitter, 1]`` (so concurrent clients spread out). ``attempts_max`` bounds the retries of one
+    request; producers bound retries of a batch by their delivery timeout instead.
+
+    Args:
+        initial_s: first delay in seconds.
+        max_s: delay cap in seconds.
+        multiplier: growth factor per attempt (>= 1).
+        jitter: fraction of the delay that is randomised, 0-1.
+        attempts_max: retries after the first attempt (0 disables retrying).
+    """
+
+    initial_s: float = 0.05
+    max_s: float = 2.0
+    multiplier: float = 2.0
+    jitter: float = 0.5
+    attempts_max: int = 8
+
+    def __post_init__(self) -> None:
+        if self.initial_s < 0 or self.max_s < self.initial_s or self.multiplier < 1:
+            raise ValueError("backoff needs 0 <= initial_s <= max_s and multiplier >= 1")
+        if not 0 <= self.jitter <= 1 or self.attempts_max < 0:
+            raise ValueError("backoff jitter must be 0-1 and attempts_max >= 0")
+
+    def delay_s(self, attempt: int, rng: random.Random | None = None) -> float:
+        """The delay before retry number ``attempt`` (0-based), in seconds."""
+        base = min(self.max_s, self.initial_s * (self.multiplier ** min(attempt, 64)))
+        draw = (rng or random).random()
+        return base * (1.0 - self.jitter * draw)
+
+
+@dataclass(frozen=True, slots=True)
+class ConnectionOptions:
+    """How to open and use connections; shared by every SDK entry point and ``cursusctl``.
+
+    Args:
+        compression: preferred compression (``none`` is offered after it; the broker may choose either).
+        timeout_s: connect timeout and per-request reply timeout in seconds (long polls add their wait).
+        ssl_context: wrap sockets in TLS (see :func:`make_ssl_context`); negotiation happens inside TLS.
+        server_hostname: TLS server name to verify; default: the host being connected to.
+        principal, token: send ``AUTH principal= token=`` right after negotiation (when ``principal`` is set).
+        backoff: reconnect/retry policy.
+        redirects_max: how many ``NOT_LEADER``/``NOT_COORDINATOR`` redirects one request may follow.
+    """
+
+    compression: Compression = Compression.NONE
+    timeout_s: float = 5.0
+    ssl_context: ssl.SSLContext | None = None
+    server_hostname: str | None = None
+    principal: str | None = None
+    token: str | None = None
+    backoff: Backoff = field(default_factory=Backoff)
+    redirects_max: int = 5
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "compression", compression_of(self.compression))
+        if self.timeout_s <= 0:
+            raise ValueError("timeout_s must be positive")
+
+    def with_(self, **changes: Any) -> ConnectionOptions:
+        """A copy with some options changed."""
+        return replace(self, **changes)
+
+    def connect(self, address: Address) -> Connection:
+        """Open and negotiate one :class:`Connection` to ``address`` (raises like its constructor)."""
+        return Connection(address[0], address[1], compression=self.compression, timeout_s=self.timeout_s,
+                          ssl_context=self.ssl_context, server_hostname=self.server_hostname,
+                          principal=self.principal, token=self.token)
+
+
+def options_from(options: ConnectionOptions | None, overrides: Mapping[str, Any]) -> ConnectionOptions:
+    """``options`` (or defaults) with keyword overrides applied; unknown keys raise ``TypeError``."""
+    base = options or ConnectionOptions()
+    clean = {k: v for k, v in overrides.items() if v is not None}
+    return base.with_(**clean) if clean else base
+
+
+# ------------------------------------------------------------------------------------------ connection
+
+
+class Connection:
+    """One negotiated Wire v2 connection (blocking).
+
+    Args:
+        host, port: broker address.
+        compression: preferred compression; ``none`` is offered after it (facts A3).
+        timeout_s: connect timeout and the timeout of every read, in seconds.
+        ssl_context: wrap the socket in TLS (negotiation happens inside TLS).
+        server_hostname: TLS name to verify (default ``host``).
+        principal, token: when ``principal`` is given, ``AUTH principal=P token=T`` is sent right after
+            negotiation (request id 1); a non-OK reply closes the connection and raises.
+
+    Thread safety: requests are serialised (one in flight); a stream holds the connection until it ends.
+
+    Raises (constructor and methods): ``OSError``/``TimeoutError`` for transport failures,
+    :class:`ConnectionClosed` on EOF or use after close, :class:`cursus.wire.ProtocolError` for malformed or
+    uncorrelated frames, :class:`~cursus.client.errors.AuthenticationError` (or the broker's typed error)
+    when AUTH is refused. After any of these the connection is closed.
+    """
+
+    def __init__(self, host: str, port: int, *, compression: Compression | str = Compression.NONE,
+                 timeout_s: float = 5.0, ssl_context: ssl.SSLContext | None = None,
+                 server_hostname: str | None = None, principal: str | None = None,
+                 token: str | None = None) -> None:
+        self.host = host
+        self.port = port
+        self.preferred = compression_of(compression)
+        self.timeout_s = timeout_s
+        self.compression: Compression | None = None
+        self.closed = False
+        self.principal = principal
+        self._next_request_id = 1
+        self._lock = threading.Lock()
+        raw = socket.create_connection((host, port), timeout=timeout_s)
+        try:
+            raw.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            self.sock: socket.socket = (
+                ssl_context.wrap_socket(raw, server_hostname=server_hostname or host) if ssl_context else raw
+            )
+        except BaseException:
+            raw.close()
+            raise
+        self._decoder = FrameDecoder()
+        try:
+            self._negotiate()
+            if principal is not None:
+                self._authenticate(principal, token or "")
+        except BaseException:
+            self._fail()
+            raise
+
+    @property
+    def address(self) -> Address:
+        """``(host, port)`` of the broker."""
+        return self.host, self.port
+
+    @property
+    def next_request_id(self) -> int:
+        """The id the next request will carry (ids start at 1, +1 per request, AUTH included)."""
+        return self._next_request_id
+
+    # ----------------------------------------------------------------------------------------- basics
+
+    def _negotiate(self) -> None:
+        offers = negotiation_offers(self.preferred)
+        payload = encode_negotiation_request(NegotiationRequest(2, 2, offers))
+        self.sock.sendall(encode_frame(Kind.NEGOTIATION_REQUEST, Command.NEGOTIATE, Status.NONE, 0, payload,
+                                       compression=None))
+        frame = self._read_frame()
+        if frame.kind != Kind.NEGOTIATION_RESPONSE or frame.status != Status.OK:
+            raise ProtocolError(f"negotiation refused: kind={frame.kind.name} status={frame.status.name}")
+        version, selected = decode_negotiation_response(frame.payload)
+        if version != 2 or selected not in offers:
+            raise ProtocolError(f"broker selected version {version} compression {selected}")
+        self.compression = selected
+        self._decoder.negotiated = selected
+
+    def _authenticate(self, principal: str, token: str) -> None:
+        frame = self._request(Command.AUTH, encode_crq2(CommandPayload((), {"principal": principal,
+                                                                             "token": token})), None)
+        if frame.status == Status.ERROR:
+            raise error_from_frame(frame)
+        text = frame.payload.decode("utf-8", "replace")
+        if text != "OK" and not text.startswith("OK "):
+            raise AuthenticationError("authentication_failed", f"AUTH reply: {text[:120]}")
+
+    def _fail(self) -> None:
+        self.closed = True
+        try:
+            self.sock.close()
+        except OSError:
+            pass
+
+    def _read_frame(self) -> Frame:
+        while True:
+            frame = self._decoder.next_frame()
+            if frame is not None:
+                return frame
+            data = self.sock.recv(RECV_BYTES)
+            if not data:
+                raise ConnectionClosed(f"{self.host}:{self.port} closed the connection")
+            self._decoder.feed(data)
+
+    def _send(self, command: Command, payload: bytes) -> int:
+        if self.closed:
+            raise ConnectionClosed(f"connection to {self.host}:{self.port} is closed")
+        request_id = self._next_request_id
+        self._next_request_id += 1
+        assert self.compression is not None, "negotiation has not completed"
+        self.sock.sendall(encode_frame(Kind.REQUEST, command, Status.NONE, request_id, payload,
+                                       compression=self.compression))
+        return request_id
+
+    def _request(self, command: Command, payload: bytes, timeout_s: float | None) -> Frame:
+        request_id = self._send(command, payload)
+        if timeout_s is not None:
+            self.sock.settimeout(timeout_s)
+        try:
+            frame = self._read_frame()
+        finally:
+            if timeout_s is not None and not self.closed:
+                self.sock.settimeout(self.timeout_s)
+        self._check_correlation(frame, request_id, command)
+        return frame
+
+    def read_frame(self) -> Frame:
+        """Block until one whole frame arrives (low level; closes the connection on failure)."""
+        with self._lock:
+            try:
+                return self._read_frame()
+            except BaseException:
+                self._fail()
+                raise
+
+    def send(self, command: Command, payload: bytes) -> int:
+        """Write one request frame without waiting for a reply; returns its request id.
+
+        Use it for acks=0 PUBLISH (no reply ever comes) or with :meth:`read_frame`.
+        """
+        with self._lock:
+            try:
+                return self._send(command, payload)
+            except BaseException:
+                self._fail()
+                raise
+
+    def request(self, command: Command, payload: bytes, *, timeout_s: float | None = None) -> Frame:
+        """Send one request and return its (single) reply frame, checking correlation (facts A2).
+
+        ``timeout_s`` overrides the connection's read timeout for this reply (long polls).
+        """
+        with self._lock:
+            try:
+                return self._request(command, payload, timeout_s)
+            except BaseException:
+                self._fail()
+                raise
+
+    def stream(self, command: Command, payload: bytes) -> Iterator[Frame]:
+        """Send one request and yield reply frames until STREAM_END or ERROR (STREAM, READ_STREAM).
+
+        The connection is held for the whole stream; abandoning the iterator early closes the connection,
+        since the rest of the stream would otherwise be read as later replies.
+        """
+        with self._lock:
+            finished = False
+            try:
+                request_id = self._send(command, payload)
+                while True:
+                    frame = self._read_frame()
+                    self._check_correlation(frame, request_id, command)
+                    if frame.status in (Status.STREAM_END, Status.ERROR):
+                        finished = True
+                    yield frame
+                    if finished:
+                        return
+            finally:
+                if not finished:
+                    self._fail()
+
+    @staticmethod
+    def _check_correlation(frame: Frame, request_id: int, command: Command) -> None:
+        if frame.request_id != request_id or frame.command != command:
+            raise ProtocolError(
+                f"correlation mismatch: got request {frame.request_id} {frame.command.name}, "
+                f"expected {request_id} {command.name}"
+            )
+        if frame.kind not in (Kind.RESPONSE, Kind.STREAM):
+            raise ProtocolError(f"reply to request {request_id} has kind {frame.kind.name}")
+
+    # ----------------------------------------------------------------------------------------- text
+
+    def command(self, text: str, *, timeout_s: float | None = None) -> Frame:
+        """Send a text command (``NAME k=v ... message=...``) as CRQ2 and return the reply frame.
+
+        Raises ``cursus.wire.CommandTextError`` (a ``ValueError``) for text that cannot be encoded.
+        """
+        command, payload = parse_command_text(text)
+        return self.request(command, encode_crq2(payload), timeout_s=timeout_s)
+
+    def call(self, command: Command, fields: Mapping[str, str] | None = None,
+             positionals: tuple[str, ...] = (), *, timeout_s: float | None = None) -> Frame:
+        """Send a CRQ2 request built from ``fields`` (in order) and return the reply frame."""
+        return self.request(command, encode_crq2(CommandPayload(positionals, dict(fields or {}))),
+                            timeout_s=timeout_s)
+
+    def close(self) -> None:
+        """Close the socket (idempotent). Does not send EXIT."""
+        self._fail()
+
+    def __enter__(self) -> Connection:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+# ------------------------------------------------------------------------------------ retry decisions
+#
+# Shared by Client and aio.AsyncClient: the I/O loops differ, the decisions must not.
+
+#: Commands whose repetition cannot change broker state differently than one execution.
+READ_ONLY_COMMANDS = frozenset({
+    Command.LIST, Command.HELP, Command.METADATA, Command.LIST_OFFSETS, Command.DESCRIBE, Command.CONSUME,
+    Command.FIND_COORDINATOR, Command.FETCH_OFFSET, Command.GROUP_STATUS, Command.LIST_GROUPS,
+    Command.TXN_STATUS, Command.STREAM_VERSION, Command.READ_SNAPSHOT, Command.CLUSTER_STATUS,
+    Command.LIST_CLUSTER,
+})
+
+
+def redirect_target(err: CursusError) -> Address | None:
+    """The address a routing error tells the client to go to, or None."""
+    if isinstance(err, NotLeaderError):
+        return err.leader
+    if isinstance(err, NotCoordinatorError):
+        return err.coordinator
+    return None
+
+
+@dataclass(slots=True)
+class Attempts:
+    """Book-keeping for one logical request across reconnects, retries and redirects.
+
+    Args:
+        target: where to send first.
+        options: backoff and redirect limits.
+        retry_safe: whether the request may be sent again after its outcome became unknown (connection
+            lost after writing it) or after a retryable error reply.
+        label: command name for messages.
+    """
+
+    target: Address
+    options: ConnectionOptions
+    retry_safe: bool
+    label: str
+    follow_redirects: bool = True
+    attempt: int = 0
+    redirects: int = 0
+    last_error: BaseException | None = None
+
+    def after_connect_failure(self, exc: BaseException) -> float:
+        """A connection could not be opened (nothing was sent: always safe to retry).
+
+        Returns the delay before the next attempt, or raises ``BrokerUnavailableError`` (or the broker's
+        typed error when AUTH was refused) when the budget is spent.
+        """
+        if isinstance(exc, CursusError):
+            raise exc  # AUTH refused: retrying will not help
+        return self._next_delay(exc, BrokerUnavailableError(
+            f"cannot connect to {format_address(self.target)} for {self.label}: {exc}"))
+
+    def after_transport_failure(self, exc: BaseException) -> float:
+        """The connection failed after the request was written: outcome unknown."""
+        if isinstance(exc, TimeoutError):
+            final: CursusError = RequestTimeoutError(
+                f"no reply to {self.label} from {format_address(self.target)} in time")
+        elif isinstance(exc, ProtocolError):
+            final = ProtocolViolationError(f"{self.label} reply from {format_address(self.target)}: {exc}")
+        elif self.retry_safe:
+            final = BrokerUnavailableError(f"connection to {format_address(self.target)} lost during "
+                                           f"{self.label}: {exc}")
+        else:
+            final = DeliveryUnknownError(f"connection to {format_address(self.target)} lost after sending "
+                                         f"{self.label}; it may or may not have been applied: {exc}")
+        if not self.retry_safe or isinstance(exc, ProtocolError):
+            raise final from exc
+        return self._next_delay(exc, final)
+
+    def after_error_reply(self, err: CursusError) -> float | None:
+        """A typed ERROR reply. Returns None to resend now (``target`` was redirected), a delay to retry
+        after, or raises ``err``."""
+        target = redirect_target(err)
+        if target is not None and self.follow_redirects and self.redirects < self.options.redirects_max:
+            self.redirects += 1
+            self.target = target
+            return None
+        if err.retryable and self.retry_safe and target is None:
+            return self._next_delay(err, err)
+        raise err
+
+    def _next_delay(self, cause: BaseException, final: CursusError) -> float:
+        self.last_error = cause
+        if self.attempt >= self.options.backoff.attempts_max:
+            if final is cause:
+                raise final
+            raise final from cause
+        delay = self.options.backoff.delay_s(self.attempt)
+        self.attempt += 1
+        return delay
+
+
+# ------------------------------------------------------------------------------------------ client
+
+
+class Client:
+    """Connections to Cursus brokers with reconnects, retries and redirects (blocking, thread-safe).
+
+    Args:
+        bootstrap: ``host:port`` (or a list of them); requests without an explicit address go to the
+            first reachable one.
+        options: connection options; keyword arguments override single fields
+            (``Client("h:9000", compression="gzip", timeout_s=10)``).
+
+    One connection is cached per broker address and shared (requests on it are serialised). A failed
+    connection is dropped and reopened on the next request.
+    """
+
+    def __init__(self, bootstrap: str | Sequence[str] = DEFAULT_ADDRESS,
+                 options: ConnectionOptions | None = None, **overrides: Any) -> None:
+        self.options = options_from(options, overrides)
+        addresses = [bootstrap] if isinstance(bootstrap, str) else list(bootstrap)
+        if not addresses:
+            raise ValueError("at least one bootstrap address is needed")
+        self.bootstrap: list[Address] = [parse_address(a) for a in addresses]
+        self._connections: dict[Address, Connection] = {}
+        self._lock = threading.Lock()
+        self._closed = False
+
+    # ----------------------------------------------------------------------------------------- connections
+
+    def connection(self, address: Address | None = None) -> Connection:
+        """The cached connection to ``address`` (default: the first bootstrap broker), opened if needed.
+
+        Raises the connection's exceptions (no retry here).
+        """
+        address = address or self.bootstrap[0]
+        with self._lock:
+            if self._closed:
+                raise ClientClosedError("client is closed")
+            conn = self._connections.get(address)
+            if conn is not None and not conn.closed:
+                return conn
+        conn = self.options.connect(address)
+        with self._lock:
+            if self._closed:
+                conn.close()
+                raise ClientClosedError("client is closed")
+            old = self._connections.get(address)
+            if old is not None and not old.closed:  # another thread won the race
+                conn.close()
+                return old
+            self._connections[address] = conn
+        return conn
+
+    def drop(self, address: Address) -> None:
+        """Close and forget the cached connection to ``address``."""
+        with self._lock:
+            conn = self._connections.pop(address, None)
+        if conn is not None:
+            conn.close()
+
+    # ----------------------------------------------------------------------------------------- requests
+
+    def request(self, command: Command, payload: bytes, *, address: Address | None = None,
+                retry_safe: bool | None = None, timeout_s: float | None = None,
+                follow_redirects: bool = True) -> Frame:
+        """Send one request and return its OK reply frame.
+
+        Args:
+            command: the header command id.
+            payload: encoded CRQ2 (or CBV2) payload.
+            address: broker to send to (default: bootstrap, rotating through the list on connect failures).
+            retry_safe: whether the request may be repeated when its outcome is unknown or the reply is a
+                retryable error; default: True for read-only commands.
+            timeout_s: reply timeout for this request (default ``options.timeout_s``).
+            follow_redirects: resend to the address a ``NOT_LEADER``/``NOT_COORDINATOR`` reply names (up to
+                ``options.redirects_max`` times); False raises the routing error instead, for callers that
+                track leaders themselves.
+
+        Returns:
+            The reply frame, status OK (or STREAM_END).
+
+        Raises:
+            CursusError: the broker's typed error (after following redirects), or
+                ``BrokerUnavailableError``/``RequestTimeoutError``/``DeliveryUnknownError``/
+                ``ProtocolViolationError`` when the transport gave up; ``ClientClosedError`` after close().
+        """
+        safe = command in READ_ONLY_COMMANDS if retry_safe is None else retry_safe
+        rotate = address is None
+        attempts = Attempts(address or self.bootstrap[0], self.options, safe, command.name,
+                            follow_redirects=follow_redirects)
+        while True:
+            try:
+                conn = self.connection(attempts.target)
+            except (OSError, ProtocolError, CursusError) as exc:
+                if isinstance(exc, ClientClosedError):
+                    raise
+                delay = attempts.after_connect_failure(exc)
+                if rotate and len(self.bootstrap) > 1:
+                    attempts.target = self.bootstrap[(self.bootstrap.index(attempts.target) + 1)
+                                                     % len(self.bootstrap)] \
+                        if attempts.target in self.bootstrap else self.bootstrap[0]
+                time.sleep(delay)
+                continue
+            try:
+                frame = conn.request(command, payload, timeout_s=timeout_s)
+            except (OSError, ProtocolError) as exc:
+                self.drop(attempts.target)
+                time.sleep(attempts.after_transport_failure(exc))
+                continue
+            if frame.status != Status.ERROR:
+                return frame
+            redirect_delay = attempts.after_error_reply(error_from_frame(frame))
+            if redirect_delay:
+                time.sleep(redirect_delay)
+
+    def call(self, command: Command, fields: Mapping[str, str] | None = None, *,
+             positionals: tuple[str, ...] = (), address: Address | None = None,
+             retry_safe: bool | None = None, timeout_s: float | None = None,
+             follow_redirects: bool = True) -> Frame:
+        """:meth:`request` with a CRQ2 payload built from ``fields`` (in order) and ``positionals``."""
+        payload = encode_crq2(CommandPayload(tuple(positionals), dict(fields or {})))
+        return self.request(command, payload, address=address, retry_safe=retry_safe, timeout_s=timeout_s,
+                            follow_redirects=follow_redirects)
+
+    def command(self, text: str, *, address: Address | None = None, retry_safe: bool | None = None,
+                timeout_s: float | None = None) -> Frame:
+        """:meth:`request` for a text command ``NAME k=v ... [message=...]``.
+
+        Raises ``cursus.wire.CommandTextError`` (``ValueError``) for text that cannot be encoded.
+        """
+        command, payload = parse_command_text(text)
+        return self.request(command, encode_crq2(payload), address=address, retry_safe=retry_safe,
+                            timeout_s=timeout_s)
+
+    def send_only(self, command: Command, payload: bytes, *, address: Address | None = None) -> int:
+        """Write a request that gets no reply (acks=0 PUBLISH); returns its request id.
+
+        Connect failures are retried with backoff; a failure while writing raises
+        ``DeliveryUnknownError``.
+        """
+        attempts = Attempts(address or self.bootstrap[0], self.options, False, command.name)
+        while True:
+            try:
+                conn = self.connection(attempts.target)
+            except (OSError, ProtocolError) as exc:
+                time.sleep(attempts.after_connect_failure(exc))
+                continue
+            try:
+                return conn.send(command, payload)
+            except (OSError, ProtocolError) as exc:
+                self.drop(attempts.target)
+                attempts.after_transport_failure(exc)
+
+    def close(self) -> None:
+        """Close every connection (idempotent); later requests raise ``ClientClosedError``."""
+        with self._lock:
+            self._closed = True
+            connections = list(self._connections.values())
+            self._connections.clear()
+        for conn in connections:
+            conn.close()
+
+    @property
+    def closed(self) -> bool:
+        """True after :meth:`close`."""
+        return self._closed
+
+    def __enter__(self) -> Client:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
