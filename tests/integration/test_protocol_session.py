@@ -147,3 +147,11 @@ def test_two_hundred_concurrent_connections(shared_broker, topic_name):
     for t in threads:
         t.join(timeout=60)
     assert not errors, errors[:3]
+
+
+def test_idle_connections_close_only_when_configured(broker_factory):
+    broker = broker_factory(settings={"client_idle_timeout_ms": 300}).start()
+    with connect(broker) as conn:
+        ok_fields(conn.command("LIST"))
+        conn.sock.settimeout(10)
+        assert _recv_eof(conn.sock) == b""  # closed by the broker after ~300 ms of idleness
