@@ -18,10 +18,19 @@ from typing import Any
 from cursus.broker.catalog import StandaloneCatalog
 from cursus.broker.config import BrokerConfig
 from cursus.broker.metrics import BrokerMetrics
-from cursus.broker.producer_state import ProducerStateTable, chunk_producer_span
+from cursus.broker.producer_state import SNAPSHOT_NAME, ProducerStateTable, chunk_producer_span
 from cursus.broker.replica import Replica
 from cursus.broker.topics import TopicDefinition
-from cursus.storage import Completion, GroupCommitWriter, LogConfig, LogDir, PartitionLog, open_log_dir
+from cursus.storage import (
+    Completion,
+    GroupCommitWriter,
+    LogConfig,
+    LogDir,
+    PartitionLog,
+    atomic_write,
+    fsync_dir,
+    open_log_dir,
+)
 from cursus.wire.errors import BrokerError
 
 log = logging.getLogger("cursus.broker")
@@ -106,21 +115,46 @@ class Broker:
         replica = Replica(topic, partition, plog, self.writer, broker_id=self.broker_id)
         replica.on_hwm_change = self.metrics.observe_replica
         self.replicas[(topic, partition)] = replica
-        table = ProducerStateTable(self.config.producer_state_ttl_ms)
+        self.producers[(topic, partition)] = self._rebuild_producer_state(directory, plog)
+        self.metrics.observe_replica(replica)
+        return replica
+
+    def _rebuild_producer_state(self, directory: Path, plog: PartitionLog) -> ProducerStateTable:
+        """Producer state from the clean-shutdown snapshot (if it matches the log) plus the chunks after it.
+
+        The snapshot is consumed (deleted) here, so after a crash the state is always rebuilt from the log.
+        Only the first and last record of each chunk are read.
+        """
+        ttl_ms = self.config.producer_state_ttl_ms
+        table, start = ProducerStateTable(ttl_ms), plog.log_start_offset
+        snapshot = directory / SNAPSHOT_NAME
+        try:
+            loaded, end_offset = ProducerStateTable.from_snapshot(snapshot.read_bytes(), ttl_ms)
+            if plog.log_start_offset <= end_offset <= plog.durable_end_offset:
+                table, start = loaded, end_offset
+        except FileNotFoundError:
+            pass
+        except (ValueError, KeyError, TypeError) as exc:
+            log.warning("ignoring unreadable producer snapshot %s: %s", snapshot, exc)
+        if snapshot.exists():
+            snapshot.unlink()
+            fsync_dir(directory)  # a stale snapshot must not reappear after a crash
         stamp = now_ms()
-        for base_offset, record_count, body in plog.iter_chunks(plog.log_start_offset):
+        for base_offset, record_count, body in plog.iter_chunks(start):
             span = chunk_producer_span(memoryview(body), record_count)
             if span is not None:
                 table.record(span[0], span[1], span[2], span[3], base_offset, stamp)
-        self.producers[(topic, partition)] = table
-        self.metrics.observe_replica(replica)
-        return replica
+        return table
 
     async def close(self) -> None:
         """Drain the writer (every pending append fsynced), checkpoint and close every log."""
         await self.loop.run_in_executor(None, self.writer.close)
-        for replica in self.replicas.values():
+        for (topic, partition), replica in self.replicas.items():
             replica.log.close()
+            if replica.fenced is None:
+                directory = self.log_dir.partition_dir(topic, partition)
+                table = self.producers[(topic, partition)]
+                atomic_write(directory / SNAPSHOT_NAME, table.to_snapshot(replica.log.log_end_offset))
         failed = any(r.fenced is not None for r in self.replicas.values())
         if not failed:
             self.log_dir.mark_clean_shutdown()

@@ -15,6 +15,7 @@ chain correctly), rebuilt from the log at startup and dropped after ``producer_s
 
 from __future__ import annotations
 
+import json
 import struct
 from collections import deque
 from dataclasses import dataclass, field
@@ -23,6 +24,9 @@ from cursus.wire.errors import BrokerError
 
 #: How many recent batches per producer are remembered for duplicate detection (Kafka uses 5 as well).
 REMEMBERED_BATCHES = 5
+#: Producer-state snapshot written at clean shutdown, consumed (deleted) at the next start.
+SNAPSHOT_NAME = "producer-state.json"
+SNAPSHOT_VERSION = 1
 
 
 @dataclass(slots=True)
@@ -93,6 +97,30 @@ class ProducerStateTable:
         entry.last_seq = last_seq
         entry.last_active_ms = now_ms
         entry.batches.append((first_seq, last_seq, first_offset))
+
+    def to_snapshot(self, end_offset: int) -> bytes:
+        """Serialize the table as of ``end_offset`` (the partition's LEO) for a clean restart."""
+        producers = {
+            pid: {"epoch": e.epoch, "last_seq": e.last_seq, "last_active_ms": e.last_active_ms,
+                  "batches": [list(b) for b in e.batches]}
+            for pid, e in self.entries.items()
+        }
+        return json.dumps({"version": SNAPSHOT_VERSION, "end_offset": end_offset, "producers": producers},
+                          separators=(",", ":")).encode("utf-8")
+
+    @classmethod
+    def from_snapshot(cls, data: bytes, ttl_ms: int) -> tuple[ProducerStateTable, int]:
+        """Parse :meth:`to_snapshot` output; returns (table, end_offset). Raises ValueError/KeyError/TypeError."""
+        doc = json.loads(data)
+        if doc.get("version") != SNAPSHOT_VERSION:
+            raise ValueError(f"unsupported producer snapshot version {doc.get('version')!r}")
+        table = cls(ttl_ms)
+        for pid, e in doc["producers"].items():
+            entry = ProducerEntry(epoch=int(e["epoch"]), last_seq=int(e["last_seq"]),
+                                  last_active_ms=int(e["last_active_ms"]))
+            entry.batches.extend((int(f), int(last), int(o)) for f, last, o in e["batches"])
+            table.entries[str(pid)] = entry
+        return table, int(doc["end_offset"])
 
     def expire(self, now_ms: int) -> int:
         """Drop producers idle longer than the TTL; return how many were dropped."""

@@ -174,6 +174,15 @@ def test_keyed_routing_and_producer_state_survive_restart(broker_factory):
         dup = ack_of(publish_batch(conn, "keys", 0, [b"i1", b"i2"], acks="all", producer=("idem", 1, 1),
                                    idempotent=True))
         assert dup["last_offset"] == ack1["last_offset"]
+    # After a clean shutdown the state comes from the producer snapshot (plus any later chunks).
+    broker.restart(kill=False)
+    with connect(broker) as conn:
+        dup = ack_of(publish_batch(conn, "keys", 0, [b"i1", b"i2"], acks="all", producer=("idem", 1, 1),
+                                   idempotent=True))
+        assert dup["last_offset"] == ack1["last_offset"]
+        err = error_of(publish_batch(conn, "keys", 0, [b"i4"], acks="all", producer=("idem", 1, 4),
+                                     idempotent=True))
+        assert err.code == "idempotency_gap"
 
 
 def test_sigterm_flushes_and_restart_is_clean(broker_factory):
