@@ -1,13 +1,699 @@
-"""`cursusctl` console script."""
+"""``cursusctl``: command-line client for Cursus brokers, built on the SDK (:mod:`cursus.client`).
+
+Usage::
+
+    cursusctl [--broker HOST:PORT] [--compression none|gzip|snappy|lz4] [--timeout 10s]
+              [--tls-ca FILE] [--tls-cert FILE --tls-key FILE] [--principal P --auth-token-env VAR]
+              [--json] COMMAND ...
+
+    topic create NAME [--partitions N] [--idempotent] [--min-isr N|default] ...
+    topic alter NAME --min-isr N|default
+    topic delete NAME [--if-exists]
+    topic list
+    topic describe NAME
+    produce TOPIC [--file F] [--key-sep SEP] [--acks 0|1|all] [--partition N] [--idempotent]
+    consume TOPIC [--partition N ...] [--offset N | --from-beginning] [--follow] [--max N]
+                  [--format text|json|hex]
+    offsets TOPIC [--partition N]
+    metadata TOPIC
+    raw COMMAND [key=value ...]
+
+The broker defaults to ``$CURSUS_BROKER`` or 127.0.0.1:9000. Global flags may also follow the subcommand.
+Output: aligned tables on a terminal, plain ``key=value`` lines when piped, JSON with ``--json``.
+Exit codes: 0 success, 1 broker or runtime error (the rendered ``ERROR: code class= retryable= ...`` line
+is printed), 2 usage error.
+"""
 
 from __future__ import annotations
 
+import argparse
+import collections
+import json
+import os
+import re
 import sys
+import time
+from collections.abc import Iterable, Iterator, Sequence
+from concurrent.futures import Future
+from typing import IO, Any
+
+from cursus.client.admin import Admin, TopicMetadata
+from cursus.client.connection import (
+    DEFAULT_ADDRESS,
+    Backoff,
+    ConnectionOptions,
+    compression_of,
+    make_ssl_context,
+    ok_text_fields,
+    parse_address,
+)
+from cursus.client.consumer import Consumer
+from cursus.client.errors import (
+    BrokerUnavailableError,
+    CursusError,
+    DeliveryFailedError,
+    RequestTimeoutError,
+    error_from_frame,
+)
+from cursus.client.producer import Producer
+from cursus.client.records import ConsumerRecord, RecordMetadata, decode_consumed_batch
+from cursus.wire import (
+    Command,
+    CommandTextError,
+    ProtocolError,
+    Status,
+    encode_crq2,
+    is_cbv2,
+    parse_command_text,
+)
+
+EXIT_OK = 0
+EXIT_FAILURE = 1
+EXIT_USAGE = 2
+#: A person is waiting: give up on an unreachable broker after about a second.
+CLI_BACKOFF = Backoff(initial_s=0.1, max_s=0.5, attempts_max=3)
 
 
-def main(argv: list[str] | None = None) -> int:
-    print("cursusctl: not yet available", file=sys.stderr)
-    return 1
+class UsageError(Exception):
+    """Bad command-line input (exit code 2)."""
+
+
+# ------------------------------------------------------------------------------------------ arguments
+
+
+def parse_duration(text: str) -> float:
+    """``10s``, ``500ms``, ``2m``, ``1h`` or a plain number of seconds -> seconds (float, > 0).
+
+    Raises ``argparse.ArgumentTypeError`` for anything else.
+    """
+    match = re.fullmatch(r"\s*(\d+(?:\.\d*)?|\.\d+)\s*(ms|s|m|h)?\s*", text)
+    if not match:
+        raise argparse.ArgumentTypeError(f"invalid duration {text!r} (use e.g. 10s, 500ms, 2m)")
+    value = float(match.group(1)) * {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0}[match.group(2) or "s"]
+    if value <= 0:
+        raise argparse.ArgumentTypeError("duration must be positive")
+    return value
+
+
+def _address(text: str) -> str:
+    try:
+        parse_address(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+    return text
+
+
+def _compression(text: str) -> str:
+    try:
+        compression_of(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+    return text.lower()
+
+
+def _non_negative(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"{value} is negative")
+    return value
+
+
+def _positive(text: str) -> int:
+    value = _non_negative(text)
+    if value == 0:
+        raise argparse.ArgumentTypeError("must be positive")
+    return value
+
+
+_GLOBAL_DEFAULTS: dict[str, Any] = {
+    "broker": None, "compression": "none", "timeout": 10.0, "tls_ca": None, "tls_cert": None,
+    "tls_key": None, "principal": None, "auth_token_env": None, "json": False,
+}
+
+
+def _global_options(parser: argparse.ArgumentParser) -> None:
+    # SUPPRESS: a flag given after the subcommand must not be reset by the subparser's default.
+    group = parser.add_argument_group("connection and output")
+    group.add_argument("--broker", type=_address, default=argparse.SUPPRESS,
+                       help=f"broker address host:port (default: $CURSUS_BROKER or {DEFAULT_ADDRESS})")
+    group.add_argument("--compression", type=_compression, default=argparse.SUPPRESS,
+                       help="preferred compression: none, gzip, snappy, lz4 (default: none)")
+    group.add_argument("--timeout", type=parse_duration, default=argparse.SUPPRESS,
+                       help="connect and request timeout, e.g. 10s, 500ms (default: 10s)")
+    group.add_argument("--tls-ca", default=argparse.SUPPRESS, metavar="FILE", help="CA bundle (enables TLS)")
+    group.add_argument("--tls-cert", default=argparse.SUPPRESS, metavar="FILE", help="client certificate (PEM)")
+    group.add_argument("--tls-key", default=argparse.SUPPRESS, metavar="FILE", help="client key (PEM)")
+    group.add_argument("--principal", default=argparse.SUPPRESS, help="authenticate as this principal")
+    group.add_argument("--auth-token-env", default=argparse.SUPPRESS, metavar="VAR",
+                       help="environment variable holding the principal's token")
+    group.add_argument("--json", action="store_true", default=argparse.SUPPRESS, help="machine-readable output")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The ``cursusctl`` argument parser."""
+    common = argparse.ArgumentParser(add_help=False)
+    _global_options(common)
+    parser = argparse.ArgumentParser(prog="cursusctl", parents=[common],
+                                     description="Command-line client for Cursus brokers (Wire v2).")
+    commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    topic = commands.add_parser("topic", help="create, alter, delete, list or describe topics")
+    topic_commands = topic.add_subparsers(dest="topic_command", required=True, metavar="ACTION")
+    create = topic_commands.add_parser("create", parents=[common], help="create a topic (or patch it)")
+    create.add_argument("name")
+    create.add_argument("--partitions", type=_positive)
+    create.add_argument("--replication-factor", type=_positive)
+    create.add_argument("--min-isr", help="minimum in-sync replicas override, or 'default'")
+    create.add_argument("--idempotent", action="store_true", default=None)
+    create.add_argument("--event-sourcing", action="store_true", default=None)
+    create.add_argument("--cleanup-policy", choices=["delete", "compact", "delete,compact"])
+    create.add_argument("--retention-hours", type=_non_negative)
+    create.add_argument("--retention-bytes", type=_non_negative)
+    create.add_argument("--partitioner", choices=["hash_key", "round_robin"])
+    create.add_argument("--auth-policy", choices=["open", "deny_write", "deny_read", "acl"])
+    create.add_argument("--read-acl", help="comma-separated principals")
+    create.add_argument("--write-acl", help="comma-separated principals")
+    alter = topic_commands.add_parser("alter", parents=[common], help="change a topic's min ISR override")
+    alter.add_argument("name")
+    alter.add_argument("--min-isr", required=True, help="a number, or 'default' to remove the override")
+    delete = topic_commands.add_parser("delete", parents=[common], help="delete a topic and its data")
+    delete.add_argument("name")
+    delete.add_argument("--if-exists", action="store_true")
+    topic_commands.add_parser("list", parents=[common], help="list topics")
+    describe = topic_commands.add_parser("describe", parents=[common], help="definition and partition state")
+    describe.add_argument("name")
+
+    produce = commands.add_parser("produce", parents=[common], help="produce lines from stdin or a file")
+    produce.add_argument("topic")
+    produce.add_argument("--file", help="read records from this file (default: stdin), one per line")
+    produce.add_argument("--key-sep", help="split each line into key and value at the first SEP")
+    produce.add_argument("--acks", default=None, choices=["0", "1", "all", "-1"], help="default 1 (all with --idempotent)")
+    produce.add_argument("--partition", type=_non_negative, help="send every record to this partition")
+    produce.add_argument("--idempotent", action="store_true", help="idempotent producer (acks=all)")
+    produce.add_argument("--batch-size", type=_positive, default=1000, help="records per batch (default 1000)")
+    produce.add_argument("--linger-ms", type=_non_negative, default=5, help="batch linger (default 5 ms)")
+
+    consume = commands.add_parser("consume", parents=[common], help="print records of a topic")
+    consume.add_argument("topic")
+    consume.add_argument("--partition", type=_non_negative, action="append",
+                         help="partition to read (repeatable; default: all)")
+    start = consume.add_mutually_exclusive_group()
+    start.add_argument("--offset", type=int, help="start offset (negative: that many before the end)")
+    start.add_argument("--from-beginning", action="store_true", help="start at the earliest offset")
+    consume.add_argument("--follow", "-f", action="store_true", help="keep waiting for new records")
+    consume.add_argument("--max", type=_positive, help="stop after this many records")
+    consume.add_argument("--format", choices=["text", "json", "hex"], default="text")
+    consume.add_argument("--key-sep", help="text format: print KEY<SEP>VALUE")
+    consume.add_argument("--wait-ms", type=_non_negative, default=500, help="long-poll time (default 500)")
+    consume.add_argument("--isolation", choices=["read_committed", "read_uncommitted"], default="read_committed")
+
+    offsets = commands.add_parser("offsets", parents=[common], help="earliest/latest/LEO/HWM per partition")
+    offsets.add_argument("topic")
+    offsets.add_argument("--partition", type=_non_negative)
+
+    metadata = commands.add_parser("metadata", parents=[common], help="partition leaders and topic policy")
+    metadata.add_argument("topic")
+
+    raw = commands.add_parser("raw", parents=[common], help="send any command text and print the reply")
+    raw.add_argument("raw_command", metavar="COMMAND")
+    raw.add_argument("raw_args", nargs=argparse.REMAINDER, metavar="key=value")
+    return parser
+
+
+def _finish_globals(args: argparse.Namespace) -> None:
+    for key, value in _GLOBAL_DEFAULTS.items():
+        if not hasattr(args, key):
+            setattr(args, key, value)
+    if args.broker is None:
+        args.broker = os.environ.get("CURSUS_BROKER") or DEFAULT_ADDRESS
+        try:
+            parse_address(args.broker)
+        except ValueError as exc:
+            raise UsageError(f"CURSUS_BROKER: {exc}") from None
+
+
+def connection_options(args: argparse.Namespace) -> ConnectionOptions:
+    """ConnectionOptions from the global flags. Raises ``UsageError`` for inconsistent flags."""
+    ssl_context = None
+    if args.tls_ca or args.tls_cert or args.tls_key:
+        if bool(args.tls_cert) != bool(args.tls_key):
+            raise UsageError("--tls-cert and --tls-key go together")
+        try:
+            ssl_context = make_ssl_context(args.tls_ca, args.tls_cert, args.tls_key)
+        except (OSError, ValueError) as exc:
+            raise UsageError(f"TLS files: {exc}") from None
+    token = None
+    if args.auth_token_env:
+        if not args.principal:
+            raise UsageError("--auth-token-env needs --principal")
+        token = os.environ.get(args.auth_token_env)
+        if token is None:
+            raise UsageError(f"environment variable {args.auth_token_env} is not set")
+    return ConnectionOptions(compression=compression_of(args.compression), timeout_s=args.timeout,
+                             ssl_context=ssl_context, principal=args.principal, token=token,
+                             backoff=CLI_BACKOFF)
+
+
+# ------------------------------------------------------------------------------------------ output
+
+
+class Output:
+    """Renders results: JSON (``--json``), rich tables (terminal) or ``key=value`` lines (pipes)."""
+
+    def __init__(self, json_mode: bool, stream: IO[str] | None = None) -> None:
+        self.json_mode = json_mode
+        self.stream = stream or sys.stdout
+        self.tty = self.stream.isatty()
+
+    def json(self, doc: Any) -> None:
+        """One JSON document on one line."""
+        self.stream.write(json.dumps(doc, ensure_ascii=False) + "\n")
+
+    def line(self, text: str) -> None:
+        """A plain line."""
+        self.stream.write(text + "\n")
+
+    def fields(self, title: str, values: dict[str, Any]) -> None:
+        """One object: a two-column table on a terminal, one ``key=value ...`` line otherwise."""
+        if self.tty:
+            from rich.console import Console
+            from rich.table import Table
+
+            table = Table(title=title, show_header=False)
+            table.add_column("field", style="bold")
+            table.add_column("value")
+            for key, value in values.items():
+                table.add_row(key, _plain(value))
+            Console(file=self.stream).print(table)
+        else:
+            self.line(" ".join(f"{key}={_plain(value)}" for key, value in values.items()))
+
+    def table(self, title: str, columns: Sequence[str], rows: Iterable[Sequence[Any]]) -> None:
+        """Rows: an aligned table on a terminal, one ``col=value ...`` line per row otherwise."""
+        rows = list(rows)
+        if self.tty:
+            from rich.console import Console
+            from rich.table import Table
+
+            table = Table(title=title)
+            for column in columns:
+                table.add_column(column)
+            for row in rows:
+                table.add_row(*(_plain(v) for v in row))
+            Console(file=self.stream).print(table)
+        else:
+            for row in rows:
+                self.line(" ".join(f"{c}={_plain(v)}" for c, v in zip(columns, row, strict=True)))
+
+
+def _plain(value: Any) -> str:
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if value is None:
+        return "-"
+    if isinstance(value, list | tuple):
+        return ",".join(_plain(v) for v in value)
+    if isinstance(value, dict):
+        return json.dumps(value, separators=(",", ":"))
+    return str(value)
+
+
+def error_document(error: CursusError) -> dict[str, Any]:
+    """The ``--json`` form of an error."""
+    return {"status": "ERROR", "code": error.code, "class": error.error_class.label,
+            "retryable": error.retryable, "fields": dict(error.fields), "message": error.message,
+            "rendered": error.render()}
+
+
+# ------------------------------------------------------------------------------------------ commands
+
+
+def cmd_topic(args: argparse.Namespace, options: ConnectionOptions, out: Output) -> int:
+    """``topic create|alter|delete|list|describe``."""
+    with Admin(args.broker, options=options) as admin:
+        action = args.topic_command
+        if action == "create":
+            config = admin.create_topic(
+                args.name, args.partitions, idempotent=args.idempotent, event_sourcing=args.event_sourcing,
+                replication_factor=args.replication_factor, min_in_sync_replicas=args.min_isr,
+                cleanup_policy=args.cleanup_policy, retention_hours=args.retention_hours,
+                retention_bytes=args.retention_bytes, partitioner=args.partitioner, auth_policy=args.auth_policy,
+                read_acl=args.read_acl, write_acl=args.write_acl)
+            _show_config(out, config.to_dict(), f"topic {config.topic}")
+        elif action == "alter":
+            config = admin.alter_topic_config(args.name, min_in_sync_replicas=args.min_isr)
+            _show_config(out, config.to_dict(), f"topic {config.topic}")
+        elif action == "delete":
+            result = admin.delete_topic(args.name, if_exists=args.if_exists)
+            if out.json_mode:
+                out.json(result.to_dict())
+            else:
+                out.fields("deleted", result.to_dict())
+        elif action == "list":
+            names = admin.list_topics()
+            if out.json_mode:
+                out.json({"topics": names, "count": len(names)})
+            elif out.tty:
+                out.table(f"{len(names)} topic(s)", ["topic"], [[n] for n in names])
+            else:
+                for name in names:
+                    out.line(name)
+        else:
+            description = admin.describe_topic(args.name)
+            if out.json_mode:
+                out.json(description.to_dict())
+            else:
+                summary = {"topic": description.topic, "revision": description.revision,
+                           "partitions": description.partitions,
+                           "replication_factor": description.replication_factor,
+                           "idempotent": description.idempotent, "event_sourcing": description.event_sourcing,
+                           "lifecycle_epoch": description.lifecycle_epoch,
+                           "min_in_sync_replicas": description.min_in_sync_replicas or "default",
+                           **description.policy}
+                out.fields(f"topic {description.topic}", summary)
+                out.table("partitions", ["partition", "leader", "replicas", "isr", "leo", "hwm"],
+                          [[p.id, p.leader, p.replicas, p.isr, p.leo, p.hwm] for p in description.partition_states])
+    return EXIT_OK
+
+
+def _show_config(out: Output, doc: dict[str, Any], title: str) -> None:
+    if out.json_mode:
+        out.json(doc)
+        return
+    extra = doc.pop("extra", {}) or {}
+    if doc.get("min_in_sync_replicas") is None:
+        doc["min_in_sync_replicas"] = "default"
+    out.fields(title, {**doc, **extra})
+
+
+def _read_lines(path: str | None) -> Iterator[bytes]:
+    stream = open(path, "rb") if path else sys.stdin.buffer  # closed below
+    try:
+        for line in stream:
+            if line.endswith(b"\n"):
+                line = line[:-1]
+                if line.endswith(b"\r"):
+                    line = line[:-1]
+            yield line
+    finally:
+        if path:
+            stream.close()
+
+
+class _Progress:
+    """A records/s progress bar on stderr when it is a terminal; nothing otherwise."""
+
+    def __init__(self, enabled: bool, topic: str) -> None:
+        self._progress: Any = None
+        if enabled:
+            from rich.console import Console
+            from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
+
+            self._progress = Progress(SpinnerColumn(), TextColumn("[bold]{task.description}"),
+                                      TextColumn("{task.completed:,} records"),
+                                      TextColumn("{task.fields[rate]:,.0f} rec/s"), TimeElapsedColumn(),
+                                      console=Console(file=sys.stderr), transient=True)
+            self._task = self._progress.add_task(f"producing to {topic}", total=None, rate=0.0)
+            self._progress.start()
+        self._started = time.monotonic()
+
+    def update(self, count: int) -> None:
+        if self._progress is not None:
+            elapsed = max(1e-6, time.monotonic() - self._started)
+            self._progress.update(self._task, completed=count, rate=count / elapsed)
+
+    def stop(self) -> None:
+        if self._progress is not None:
+            self._progress.stop()
+
+
+class _ProduceTally:
+    """Per-partition counts and offset ranges of delivered records (futures are folded in as they finish,
+    so memory stays bounded by the producer's buffer)."""
+
+    def __init__(self) -> None:
+        self.pending: collections.deque[Future[RecordMetadata]] = collections.deque()
+        self.delivered = 0
+        self.failed = 0
+        self.partitions: dict[int, dict[str, Any]] = {}
+
+    def add(self, future: Future[RecordMetadata]) -> None:
+        self.pending.append(future)
+        if len(self.pending) >= 20_000:
+            self.fold(finished_only=True)
+
+    def fold(self, *, finished_only: bool) -> None:
+        while self.pending and (not finished_only or self.pending[0].done()):
+            future = self.pending.popleft()
+            if future.exception() is not None:
+                self.failed += 1
+                continue
+            meta = future.result()
+            self.delivered += 1
+            entry = self.partitions.setdefault(meta.partition, {"records": 0, "first_offset": meta.offset,
+                                                                "last_offset": meta.offset})
+            entry["records"] += 1
+            if meta.offset is not None:
+                entry["first_offset"] = min(entry["first_offset"], meta.offset)
+                entry["last_offset"] = max(entry["last_offset"], meta.offset)
+
+
+def cmd_produce(args: argparse.Namespace, options: ConnectionOptions, out: Output) -> int:
+    """``produce TOPIC``: one record per input line; prints a summary (fails with exit 1 if any record failed)."""
+    sep = args.key_sep.encode("utf-8") if args.key_sep else None
+    acks = args.acks if args.acks is not None else ("all" if args.idempotent else "1")
+    if args.idempotent and acks not in ("all", "-1"):
+        raise UsageError("--idempotent needs --acks all")
+    producer = Producer(args.broker, acks=acks, idempotent=args.idempotent, batch_size=args.batch_size,
+                        linger_ms=args.linger_ms, options=options)
+    progress = _Progress(sys.stderr.isatty() and not out.json_mode, args.topic)
+    started = time.monotonic()
+    tally = _ProduceTally()
+    failure: CursusError | None = None
+    try:
+        for index, line in enumerate(_read_lines(args.file)):
+            key = None
+            value = line
+            if sep is not None and sep in line:
+                raw_key, value = line.split(sep, 1)
+                key = raw_key.decode("utf-8", "replace")
+            tally.add(producer.send(args.topic, value, key=key, partition=args.partition))
+            if index % 1000 == 999:
+                progress.update(index + 1)
+        try:
+            producer.flush()
+        except DeliveryFailedError as exc:
+            failure = exc
+    finally:
+        progress.stop()
+        try:
+            producer.close()
+        except DeliveryFailedError as exc:
+            failure = failure or exc
+    tally.fold(finished_only=False)
+    elapsed = max(1e-9, time.monotonic() - started)
+    summary = {"topic": args.topic, "records": tally.delivered, "failed": tally.failed,
+               "seconds": round(elapsed, 3), "records_per_s": round(tally.delivered / elapsed),
+               "partitions": {str(p): v for p, v in sorted(tally.partitions.items())}}
+    if out.json_mode:
+        out.json(summary)
+    else:
+        out.fields("produced", {k: v for k, v in summary.items() if k != "partitions"})
+        out.table("partitions", ["partition", "records", "first_offset", "last_offset"],
+                  [[p, v["records"], v["first_offset"], v["last_offset"]] for p, v in sorted(tally.partitions.items())])
+    if failure is not None:
+        raise failure
+    return EXIT_OK
+
+
+def record_document(record: ConsumerRecord) -> dict[str, Any]:
+    """The JSON form of a consumed record: value as UTF-8 text (invalid bytes replaced) plus base64."""
+    import base64
+
+    doc: dict[str, Any] = {"topic": record.topic, "partition": record.partition, "offset": record.offset,
+                           "key": record.key, "value": record.value.decode("utf-8", "replace"),
+                           "value_base64": base64.b64encode(record.value).decode("ascii")}
+    for name in ("timestamp", "producer_id", "event_type", "schema_version", "aggregate_version", "metadata",
+                 "event_id", "payload_digest", "transactional_id", "transaction_state"):
+        value = getattr(record, name)
+        if value is not None:
+            doc[name] = value
+    if record.producer_id is not None:
+        doc["seq_num"] = record.seq_num
+        doc["producer_epoch"] = record.producer_epoch
+    return doc
+
+
+def _format_record(record: ConsumerRecord, fmt: str, key_sep: str | None) -> str:
+    if fmt == "json":
+        return json.dumps(record_document(record), ensure_ascii=False)
+    if fmt == "hex":
+        return f"{record.partition}\t{record.offset}\t{record.key or ''}\t{record.value.hex()}"
+    text = record.value.decode("utf-8", "replace")
+    if key_sep is not None:
+        return f"{record.key or ''}{key_sep}{text}"
+    return text
+
+
+def cmd_consume(args: argparse.Namespace, options: ConnectionOptions, out: Output) -> int:
+    """``consume TOPIC``: print records until the end (or forever with ``--follow``, or ``--max``)."""
+    start: str | int = "latest"
+    if args.from_beginning:
+        start = "earliest"
+    elif args.offset is not None:
+        start = args.offset
+    fmt = "json" if out.json_mode else args.format
+    consumer = Consumer(args.topic, args.broker, partitions=args.partition, start=start,
+                        isolation_level=args.isolation, wait_ms=args.wait_ms, options=options)
+    count = 0
+    try:
+        records = consumer.records(max_records=args.max, until_end=not args.follow)
+        for record in records:
+            out.stream.write(_format_record(record, fmt, args.key_sep) + "\n")
+            count += 1
+            if count % 1000 == 0:
+                out.stream.flush()
+        out.stream.flush()
+    except KeyboardInterrupt:
+        out.stream.flush()
+    finally:
+        consumer.close()
+    return EXIT_OK
+
+
+def cmd_offsets(args: argparse.Namespace, options: ConnectionOptions, out: Output) -> int:
+    """``offsets TOPIC``: earliest/latest/LEO/HWM per partition."""
+    with Admin(args.broker, options=options) as admin:
+        entries = admin.list_offsets(args.topic, args.partition)
+    if out.json_mode:
+        out.json({"topic": args.topic, "partitions": [e.to_dict() for e in entries]})
+    else:
+        out.table(f"offsets {args.topic}", ["partition", "earliest", "latest", "leo", "hwm"],
+                  [[e.partition, e.earliest, e.latest, e.leo, e.hwm] for e in entries])
+    return EXIT_OK
+
+
+def cmd_metadata(args: argparse.Namespace, options: ConnectionOptions, out: Output) -> int:
+    """``metadata TOPIC``: topic policy and partition leaders/epochs."""
+    with Admin(args.broker, options=options) as admin:
+        metadata: TopicMetadata = admin.metadata(args.topic)
+    if out.json_mode:
+        out.json(metadata.to_dict())
+        return EXIT_OK
+    doc = metadata.to_dict()
+    leaders, epochs = doc.pop("leaders"), doc.pop("epochs")
+    extra = doc.pop("extra", {}) or {}
+    out.fields(f"topic {metadata.topic}", {**doc, **extra})
+    out.table("partitions", ["partition", "leader", "epoch"],
+              [[p, leaders[p] if p < len(leaders) else None, epochs[p] if p < len(epochs) else None]
+               for p in range(metadata.partitions)])
+    return EXIT_OK
+
+
+def cmd_raw(args: argparse.Namespace, options: ConnectionOptions, out: Output) -> int:
+    """``raw COMMAND key=value ...``: send the command text and print the reply payload."""
+    text = " ".join([args.raw_command, *args.raw_args])
+    try:
+        command, payload = parse_command_text(text)
+    except CommandTextError as exc:
+        raise UsageError(str(exc)) from None
+    address = parse_address(args.broker)
+    try:
+        conn = options.connect(address)
+    except (OSError, ProtocolError) as exc:
+        raise BrokerUnavailableError(f"cannot connect to {args.broker}: {exc}") from None
+    with conn:
+        try:
+            if command == Command.PUBLISH and payload.get("acks", "").strip().lower() in ("0", "none"):
+                conn.send(command, encode_crq2(payload))  # the broker never replies to acks=0
+                if out.json_mode:
+                    out.json({"status": "SENT"})
+                return EXIT_OK
+            frame = conn.request(command, encode_crq2(payload))
+        except TimeoutError:
+            raise RequestTimeoutError(f"no reply to {command.name} from {args.broker}") from None
+        except (OSError, ProtocolError) as exc:
+            raise BrokerUnavailableError(f"{command.name} to {args.broker} failed: {exc}") from None
+    if frame.status == Status.ERROR:
+        error = error_from_frame(frame)
+        if out.json_mode:
+            out.json(error_document(error))
+        else:
+            out.line(error.render())  # the reply, as the reference tool prints it
+        return EXIT_FAILURE
+    return _print_reply(frame.payload, out)
+
+
+def _print_reply(payload: bytes, out: Output) -> int:
+    if is_cbv2(payload):
+        _, _, records = decode_consumed_batch(payload, skip_control=False)
+        if out.json_mode:
+            out.json({"status": "OK", "records": [record_document(r) for r in records]})
+        else:
+            out.line(f"OK records={len(records)}")
+            for record in records:
+                out.line(json.dumps(record_document(record), ensure_ascii=False))
+        return EXIT_OK
+    try:
+        text = payload.decode("utf-8")
+    except UnicodeDecodeError:
+        text = payload.hex()
+    if out.json_mode:
+        try:
+            doc = json.loads(text)
+        except ValueError:
+            doc = None
+        if isinstance(doc, dict):
+            out.json(doc)
+        else:
+            try:
+                out.json({"status": "OK", "fields": ok_text_fields(text), "text": text})
+            except ValueError:
+                out.json({"status": "OK", "text": text})
+    else:
+        out.line(text)
+    return EXIT_OK
+
+
+_HANDLERS = {"topic": cmd_topic, "produce": cmd_produce, "consume": cmd_consume, "offsets": cmd_offsets,
+             "metadata": cmd_metadata, "raw": cmd_raw}
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Run ``cursusctl``; returns the exit code (0 ok, 1 broker/runtime error, 2 usage error)."""
+    parser = build_parser()
+    try:
+        args = parser.parse_args(list(sys.argv[1:] if argv is None else argv))
+    except SystemExit as exc:  # argparse: --help (0) or a usage error (2)
+        return int(exc.code or 0)
+    out: Output | None = None
+    try:
+        _finish_globals(args)
+        out = Output(args.json)
+        options = connection_options(args)
+        return _HANDLERS[args.command](args, options, out)
+    except UsageError as exc:
+        print(f"cursusctl: error: {exc}", file=sys.stderr)
+        return EXIT_USAGE
+    except CursusError as exc:
+        if out is not None and out.json_mode:
+            out.json(error_document(exc))
+        print(exc.render(), file=sys.stderr)
+        return EXIT_FAILURE
+    except BrokenPipeError:
+        try:
+            sys.stdout = open(os.devnull, "w")  # silence the flush at exit
+        except OSError:
+            pass
+        return EXIT_OK
+    except KeyboardInterrupt:
+        return 130
+    except (OSError, ValueError) as exc:
+        print(f"cursusctl: {type(exc).__name__}: {exc}", file=sys.stderr)
+        return EXIT_FAILURE
 
 
 if __name__ == "__main__":

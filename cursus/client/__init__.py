@@ -1,1 +1,125 @@
-"""Cursus Python SDK (transport layer; producers, consumers and admin follow)."""
+"""Cursus Python SDK: producers, consumers and admin over Cursus Wire v2, blocking and asyncio.
+
+Quick start (against ``make run`` on 127.0.0.1:9000)::
+
+    from cursus.client import Admin, Consumer, Producer
+
+    with Admin("127.0.0.1:9000") as admin:
+        admin.create_topic("orders", partitions=3)
+    with Producer("127.0.0.1:9000", idempotent=True) as producer:
+        producer.send("orders", b"hello", key="customer-1")
+    with Consumer("orders", "127.0.0.1:9000", start="earliest") as consumer:
+        for record in consumer.records(until_end=True):
+            print(record.partition, record.offset, record.key, record.value)
+
+See ``docs/sdk.md`` for the full guide. Layers: :mod:`.connection` / :mod:`.aio` (transport, retries,
+redirects), :mod:`.producer`, :mod:`.consumer`, :mod:`.admin`, :mod:`.records`, :mod:`.errors`.
+"""
+
+from __future__ import annotations
+
+from cursus.client.admin import (
+    Admin,
+    AsyncAdmin,
+    DeleteResult,
+    PartitionDescription,
+    PartitionOffsets,
+    TopicConfig,
+    TopicDescription,
+    TopicMetadata,
+)
+from cursus.client.aio import AsyncClient, AsyncConnection
+from cursus.client.connection import (
+    DEFAULT_ADDRESS,
+    Backoff,
+    Client,
+    Connection,
+    ConnectionClosed,
+    ConnectionOptions,
+    make_ssl_context,
+    parse_address,
+)
+from cursus.client.consumer import AsyncConsumer, Consumer
+from cursus.client.errors import (
+    AuthenticationError,
+    AuthorizationError,
+    AvailabilityError,
+    BrokerUnavailableError,
+    BufferFullError,
+    ClientClosedError,
+    ConflictError,
+    CursusError,
+    DeliveryFailedError,
+    DeliveryUnknownError,
+    FencingError,
+    InternalError,
+    NotCoordinatorError,
+    NotFoundError,
+    NotLeaderError,
+    OffsetOutOfRangeError,
+    ProducerFencedError,
+    ProtocolViolationError,
+    RequestTimeoutError,
+    RoutingError,
+    SequenceError,
+    TopicNotFoundError,
+    UnsupportedFeatureError,
+    ValidationError,
+    error_from_frame,
+)
+from cursus.client.producer import AsyncProducer, Producer
+from cursus.client.records import ConsumerRecord, RecordMetadata
+from cursus.wire import Compression
+
+__all__ = [
+    "DEFAULT_ADDRESS",
+    "Admin",
+    "AsyncAdmin",
+    "AsyncClient",
+    "AsyncConnection",
+    "AsyncConsumer",
+    "AsyncProducer",
+    "AuthenticationError",
+    "AuthorizationError",
+    "AvailabilityError",
+    "Backoff",
+    "BrokerUnavailableError",
+    "BufferFullError",
+    "Client",
+    "ClientClosedError",
+    "Compression",
+    "ConflictError",
+    "Connection",
+    "ConnectionClosed",
+    "ConnectionOptions",
+    "Consumer",
+    "ConsumerRecord",
+    "CursusError",
+    "DeleteResult",
+    "DeliveryFailedError",
+    "DeliveryUnknownError",
+    "FencingError",
+    "InternalError",
+    "NotCoordinatorError",
+    "NotFoundError",
+    "NotLeaderError",
+    "OffsetOutOfRangeError",
+    "PartitionDescription",
+    "PartitionOffsets",
+    "Producer",
+    "ProducerFencedError",
+    "ProtocolViolationError",
+    "RecordMetadata",
+    "RequestTimeoutError",
+    "RoutingError",
+    "SequenceError",
+    "TopicConfig",
+    "TopicDescription",
+    "TopicMetadata",
+    "TopicNotFoundError",
+    "UnsupportedFeatureError",
+    "ValidationError",
+    "error_from_frame",
+    "make_ssl_context",
+    "parse_address",
+]

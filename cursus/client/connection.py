@@ -336,6 +336,7 @@ class Connection:
         self.principal = principal
         self._next_request_id = 1
         self._lock = threading.Lock()
+        self._timeout_current: float | None = timeout_s
         raw = socket.create_connection((host, port), timeout=timeout_s)
         try:
             raw.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
@@ -416,15 +417,17 @@ class Connection:
                                        compression=self.compression))
         return request_id
 
-    def _request(self, command: Command, payload: bytes, timeout_s: float | None) -> Frame:
-        request_id = self._send(command, payload)
-        if timeout_s is not None:
+    def _set_timeout(self, timeout_s: float) -> None:
+        # settimeout is a syscall that releases the GIL: skip it when nothing changes (hot producer path).
+        if timeout_s != self._timeout_current:
             self.sock.settimeout(timeout_s)
-        try:
-            frame = self._read_frame()
-        finally:
-            if timeout_s is not None and not self.closed:
-                self.sock.settimeout(self.timeout_s)
+            self._timeout_current = timeout_s
+
+    def _request(self, command: Command, payload: bytes, timeout_s: float | None) -> Frame:
+        self._set_timeout(self.timeout_s)
+        request_id = self._send(command, payload)
+        self._set_timeout(self.timeout_s if timeout_s is None else timeout_s)
+        frame = self._read_frame()
         self._check_correlation(frame, request_id, command)
         return frame
 

@@ -1,0 +1,360 @@
+"""asyncio Wire v2 transport: :class:`AsyncConnection` and :class:`AsyncClient`.
+
+The asyncio twins of :class:`cursus.client.connection.Connection` and :class:`~cursus.client.connection.Client`,
+on the same sans-IO codec (:class:`cursus.wire.FrameDecoder`, :func:`cursus.wire.encode_frame`) and the same
+retry decisions (:class:`cursus.client.connection.Attempts`). Semantics are identical: negotiation with a
+preferred compression, optional TLS and AUTH, request ids from 1, one request in flight per connection,
+timeouts, reconnect with bounded exponential backoff and jitter, ``NOT_LEADER``/``NOT_COORDINATOR``
+redirects. A cancelled request closes its connection (its reply could otherwise be read as the next one's).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import ssl
+from collections.abc import AsyncIterator, Mapping, Sequence
+from typing import Any
+
+from cursus.client.connection import (
+    DEFAULT_ADDRESS,
+    READ_ONLY_COMMANDS,
+    RECV_BYTES,
+    Address,
+    Attempts,
+    ConnectionClosed,
+    ConnectionOptions,
+    compression_of,
+    negotiation_offers,
+    options_from,
+    parse_address,
+)
+from cursus.client.errors import AuthenticationError, ClientClosedError, CursusError, error_from_frame
+from cursus.wire import (
+    Command,
+    CommandPayload,
+    Compression,
+    Frame,
+    FrameDecoder,
+    Kind,
+    NegotiationRequest,
+    ProtocolError,
+    Status,
+    decode_negotiation_response,
+    encode_crq2,
+    encode_frame,
+    encode_negotiation_request,
+    parse_command_text,
+)
+
+__all__ = ["AsyncClient", "AsyncConnection"]
+
+
+class AsyncConnection:
+    """One negotiated Wire v2 connection on asyncio streams. Create it with :meth:`open`.
+
+    Raises (from ``open`` and methods): ``OSError``/``TimeoutError`` for transport failures,
+    :class:`~cursus.client.connection.ConnectionClosed` on EOF or use after close,
+    :class:`cursus.wire.ProtocolError` for malformed or uncorrelated frames, the broker's typed error when
+    AUTH is refused. After any of these (or a cancellation mid-request) the connection is closed.
+    """
+
+    def __init__(self, host: str, port: int, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, *,
+                 preferred: Compression, timeout_s: float) -> None:
+        self.host = host
+        self.port = port
+        self.preferred = preferred
+        self.timeout_s = timeout_s
+        self.compression: Compression | None = None
+        self.closed = False
+        self._reader = reader
+        self._writer = writer
+        self._decoder = FrameDecoder()
+        self._next_request_id = 1
+        self._lock = asyncio.Lock()
+
+    @classmethod
+    async def open(cls, host: str, port: int, *, compression: Compression | str = Compression.NONE,
+                   timeout_s: float = 5.0, ssl_context: ssl.SSLContext | None = None,
+                   server_hostname: str | None = None, principal: str | None = None,
+                   token: str | None = None) -> AsyncConnection:
+        """Connect, negotiate, and authenticate when ``principal`` is given (see ``Connection``).
+
+        Args:
+            host, port: broker address.
+            compression: preferred compression (``none`` offered after it).
+            timeout_s: connect timeout and per-read timeout in seconds.
+            ssl_context, server_hostname: TLS settings.
+            principal, token: ``AUTH principal= token=`` right after negotiation.
+        """
+        async with asyncio.timeout(timeout_s):
+            reader, writer = await asyncio.open_connection(
+                host, port, ssl=ssl_context, server_hostname=(server_hostname or host) if ssl_context else None,
+                limit=RECV_BYTES)
+        conn = cls(host, port, reader, writer, preferred=compression_of(compression), timeout_s=timeout_s)
+        try:
+            await conn._negotiate()
+            if principal is not None:
+                await conn._authenticate(principal, token or "")
+        except BaseException:
+            conn._fail()
+            raise
+        return conn
+
+    @property
+    def address(self) -> Address:
+        """``(host, port)`` of the broker."""
+        return self.host, self.port
+
+    async def _negotiate(self) -> None:
+        offers = negotiation_offers(self.preferred)
+        payload = encode_negotiation_request(NegotiationRequest(2, 2, offers))
+        self._writer.write(encode_frame(Kind.NEGOTIATION_REQUEST, Command.NEGOTIATE, Status.NONE, 0, payload,
+                                        compression=None))
+        frame = await self._read_frame(self.timeout_s)
+        if frame.kind != Kind.NEGOTIATION_RESPONSE or frame.status != Status.OK:
+            raise ProtocolError(f"negotiation refused: kind={frame.kind.name} status={frame.status.name}")
+        version, selected = decode_negotiation_response(frame.payload)
+        if version != 2 or selected not in offers:
+            raise ProtocolError(f"broker selected version {version} compression {selected}")
+        self.compression = selected
+        self._decoder.negotiated = selected
+
+    async def _authenticate(self, principal: str, token: str) -> None:
+        payload = encode_crq2(CommandPayload((), {"principal": principal, "token": token}))
+        frame = await self._request(Command.AUTH, payload, self.timeout_s)
+        if frame.status == Status.ERROR:
+            raise error_from_frame(frame)
+        text = frame.payload.decode("utf-8", "replace")
+        if text != "OK" and not text.startswith("OK "):
+            raise AuthenticationError("authentication_failed", f"AUTH reply: {text[:120]}")
+
+    def _fail(self) -> None:
+        if not self.closed:
+            self.closed = True
+            self._writer.close()
+
+    async def _read_frame(self, timeout_s: float | None) -> Frame:
+        async with asyncio.timeout(timeout_s):
+            while True:
+                frame = self._decoder.next_frame()
+                if frame is not None:
+                    return frame
+                data = await self._reader.read(RECV_BYTES)
+                if not data:
+                    raise ConnectionClosed(f"{self.host}:{self.port} closed the connection")
+                self._decoder.feed(data)
+
+    async def _send(self, command: Command, payload: bytes) -> int:
+        if self.closed:
+            raise ConnectionClosed(f"connection to {self.host}:{self.port} is closed")
+        assert self.compression is not None, "negotiation has not completed"
+        request_id = self._next_request_id
+        self._next_request_id += 1
+        self._writer.write(encode_frame(Kind.REQUEST, command, Status.NONE, request_id, payload,
+                                        compression=self.compression))
+        async with asyncio.timeout(self.timeout_s):
+            await self._writer.drain()
+        return request_id
+
+    async def _request(self, command: Command, payload: bytes, timeout_s: float | None) -> Frame:
+        request_id = await self._send(command, payload)
+        frame = await self._read_frame(timeout_s if timeout_s is not None else self.timeout_s)
+        _check_correlation(frame, request_id, command)
+        return frame
+
+    async def read_frame(self) -> Frame:
+        """Wait for one whole frame (low level)."""
+        async with self._lock:
+            try:
+                return await self._read_frame(self.timeout_s)
+            except BaseException:
+                self._fail()
+                raise
+
+    async def send(self, command: Command, payload: bytes) -> int:
+        """Write one request without waiting for a reply (acks=0 PUBLISH); returns its request id."""
+        async with self._lock:
+            try:
+                return await self._send(command, payload)
+            except BaseException:
+                self._fail()
+                raise
+
+    async def request(self, command: Command, payload: bytes, *, timeout_s: float | None = None) -> Frame:
+        """Send one request and return its reply frame (correlation checked); ``timeout_s`` overrides the
+        read timeout for this reply."""
+        async with self._lock:
+            try:
+                return await self._request(command, payload, timeout_s)
+            except BaseException:
+                self._fail()
+                raise
+
+    async def stream(self, command: Command, payload: bytes) -> AsyncIterator[Frame]:
+        """Send one request and yield reply frames until STREAM_END or ERROR. Abandoning the iterator early
+        closes the connection."""
+        async with self._lock:
+            finished = False
+            try:
+                request_id = await self._send(command, payload)
+                while True:
+                    frame = await self._read_frame(self.timeout_s)
+                    _check_correlation(frame, request_id, command)
+                    finished = frame.status in (Status.STREAM_END, Status.ERROR)
+                    yield frame
+                    if finished:
+                        return
+            finally:
+                if not finished:
+                    self._fail()
+
+    async def command(self, text: str, *, timeout_s: float | None = None) -> Frame:
+        """Send a text command as CRQ2 and return the reply frame."""
+        command, payload = parse_command_text(text)
+        return await self.request(command, encode_crq2(payload), timeout_s=timeout_s)
+
+    async def call(self, command: Command, fields: Mapping[str, str] | None = None,
+                   positionals: tuple[str, ...] = (), *, timeout_s: float | None = None) -> Frame:
+        """Send a CRQ2 request built from ``fields`` and return the reply frame."""
+        return await self.request(command, encode_crq2(CommandPayload(positionals, dict(fields or {}))),
+                                  timeout_s=timeout_s)
+
+    async def close(self) -> None:
+        """Close the connection (idempotent)."""
+        self._fail()
+        try:
+            async with asyncio.timeout(1.0):  # a TLS peer that never answers close_notify must not hang us
+                await self._writer.wait_closed()
+        except (OSError, ssl.SSLError, TimeoutError):
+            pass
+
+    async def __aenter__(self) -> AsyncConnection:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()
+
+
+def _check_correlation(frame: Frame, request_id: int, command: Command) -> None:
+    if frame.request_id != request_id or frame.command != command:
+        raise ProtocolError(f"correlation mismatch: got request {frame.request_id} {frame.command.name}, "
+                            f"expected {request_id} {command.name}")
+    if frame.kind not in (Kind.RESPONSE, Kind.STREAM):
+        raise ProtocolError(f"reply to request {request_id} has kind {frame.kind.name}")
+
+
+async def open_connection(options: ConnectionOptions, address: Address) -> AsyncConnection:
+    """Open an :class:`AsyncConnection` to ``address`` with ``options``."""
+    return await AsyncConnection.open(address[0], address[1], compression=options.compression,
+                                      timeout_s=options.timeout_s, ssl_context=options.ssl_context,
+                                      server_hostname=options.server_hostname, principal=options.principal,
+                                      token=options.token)
+
+
+class AsyncClient:
+    """asyncio connections to Cursus brokers with reconnects, retries and redirects.
+
+    Same arguments, behaviour and errors as :class:`cursus.client.connection.Client`; every request method
+    is a coroutine. Use from one event loop.
+    """
+
+    def __init__(self, bootstrap: str | Sequence[str] = DEFAULT_ADDRESS,
+                 options: ConnectionOptions | None = None, **overrides: Any) -> None:
+        self.options = options_from(options, overrides)
+        addresses = [bootstrap] if isinstance(bootstrap, str) else list(bootstrap)
+        if not addresses:
+            raise ValueError("at least one bootstrap address is needed")
+        self.bootstrap: list[Address] = [parse_address(a) for a in addresses]
+        self._connections: dict[Address, AsyncConnection] = {}
+        self._opening: dict[Address, asyncio.Lock] = {}
+        self._closed = False
+
+    async def connection(self, address: Address | None = None) -> AsyncConnection:
+        """The cached connection to ``address`` (default: first bootstrap broker), opened if needed."""
+        address = address or self.bootstrap[0]
+        if self._closed:
+            raise ClientClosedError("client is closed")
+        lock = self._opening.setdefault(address, asyncio.Lock())
+        async with lock:
+            conn = self._connections.get(address)
+            if conn is not None and not conn.closed:
+                return conn
+            conn = await open_connection(self.options, address)
+            if self._closed:
+                await conn.close()
+                raise ClientClosedError("client is closed")
+            self._connections[address] = conn
+            return conn
+
+    async def drop(self, address: Address) -> None:
+        """Close and forget the cached connection to ``address``."""
+        conn = self._connections.pop(address, None)
+        if conn is not None:
+            await conn.close()
+
+    async def request(self, command: Command, payload: bytes, *, address: Address | None = None,
+                      retry_safe: bool | None = None, timeout_s: float | None = None,
+                      follow_redirects: bool = True) -> Frame:
+        """Send one request and return its OK reply frame; see ``Client.request`` for the rules."""
+        safe = command in READ_ONLY_COMMANDS if retry_safe is None else retry_safe
+        attempts = Attempts(address or self.bootstrap[0], self.options, safe, command.name,
+                            follow_redirects=follow_redirects)
+        rotate = address is None and len(self.bootstrap) > 1
+        while True:
+            try:
+                conn = await self.connection(attempts.target)
+            except (OSError, ProtocolError, CursusError) as exc:
+                if isinstance(exc, ClientClosedError):
+                    raise
+                delay = attempts.after_connect_failure(exc)
+                if rotate:
+                    index = self.bootstrap.index(attempts.target) if attempts.target in self.bootstrap else -1
+                    attempts.target = self.bootstrap[(index + 1) % len(self.bootstrap)]
+                await asyncio.sleep(delay)
+                continue
+            try:
+                frame = await conn.request(command, payload, timeout_s=timeout_s)
+            except (OSError, ProtocolError) as exc:
+                await self.drop(attempts.target)
+                await asyncio.sleep(attempts.after_transport_failure(exc))
+                continue
+            if frame.status != Status.ERROR:
+                return frame
+            retry_delay = attempts.after_error_reply(error_from_frame(frame))
+            if retry_delay:
+                await asyncio.sleep(retry_delay)
+
+    async def call(self, command: Command, fields: Mapping[str, str] | None = None, *,
+                   positionals: tuple[str, ...] = (), address: Address | None = None,
+                   retry_safe: bool | None = None, timeout_s: float | None = None,
+                   follow_redirects: bool = True) -> Frame:
+        """``request`` with a CRQ2 payload built from ``fields`` and ``positionals``."""
+        payload = encode_crq2(CommandPayload(tuple(positionals), dict(fields or {})))
+        return await self.request(command, payload, address=address, retry_safe=retry_safe,
+                                  timeout_s=timeout_s, follow_redirects=follow_redirects)
+
+    async def command(self, text: str, *, address: Address | None = None, retry_safe: bool | None = None,
+                      timeout_s: float | None = None) -> Frame:
+        """``request`` for a text command ``NAME k=v ...``."""
+        command, payload = parse_command_text(text)
+        return await self.request(command, encode_crq2(payload), address=address, retry_safe=retry_safe,
+                                  timeout_s=timeout_s)
+
+    async def close(self) -> None:
+        """Close every connection (idempotent)."""
+        self._closed = True
+        connections = list(self._connections.values())
+        self._connections.clear()
+        for conn in connections:
+            await conn.close()
+
+    @property
+    def closed(self) -> bool:
+        """True after :meth:`close`."""
+        return self._closed
+
+    async def __aenter__(self) -> AsyncClient:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()

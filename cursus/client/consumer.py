@@ -1,0 +1,615 @@
+"""Partition consumers: :class:`Consumer` (blocking) and :class:`AsyncConsumer` (asyncio).
+
+A consumer reads one topic: all of its partitions or the ones given, from a start position
+(``earliest``, ``latest``, an offset, or an offset per partition), by polling ``CONSUME`` (spec
+"CONSUME", facts A6 and decision 14):
+
+* long poll: ``wait_ms`` lets the broker hold an empty poll until data arrives; with several partitions the
+  consumer first asks each one without waiting, then long-polls them in turn;
+* each reply is one CBV2 batch of at most ``batch_size`` records (and ``max_bytes``); records come out in
+  offset order per partition, with every optional field as an attribute (:class:`ConsumerRecord`);
+* ``isolation_level`` ``read_committed`` (default) or ``read_uncommitted``; transaction control markers are
+  never yielded;
+* ``OFFSET_OUT_OF_RANGE`` applies ``auto_offset_reset``: ``earliest`` resumes at the broker's earliest
+  retained offset, ``latest`` at its latest, ``error`` raises
+  :class:`~cursus.client.errors.OffsetOutOfRangeError` (never silently skipping or replaying);
+* ``NOT_LEADER leader=`` moves the partition to the named broker; connection failures reconnect with
+  bounded backoff (CONSUME is read-only, so retrying is always safe).
+
+Extension points for consumer groups and STREAM (a later issue): partitions and positions enter through
+:meth:`Consumer.assign` only, which a group membership (JOIN/SYNC/HEARTBEAT, committed offsets from
+FETCH_OFFSET) will call on every rebalance; every read goes through ``_fetch``/:class:`ConsumerCore`, where a
+STREAM fetcher can replace CONSUME polling; ``group``/``member`` are already carried on CONSUME so the broker
+can apply committed offsets (facts decision 14).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import AsyncIterator, Iterable, Iterator, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from cursus.client.admin import TopicMetadata, parse_list_offsets, parse_metadata
+from cursus.client.aio import AsyncClient
+from cursus.client.connection import (
+    DEFAULT_ADDRESS,
+    Address,
+    Client,
+    ConnectionOptions,
+    ok_fields,
+    options_from,
+)
+from cursus.client.errors import (
+    ClientClosedError,
+    NotFoundError,
+    NotLeaderError,
+    OffsetOutOfRangeError,
+    ProtocolViolationError,
+)
+from cursus.client.records import ConsumerRecord, decode_consumed_batch
+from cursus.wire import TXN_CONTROL_MARKER_PAYLOAD, Command, Frame, InvalidFrame, is_cbv2
+
+__all__ = ["AsyncConsumer", "Consumer", "ConsumerCore", "PartitionCursor", "StartPosition"]
+
+StartPosition = str | int | Mapping[int, int]
+_RESETS = ("earliest", "latest", "error")
+_ISOLATION_LEVELS = ("read_committed", "read_uncommitted")
+#: Shortest per-partition long poll when several partitions share one consumer.
+_MIN_LONG_POLL_MS = 50
+
+
+@dataclass(slots=True)
+class PartitionCursor:
+    """Where a consumer is in one partition: the next offset to read and the broker to read it from."""
+
+    partition: int
+    position: int
+    leader: Address
+
+
+class ConsumerCore:
+    """The consumer's decisions, without I/O: CONSUME fields, reply decoding, position updates, resets.
+
+    Args:
+        topic: the topic read.
+        auto_offset_reset: ``earliest`` | ``latest`` | ``error``.
+        isolation_level: ``read_committed`` | ``read_uncommitted``.
+        batch_size: records per CONSUME at most.
+        max_bytes: reply byte limit per CONSUME (None: broker default, 1 MiB).
+        group, member: sent on CONSUME when set (consumer groups).
+    """
+
+    def __init__(self, topic: str, *, auto_offset_reset: str, isolation_level: str, batch_size: int,
+                 max_bytes: int | None, group: str | None, member: str | None) -> None:
+        if auto_offset_reset not in _RESETS:
+            raise ValueError(f"auto_offset_reset must be one of {_RESETS}")
+        if isolation_level not in _ISOLATION_LEVELS:
+            raise ValueError(f"isolation_level must be one of {_ISOLATION_LEVELS}")
+        if batch_size < 1 or (max_bytes is not None and max_bytes < 1):
+            raise ValueError("batch_size and max_bytes must be positive")
+        self.topic = topic
+        self.auto_offset_reset = auto_offset_reset
+        self.isolation_level = isolation_level
+        self.batch_size = batch_size
+        self.max_bytes = max_bytes
+        self.group = group
+        self.member = member
+        self.cursors: dict[int, PartitionCursor] = {}
+        self._rotation = 0
+        #: Fetched records not handed out yet (an iteration stopped mid-batch); served before fetching.
+        self.buffer: list[ConsumerRecord] = []
+
+    def assign(self, cursors: dict[int, PartitionCursor]) -> None:
+        """Replace the assignment; records buffered from the previous one are dropped (the new positions
+        are authoritative)."""
+        self.cursors = cursors
+        self.buffer = []
+
+    def take_buffer(self) -> list[ConsumerRecord]:
+        """Return and clear the records fetched earlier and not yet handed out."""
+        records, self.buffer = self.buffer, []
+        return records
+
+    def unread(self, records: list[ConsumerRecord]) -> None:
+        """Put records back (in order) to be returned by the next poll."""
+        self.buffer[:0] = records
+
+    def position(self, partition: int) -> int:
+        """The next offset the application will see from ``partition`` (buffered records count as unread)."""
+        for record in self.buffer:
+            if record.partition == partition:
+                return record.offset
+        return self.cursors[partition].position
+
+    def seek(self, partition: int, offset: int) -> None:
+        """Continue ``partition`` at ``offset``, dropping its buffered records."""
+        self.buffer = [r for r in self.buffer if r.partition != partition]
+        self.cursors[partition].position = offset
+
+    def iterate(self, records: list[ConsumerRecord], ends: Mapping[int, int] | None) -> Iterator[ConsumerRecord]:
+        """Yield ``records`` (skipping those at or past ``ends``); whatever is not yielded when the consumer
+        of this iterator stops is put back with :meth:`unread`."""
+        index = 0
+        try:
+            while index < len(records):
+                record = records[index]
+                if ends is not None and record.offset >= ends.get(record.partition, 0):
+                    break
+                index += 1
+                yield record
+        finally:
+            if index < len(records):
+                self.unread(records[index:])
+
+    def reached(self, ends: Mapping[int, int]) -> bool:
+        """True when every assigned partition's application position is at or past ``ends``."""
+        return all(self.position(p) >= ends.get(p, 0) for p in self.cursors)
+
+    def fields(self, cursor: PartitionCursor, wait_ms: int) -> dict[str, str]:
+        """The CONSUME fields for one poll of ``cursor``."""
+        fields = {"topic": self.topic, "partition": str(cursor.partition), "offset": str(cursor.position),
+                  "batch": str(self.batch_size), "isolation": self.isolation_level}
+        if wait_ms > 0:
+            fields["wait_ms"] = str(wait_ms)
+        if self.max_bytes is not None:
+            fields["max_bytes"] = str(self.max_bytes)
+        if self.group is not None:
+            fields["group"] = self.group
+        if self.member is not None:
+            fields["member"] = self.member
+        return fields
+
+    def order(self) -> list[PartitionCursor]:
+        """Cursors in poll order, rotating the starting partition between calls (fairness)."""
+        cursors = list(self.cursors.values())
+        if not cursors:
+            return cursors
+        self._rotation = (self._rotation + 1) % len(cursors)
+        return cursors[self._rotation:] + cursors[:self._rotation]
+
+    def on_reply(self, cursor: PartitionCursor, frame: Frame) -> list[ConsumerRecord]:
+        """Records of an OK CONSUME reply at or after the cursor's position; advances the position.
+
+        An empty payload (no data) or a ``STREAM_CONTROL`` text yields nothing.
+
+        Raises:
+            ProtocolViolationError: the payload is not a valid CBV2 batch of this topic and partition.
+        """
+        payload = frame.payload
+        if not payload or payload.startswith(b"STREAM_CONTROL"):
+            return []
+        if not is_cbv2(payload):
+            raise ProtocolViolationError(f"CONSUME reply is not a CBV2 batch: {payload[:60]!r}")
+        try:
+            topic, partition, records = decode_consumed_batch(payload, skip_control=False)
+        except InvalidFrame as exc:
+            raise ProtocolViolationError(f"undecodable CONSUME batch: {exc}") from None
+        if topic != self.topic or partition != cursor.partition:
+            raise ProtocolViolationError(f"CONSUME for {self.topic}/{cursor.partition} returned {topic}/{partition}")
+        if not records:
+            return []
+        position = cursor.position
+        cursor.position = max(position, records[-1].offset + 1)
+        return [r for r in records if r.offset >= position and r.value != TXN_CONTROL_MARKER_PAYLOAD]
+
+    def on_out_of_range(self, cursor: PartitionCursor, error: OffsetOutOfRangeError) -> bool:
+        """Apply ``auto_offset_reset`` to ``cursor``. Returns False when the reply lacks the bounds (the
+        caller must look them up with LIST_OFFSETS and call :meth:`reset`).
+
+        Raises:
+            OffsetOutOfRangeError: ``auto_offset_reset="error"``.
+        """
+        if self.auto_offset_reset == "error":
+            raise error
+        target = error.earliest if self.auto_offset_reset == "earliest" else error.latest
+        if target is None:
+            return False
+        cursor.position = target
+        return True
+
+    def reset(self, cursor: PartitionCursor, earliest: int, latest: int) -> None:
+        """Apply ``auto_offset_reset`` from LIST_OFFSETS bounds."""
+        cursor.position = earliest if self.auto_offset_reset == "earliest" else latest
+
+
+def _resolve_start(start: StartPosition, partition: int, earliest: int, latest: int) -> int:
+    if isinstance(start, Mapping):
+        value: Any = start.get(partition, "earliest")
+    else:
+        value = start
+    if value == "earliest":
+        return earliest
+    if value == "latest":
+        return latest
+    if isinstance(value, int) and not isinstance(value, bool):
+        return value if value >= 0 else max(earliest, latest + value)
+    raise ValueError(f"start position {value!r}: use 'earliest', 'latest' or an offset")
+
+
+def _partition_list(partitions: int | Iterable[int] | None) -> list[int] | None:
+    if partitions is None:
+        return None
+    if isinstance(partitions, int):
+        return [partitions]
+    return sorted(set(partitions))
+
+
+
+
+class Consumer:
+    """Blocking partition consumer; iterate it for records (forever), or use :meth:`poll`/:meth:`records`.
+
+    Args:
+        topic: the topic to read.
+        bootstrap: ``host:port`` of a broker (or a list).
+        partitions: a partition, several, or None for all.
+        start: ``"earliest"``, ``"latest"`` (the next offset to be written), an offset (negative: that many
+            records before the latest), or a mapping partition -> one of those.
+        auto_offset_reset: what ``OFFSET_OUT_OF_RANGE`` does: ``earliest``, ``latest`` or ``error``.
+        isolation_level: ``read_committed`` (default) or ``read_uncommitted``.
+        batch_size: records per CONSUME reply at most.
+        max_bytes: bytes per CONSUME reply at most (None: broker default 1 MiB).
+        wait_ms: long-poll time when a partition has no data, milliseconds.
+        group, member: carried on CONSUME for consumer groups (a later issue); None by default.
+        options: :class:`~cursus.client.connection.ConnectionOptions`; keyword arguments override fields
+            (``compression``, ``timeout_s``, ``ssl_context``, ``principal``, ``token``, ``backoff``).
+
+    Errors (from the reading methods): ``TopicNotFoundError``/``NotFoundError`` for a missing topic or
+    partition, ``OffsetOutOfRangeError`` with ``auto_offset_reset="error"``, ``BrokerUnavailableError`` when
+    reconnecting exhausts the backoff budget, ``ClientClosedError`` after close.
+    """
+
+    def __init__(self, topic: str, bootstrap: str | Sequence[str] = DEFAULT_ADDRESS, *,
+                 partitions: int | Iterable[int] | None = None, start: StartPosition = "earliest",
+                 auto_offset_reset: str = "earliest", isolation_level: str = "read_committed",
+                 batch_size: int = 1000, max_bytes: int | None = None, wait_ms: int = 500,
+                 group: str | None = None, member: str | None = None,
+                 options: ConnectionOptions | None = None, **overrides: Any) -> None:
+        if wait_ms < 0:
+            raise ValueError("wait_ms must be >= 0")
+        self.topic = topic
+        self.wait_ms = wait_ms
+        self.options = options_from(options, overrides)
+        self._core = ConsumerCore(topic, auto_offset_reset=auto_offset_reset, isolation_level=isolation_level,
+                                  batch_size=batch_size, max_bytes=max_bytes, group=group, member=member)
+        self._client = Client(bootstrap, self.options)
+        self._wanted = _partition_list(partitions)
+        self._start = start
+        self._started = False
+        self._closed = False
+        self._metadata: TopicMetadata | None = None
+
+    # ----------------------------------------------------------------------------------------- setup
+
+    def _ensure_started(self) -> None:
+        if self._closed:
+            raise ClientClosedError("consumer is closed")
+        if self._started:
+            return
+        metadata = self.metadata()
+        wanted = self._wanted if self._wanted is not None else list(range(metadata.partitions))
+        offsets = {o.partition: o for o in self._list_offsets()}
+        positions = {}
+        for p in wanted:
+            if p not in offsets:
+                raise NotFoundError("partition_not_found", f"{self.topic} has no partition {p}",
+                                    fields={"topic": self.topic, "partition": str(p)})
+            positions[p] = _resolve_start(self._start, p, offsets[p].earliest, offsets[p].latest)
+        self.assign(positions)
+
+    def metadata(self) -> TopicMetadata:
+        """The topic's METADATA (fetched once, refreshed on redirects)."""
+        if self._metadata is None:
+            frame = self._client.call(Command.METADATA, {"topic": self.topic})
+            self._metadata = parse_metadata(ok_fields(frame), self.topic)
+        return self._metadata
+
+    def _list_offsets(self, partition: int | None = None) -> list[Any]:
+        fields = {"topic": self.topic}
+        if partition is not None:
+            fields["partition"] = str(partition)
+        return parse_list_offsets(ok_fields(self._client.call(Command.LIST_OFFSETS, fields)))
+
+    def assign(self, positions: Mapping[int, int]) -> None:
+        """Read exactly these partitions, from these offsets (replacing any previous assignment and
+        dropping records fetched but not yet returned).
+
+        This is the one entry point for partitions and positions (group membership calls it).
+        """
+        metadata = self.metadata()
+        default = self._client.bootstrap[0]
+        self._core.assign({p: PartitionCursor(p, int(offset), metadata.leader_address(p) or default)
+                           for p, offset in sorted(positions.items())})
+        self._started = True
+
+    def assignment(self) -> list[int]:
+        """The partitions being read."""
+        self._ensure_started()
+        return sorted(self._core.cursors)
+
+    def position(self, partition: int) -> int:
+        """The offset of the next record this consumer will return from ``partition``."""
+        self._ensure_started()
+        return self._core.position(partition)
+
+    def positions(self) -> dict[int, int]:
+        """:meth:`position` of every assigned partition."""
+        self._ensure_started()
+        return {p: self._core.position(p) for p in self._core.cursors}
+
+    def seek(self, partition: int, offset: int | str) -> None:
+        """Continue ``partition`` at ``offset`` (an int, ``"earliest"`` or ``"latest"``)."""
+        self._ensure_started()
+        if isinstance(offset, str):
+            bounds = self._list_offsets(partition)[0]
+            offset = _resolve_start(offset, partition, bounds.earliest, bounds.latest)
+        self._core.seek(partition, offset)
+
+    def end_offsets(self) -> dict[int, int]:
+        """The latest (next readable) offset of each assigned partition, from LIST_OFFSETS."""
+        self._ensure_started()
+        return {o.partition: o.latest for o in self._list_offsets() if o.partition in self._core.cursors}
+
+    # ----------------------------------------------------------------------------------------- reading
+
+    def _fetch(self, cursor: PartitionCursor, wait_ms: int) -> list[ConsumerRecord]:
+        fields = self._core.fields(cursor, wait_ms)
+        for _ in range(self.options.redirects_max + 1):
+            try:
+                frame = self._client.call(Command.CONSUME, fields, address=cursor.leader,
+                                          timeout_s=self.options.timeout_s + wait_ms / 1000.0,
+                                          follow_redirects=False)
+            except NotLeaderError as exc:
+                cursor.leader = exc.leader or self._refresh_leader(cursor.partition)
+                continue
+            except OffsetOutOfRangeError as exc:
+                if not self._core.on_out_of_range(cursor, exc):
+                    bounds = self._list_offsets(cursor.partition)[0]
+                    self._core.reset(cursor, bounds.earliest, bounds.latest)
+                return []
+            return self._core.on_reply(cursor, frame)
+        return []
+
+    def _refresh_leader(self, partition: int) -> Address:
+        self._metadata = None
+        return self.metadata().leader_address(partition) or self._client.bootstrap[0]
+
+    def poll(self, timeout_s: float | None = None) -> list[ConsumerRecord]:
+        """Records from the next partition that has some, in offset order; ``[]`` if none arrive within
+        ``timeout_s`` seconds (default: one long poll of ``wait_ms``)."""
+        self._ensure_started()
+        buffered = self._core.take_buffer()
+        if buffered:
+            return buffered
+        budget_s = self.wait_ms / 1000.0 if timeout_s is None else timeout_s
+        deadline = time.monotonic() + budget_s
+        cursors = self._core.order()
+        if not cursors:
+            return []
+        if len(cursors) > 1:
+            for cursor in cursors:
+                records = self._fetch(cursor, 0)
+                if records:
+                    return records
+        per_poll_ms = self.wait_ms if len(cursors) == 1 else max(_MIN_LONG_POLL_MS, self.wait_ms // len(cursors))
+        index = 0
+        while True:
+            remaining_ms = int((deadline - time.monotonic()) * 1000)
+            if remaining_ms <= 0:
+                return []
+            if self._closed:
+                raise ClientClosedError("consumer is closed")
+            records = self._fetch(cursors[index % len(cursors)], min(per_poll_ms, remaining_ms))
+            if records:
+                return records
+            index += 1
+
+    def records(self, *, max_records: int | None = None, until_end: bool = False,
+                idle_timeout_s: float | None = None) -> Iterator[ConsumerRecord]:
+        """Iterate records.
+
+        Args:
+            max_records: stop after this many records.
+            until_end: stop once every partition reaches the latest offset it had when iteration started.
+            idle_timeout_s: stop after this long without any record.
+        """
+        self._ensure_started()
+        ends = self.end_offsets() if until_end else None
+        count = 0
+        idle_since = time.monotonic()
+        while not self._closed and (max_records is None or count < max_records):
+            if ends is not None and self._core.reached(ends):
+                return
+            records = self.poll()
+            if records:
+                idle_since = time.monotonic()
+            elif idle_timeout_s is not None and time.monotonic() - idle_since >= idle_timeout_s:
+                return
+            if max_records is not None and len(records) > max_records - count:
+                self._core.unread(records[max_records - count:])
+                records = records[:max_records - count]
+            for record in self._core.iterate(records, ends):
+                count += 1
+                yield record
+
+    def __iter__(self) -> Iterator[ConsumerRecord]:
+        return self.records()
+
+    def close(self) -> None:
+        """Close connections (idempotent); iteration stops."""
+        self._closed = True
+        self._client.close()
+
+    def __enter__(self) -> Consumer:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+class AsyncConsumer:
+    """asyncio partition consumer: ``async for record in consumer`` or ``await poll()``. Arguments, units,
+    behaviour and errors are those of :class:`Consumer`.
+    """
+
+    def __init__(self, topic: str, bootstrap: str | Sequence[str] = DEFAULT_ADDRESS, *,
+                 partitions: int | Iterable[int] | None = None, start: StartPosition = "earliest",
+                 auto_offset_reset: str = "earliest", isolation_level: str = "read_committed",
+                 batch_size: int = 1000, max_bytes: int | None = None, wait_ms: int = 500,
+                 group: str | None = None, member: str | None = None,
+                 options: ConnectionOptions | None = None, **overrides: Any) -> None:
+        if wait_ms < 0:
+            raise ValueError("wait_ms must be >= 0")
+        self.topic = topic
+        self.wait_ms = wait_ms
+        self.options = options_from(options, overrides)
+        self._core = ConsumerCore(topic, auto_offset_reset=auto_offset_reset, isolation_level=isolation_level,
+                                  batch_size=batch_size, max_bytes=max_bytes, group=group, member=member)
+        self._client = AsyncClient(bootstrap, self.options)
+        self._wanted = _partition_list(partitions)
+        self._start = start
+        self._started = False
+        self._closed = False
+        self._metadata: TopicMetadata | None = None
+
+    async def metadata(self) -> TopicMetadata:
+        """The topic's METADATA (cached)."""
+        if self._metadata is None:
+            frame = await self._client.call(Command.METADATA, {"topic": self.topic})
+            self._metadata = parse_metadata(ok_fields(frame), self.topic)
+        return self._metadata
+
+    async def _list_offsets(self, partition: int | None = None) -> list[Any]:
+        fields = {"topic": self.topic}
+        if partition is not None:
+            fields["partition"] = str(partition)
+        return parse_list_offsets(ok_fields(await self._client.call(Command.LIST_OFFSETS, fields)))
+
+    async def _ensure_started(self) -> None:
+        if self._closed:
+            raise ClientClosedError("consumer is closed")
+        if self._started:
+            return
+        metadata = await self.metadata()
+        wanted = self._wanted if self._wanted is not None else list(range(metadata.partitions))
+        offsets = {o.partition: o for o in await self._list_offsets()}
+        positions = {}
+        for p in wanted:
+            if p not in offsets:
+                raise NotFoundError("partition_not_found", f"{self.topic} has no partition {p}",
+                                    fields={"topic": self.topic, "partition": str(p)})
+            positions[p] = _resolve_start(self._start, p, offsets[p].earliest, offsets[p].latest)
+        await self.assign(positions)
+
+    async def assign(self, positions: Mapping[int, int]) -> None:
+        """See :meth:`Consumer.assign`."""
+        metadata = await self.metadata()
+        default = self._client.bootstrap[0]
+        self._core.assign({p: PartitionCursor(p, int(offset), metadata.leader_address(p) or default)
+                           for p, offset in sorted(positions.items())})
+        self._started = True
+
+    async def positions(self) -> dict[int, int]:
+        """See :meth:`Consumer.positions`."""
+        await self._ensure_started()
+        return {p: self._core.position(p) for p in self._core.cursors}
+
+    async def seek(self, partition: int, offset: int | str) -> None:
+        """See :meth:`Consumer.seek`."""
+        await self._ensure_started()
+        if isinstance(offset, str):
+            bounds = (await self._list_offsets(partition))[0]
+            offset = _resolve_start(offset, partition, bounds.earliest, bounds.latest)
+        self._core.seek(partition, offset)
+
+    async def _fetch(self, cursor: PartitionCursor, wait_ms: int) -> list[ConsumerRecord]:
+        fields = self._core.fields(cursor, wait_ms)
+        for _ in range(self.options.redirects_max + 1):
+            try:
+                frame = await self._client.call(Command.CONSUME, fields, address=cursor.leader,
+                                                timeout_s=self.options.timeout_s + wait_ms / 1000.0,
+                                                follow_redirects=False)
+            except NotLeaderError as exc:
+                if exc.leader is None:
+                    self._metadata = None
+                    cursor.leader = (await self.metadata()).leader_address(cursor.partition) or \
+                        self._client.bootstrap[0]
+                else:
+                    cursor.leader = exc.leader
+                continue
+            except OffsetOutOfRangeError as exc:
+                if not self._core.on_out_of_range(cursor, exc):
+                    bounds = (await self._list_offsets(cursor.partition))[0]
+                    self._core.reset(cursor, bounds.earliest, bounds.latest)
+                return []
+            return self._core.on_reply(cursor, frame)
+        return []
+
+    async def poll(self, timeout_s: float | None = None) -> list[ConsumerRecord]:
+        """See :meth:`Consumer.poll`."""
+        await self._ensure_started()
+        buffered = self._core.take_buffer()
+        if buffered:
+            return buffered
+        budget_s = self.wait_ms / 1000.0 if timeout_s is None else timeout_s
+        deadline = time.monotonic() + budget_s
+        cursors = self._core.order()
+        if not cursors:
+            return []
+        if len(cursors) > 1:
+            for cursor in cursors:
+                records = await self._fetch(cursor, 0)
+                if records:
+                    return records
+        per_poll_ms = self.wait_ms if len(cursors) == 1 else max(_MIN_LONG_POLL_MS, self.wait_ms // len(cursors))
+        index = 0
+        while True:
+            remaining_ms = int((deadline - time.monotonic()) * 1000)
+            if remaining_ms <= 0:
+                return []
+            if self._closed:
+                raise ClientClosedError("consumer is closed")
+            records = await self._fetch(cursors[index % len(cursors)], min(per_poll_ms, remaining_ms))
+            if records:
+                return records
+            index += 1
+
+    async def records(self, *, max_records: int | None = None, until_end: bool = False,
+                      idle_timeout_s: float | None = None) -> AsyncIterator[ConsumerRecord]:
+        """See :meth:`Consumer.records`."""
+        await self._ensure_started()
+        ends = None
+        if until_end:
+            ends = {o.partition: o.latest for o in await self._list_offsets()}
+        count = 0
+        idle_since = time.monotonic()
+        while not self._closed and (max_records is None or count < max_records):
+            if ends is not None and self._core.reached(ends):
+                return
+            records = await self.poll()
+            if records:
+                idle_since = time.monotonic()
+            elif idle_timeout_s is not None and time.monotonic() - idle_since >= idle_timeout_s:
+                return
+            if max_records is not None and len(records) > max_records - count:
+                self._core.unread(records[max_records - count:])
+                records = records[:max_records - count]
+            for record in self._core.iterate(records, ends):
+                count += 1
+                yield record
+
+    def __aiter__(self) -> AsyncIterator[ConsumerRecord]:
+        return self.records()
+
+    async def close(self) -> None:
+        """Close connections (idempotent)."""
+        self._closed = True
+        await self._client.close()
+
+    async def __aenter__(self) -> AsyncConsumer:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()
+

@@ -1,0 +1,1144 @@
+"""Producers: :class:`Producer` (background threads, ``concurrent.futures`` results) and
+:class:`AsyncProducer` (asyncio tasks, awaitable results).
+
+Both drive the same sans-IO :class:`ProducerCore`, which owns every decision:
+
+* **Routing** (facts decision 12): a record with an explicit ``partition`` goes there; a keyed record on a
+  ``hash_key`` topic goes to ``partition_for_key(key, partitions)``, exactly the broker's FNV-1a 64 rule;
+  other records are spread "sticky round-robin" (one partition's batch fills before the next is used).
+* **Batching**: records queue per partition and leave as one CBV2 batch when ``batch_size`` records or
+  ``batch_bytes`` bytes are queued, ``linger_ms`` after the first one, or at once during ``flush``/``close``.
+  At most one batch per partition is in flight, which keeps per-partition order and contiguous sequences.
+* **Connections**: a small pool per broker (``connections_per_broker``), each with one request in flight;
+  partitions go to their leader from ``METADATA`` (refreshed on redirects and connection failures).
+* **Idempotence** (spec section 9, facts decision 13): every record carries producer id, epoch and a
+  per-partition sequence from 1 (facts A5). With ``idempotent=True`` (acks=all), batches are retried on
+  connection loss and on retryable errors, and the broker de-duplicates the repeats: each record is written
+  exactly once per producer session. ``producer_fenced``, ``stale_producer_epoch``, ``idempotency_gap`` and
+  ``sequence_out_of_order`` are terminal: the producer fails every pending record and refuses new ones.
+* **Retries only where safe**: a batch never written (connect failure) or redirected (``NOT_LEADER``) is
+  always resent; a non-idempotent batch whose connection dropped after writing fails with
+  ``DeliveryUnknownError``, and non-idempotent producers never retry error replies. Retries use exponential
+  backoff with jitter and end at ``delivery_timeout_s``.
+* **Results**: ``send`` returns a future per record resolving to :class:`RecordMetadata` (offset None for
+  acks=0) or failing with a :class:`~cursus.client.errors.CursusError`. ``flush``/``close`` wait for every
+  record and raise :class:`~cursus.client.errors.DeliveryFailedError` if any failed since the last flush.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import json
+import os
+import socket
+import threading
+import time
+from collections import deque
+from collections.abc import Callable, Sequence
+from concurrent.futures import Future, InvalidStateError
+from concurrent.futures import _base as _futures_base
+from dataclasses import dataclass, replace
+from typing import Any
+
+from cursus.client.admin import TopicMetadata, parse_metadata
+from cursus.client.aio import AsyncClient, AsyncConnection, open_connection
+from cursus.client.connection import (
+    DEFAULT_ADDRESS,
+    Address,
+    Backoff,
+    Client,
+    Connection,
+    ConnectionOptions,
+    ok_fields,
+    options_from,
+)
+from cursus.client.errors import (
+    TERMINAL_PRODUCER_CODES,
+    BufferFullError,
+    ClientClosedError,
+    CursusError,
+    DeliveryFailedError,
+    DeliveryUnknownError,
+    NotFoundError,
+    ProtocolViolationError,
+    RequestTimeoutError,
+    RoutingError,
+    ValidationError,
+    error_from_ack,
+    error_from_frame,
+)
+from cursus.client.records import RecordEncoder, RecordMetadata, encode_string_field
+from cursus.partitioning import partition_for_key
+from cursus.wire import MAX_RECORDS_PER_BATCH, Command, Frame, ProtocolError, Status, encode_batch_header
+
+__all__ = ["AsyncProducer", "Producer", "ProducerConfig", "ProducerCore", "RecordMetadata", "normalize_acks"]
+
+_ACKS = {"0": "0", "none": "0", "1": "1", "": "1", "leader": "1", "-1": "-1", "all": "-1"}
+#: Bytes a record costs beyond its value and key in the batch (length prefix, header, producer group).
+_RECORD_OVERHEAD_BYTES = 64
+_FAILURES_KEPT_MAX = 100
+_METADATA_REFRESH_INTERVAL_S = 0.2
+
+
+def normalize_acks(acks: str | int) -> str:
+    """The wire acks string for ``acks``: ``"0"`` (0, none), ``"1"`` (1, leader) or ``"-1"`` (all, -1).
+
+    Raises ``ValueError`` for anything else (facts decision 11).
+    """
+    value = _ACKS.get(str(acks).strip().lower())
+    if value is None:
+        raise ValueError(f"invalid acks {acks!r}: use 0, 1 or all")
+    return value
+
+
+@dataclass(frozen=True, slots=True)
+class ProducerConfig:
+    """Validated producer settings (see :class:`Producer` for their meaning and units)."""
+
+    acks: str
+    idempotent: bool
+    batch_size: int
+    batch_bytes: int
+    linger_s: float
+    connections_per_broker: int
+    buffer_records: int
+    max_block_s: float
+    delivery_timeout_s: float
+    request_timeout_s: float
+    backoff: Backoff
+    producer_id: str
+    producer_epoch: int
+
+    @classmethod
+    def build(cls, *, acks: str | int | None, idempotent: bool, batch_size: int, batch_bytes: int,
+              linger_ms: float, connections_per_broker: int, buffer_records: int, max_block_s: float,
+              delivery_timeout_s: float, request_timeout_s: float, backoff: Backoff, producer_id: str | None,
+              producer_epoch: int | None, id_prefix: str) -> ProducerConfig:
+        """Validate and fill defaults. Raises ``ValueError`` for inconsistent or out-of-range settings."""
+        wire_acks = normalize_acks(acks if acks is not None else ("all" if idempotent else "1"))
+        if idempotent and wire_acks != "-1":
+            raise ValueError("an idempotent producer needs acks=all (spec section 9)")
+        if not 1 <= batch_size <= MAX_RECORDS_PER_BATCH:
+            raise ValueError(f"batch_size must be 1-{MAX_RECORDS_PER_BATCH} records")
+        if batch_bytes < 1 or linger_ms < 0 or connections_per_broker < 1 or buffer_records < 1:
+            raise ValueError("batch_bytes, connections_per_broker and buffer_records must be positive, "
+                             "linger_ms >= 0")
+        if max_block_s < 0 or delivery_timeout_s <= 0 or request_timeout_s <= 0:
+            raise ValueError("timeouts must be positive")
+        return cls(wire_acks, idempotent, batch_size, batch_bytes, linger_ms / 1000.0, connections_per_broker,
+                   buffer_records, max_block_s, delivery_timeout_s, request_timeout_s, backoff,
+                   producer_id or f"{id_prefix}{os.urandom(8).hex()}",
+                   int(time.time() * 1000) if producer_epoch is None else producer_epoch)
+
+
+class _Pending:
+    """One record accepted by ``send`` and not yet delivered."""
+
+    __slots__ = ("value", "key_field", "timestamp", "future", "size")
+
+    def __init__(self, value: bytes, key_field: bytes | None, timestamp: int | None, future: Any) -> None:
+        self.value = value
+        self.key_field = key_field
+        self.timestamp = timestamp
+        self.future = future
+        self.size = len(value) + (len(key_field) if key_field else 0) + _RECORD_OVERHEAD_BYTES
+
+
+class _PartitionState:
+    """Queue and sequence state of one partition."""
+
+    __slots__ = ("topic", "partition", "queue", "queued_bytes", "first_enqueued", "busy", "retry", "next_seq",
+                 "encoder", "leader")
+
+    def __init__(self, topic: str, partition: int, leader: Address, encoder: RecordEncoder) -> None:
+        self.topic = topic
+        self.partition = partition
+        self.queue: deque[_Pending] = deque()
+        self.queued_bytes = 0
+        self.first_enqueued = 0.0
+        self.busy = False  # a batch is in flight or waiting to be retried
+        self.retry: ProducerBatch | None = None
+        self.next_seq = 1
+        self.encoder = encoder
+        self.leader = leader
+
+
+class ProducerBatch:
+    """One CBV2 batch: records with sequences ``seq_start .. seq_start + len(records) - 1``."""
+
+    __slots__ = ("state", "pendings", "seq_start", "payload", "attempts", "deadline", "not_before", "uncertain")
+
+    def __init__(self, state: _PartitionState, pendings: list[_Pending], seq_start: int, deadline: float) -> None:
+        self.state = state
+        self.pendings = pendings
+        self.seq_start = seq_start
+        self.payload: bytes | None = None
+        self.attempts = 0
+        self.deadline = deadline
+        self.not_before = 0.0
+        self.uncertain = False  # some attempt was written and its outcome never learned
+
+    @property
+    def topic(self) -> str:
+        """The batch's topic."""
+        return self.state.topic
+
+    @property
+    def partition(self) -> int:
+        """The batch's partition."""
+        return self.state.partition
+
+
+#: (future, result or exception, is_exception): applied by the wrapper outside its lock.
+Resolution = tuple[Any, Any, bool]
+
+
+class _TopicState:
+    __slots__ = ("metadata", "sticky", "refreshed_at")
+
+    def __init__(self, metadata: TopicMetadata, now: float) -> None:
+        self.metadata = metadata
+        self.sticky = 0
+        self.refreshed_at = now
+
+
+class ProducerCore:
+    """The producer's state machine, without threads, sockets or clocks (time is passed in).
+
+    Not thread-safe: :class:`Producer` calls it under a lock, :class:`AsyncProducer` from one event loop.
+    ``buffered`` counts records accepted and not yet completed.
+    """
+
+    def __init__(self, config: ProducerConfig, default_leader: Address) -> None:
+        self.config = config
+        self.default_leader = default_leader
+        self.topics: dict[str, _TopicState] = {}
+        self.partitions: dict[tuple[str, int], _PartitionState] = {}
+        self.by_address: dict[Address, list[_PartitionState]] = {}
+        self.buffered = 0
+        self.in_flight = 0
+        self.fatal: CursusError | None = None
+        self.failures: list[BaseException] = []
+        self.failed_count = 0
+        self.flushing = 0
+        self.closing = False
+        self._rotation = itertools.count()
+
+    # ----------------------------------------------------------------------------------------- metadata
+
+    def set_metadata(self, metadata: TopicMetadata, now: float) -> None:
+        """Install (or refresh) a topic's metadata; existing partitions move to their new leaders."""
+        state = self.topics.get(metadata.topic)
+        if state is None:
+            self.topics[metadata.topic] = _TopicState(metadata, now)
+        else:
+            state.metadata = metadata
+            state.refreshed_at = now
+        for (topic, partition), pstate in self.partitions.items():
+            if topic == metadata.topic:
+                self._move(pstate, metadata.leader_address(partition) or self.default_leader)
+
+    def needs_refresh(self, topic: str, now: float) -> bool:
+        """True when the topic's metadata is older than the refresh interval (rate limit)."""
+        state = self.topics.get(topic)
+        return state is None or now - state.refreshed_at >= _METADATA_REFRESH_INTERVAL_S
+
+    def _move(self, pstate: _PartitionState, leader: Address) -> None:
+        if pstate.leader == leader:
+            return
+        self.by_address[pstate.leader].remove(pstate)
+        pstate.leader = leader
+        self.by_address.setdefault(leader, []).append(pstate)
+
+    def addresses(self) -> list[Address]:
+        """Broker addresses that lead at least one partition this producer has used."""
+        return [a for a, states in self.by_address.items() if states]
+
+    # ----------------------------------------------------------------------------------------- accepting
+
+    def route(self, topic: str, key: str | None, partition: int | None) -> int:
+        """The partition for a record (see module doc). Needs the topic's metadata.
+
+        Raises ``ValidationError`` (``partition_not_found``/``invalid_partition``) for a bad explicit partition.
+        """
+        state = self.topics[topic]
+        count = state.metadata.partitions
+        if count < 1:
+            raise ValidationError("invalid_partitions", f"topic {topic} reports {count} partitions",
+                                  fields={"topic": topic})
+        if partition is not None:
+            if not 0 <= partition < count:
+                raise NotFoundError("partition_not_found", f"topic {topic} has {count} partitions",
+                                    fields={"topic": topic, "partition": str(partition)})
+            return partition
+        if key is not None and state.metadata.partitioner == "hash_key":
+            return partition_for_key(key, count)
+        sticky = state.sticky % count
+        pstate = self.partitions.get((topic, sticky))
+        if pstate is not None and len(pstate.queue) + 1 >= self.config.batch_size:
+            state.sticky = sticky + 1  # this record fills the batch: the next one starts the next partition
+        return sticky
+
+    def append(self, topic: str, partition: int, pending: _Pending, now: float) -> bool:
+        """Queue a record. Returns True when a sender should wake (new linger deadline or full batch)."""
+        key = (topic, partition)
+        pstate = self.partitions.get(key)
+        if pstate is None:
+            metadata = self.topics[topic].metadata
+            leader = metadata.leader_address(partition) or self.default_leader
+            encoder = RecordEncoder(topic, partition, self.config.producer_id, self.config.producer_epoch)
+            pstate = self.partitions[key] = _PartitionState(topic, partition, leader, encoder)
+            self.by_address.setdefault(leader, []).append(pstate)
+        was_empty = not pstate.queue
+        if was_empty:
+            pstate.first_enqueued = now
+        pstate.queue.append(pending)
+        pstate.queued_bytes += pending.size
+        self.buffered += 1
+        return was_empty or len(pstate.queue) == self.config.batch_size or \
+            pstate.queued_bytes >= self.config.batch_bytes
+
+    def leader_of(self, topic: str, partition: int) -> Address:
+        """Where the partition's batches currently go."""
+        return self.partitions[(topic, partition)].leader
+
+    # ----------------------------------------------------------------------------------------- sending
+
+    def poll(self, address: Address, now: float) -> tuple[ProducerBatch | None, float | None]:
+        """The next batch for a sender connected to ``address``, or (None, seconds until one may be ready;
+        None: nothing pending)."""
+        if self.fatal is not None:
+            return None, None
+        states = self.by_address.get(address)
+        if not states:
+            return None, None
+        wait: float | None = None
+        count = len(states)
+        start = next(self._rotation) % count
+        cfg = self.config
+        for i in range(count):
+            pstate = states[(start + i) % count]
+            if pstate.busy:
+                retry = pstate.retry
+                if retry is None:
+                    continue
+                if retry.not_before <= now:
+                    pstate.retry = None
+                    self.in_flight += 1
+                    return retry, None
+                wait = retry.not_before - now if wait is None else min(wait, retry.not_before - now)
+                continue
+            if not pstate.queue:
+                continue
+            ready_at = pstate.first_enqueued + cfg.linger_s
+            if (now >= ready_at or len(pstate.queue) >= cfg.batch_size or pstate.queued_bytes >= cfg.batch_bytes
+                    or self.flushing or self.closing):
+                return self._seal(pstate, now), None
+            wait = ready_at - now if wait is None else min(wait, ready_at - now)
+        return None, wait
+
+    def _seal(self, pstate: _PartitionState, now: float) -> ProducerBatch:
+        cfg = self.config
+        taken: list[_Pending] = []
+        size = 0
+        queue = pstate.queue
+        while queue and len(taken) < cfg.batch_size:
+            if taken and size + queue[0].size > cfg.batch_bytes:
+                break
+            pending = queue.popleft()
+            size += pending.size
+            taken.append(pending)
+        pstate.queued_bytes -= size
+        topic_state = self.topics[pstate.topic]
+        if topic_state.sticky % max(1, topic_state.metadata.partitions) == pstate.partition:
+            topic_state.sticky += 1  # unkeyed records move on once the sticky partition's batch leaves
+        # Records left behind keep their (old) first_enqueued: they are due as soon as this batch is done.
+        batch = ProducerBatch(pstate, taken, pstate.next_seq, now + cfg.delivery_timeout_s)
+        pstate.next_seq += len(taken)
+        pstate.busy = True
+        self.in_flight += 1
+        return batch
+
+    def encode(self, batch: ProducerBatch) -> bytes:
+        """The PUBLISH payload of ``batch`` (computed once, kept for retries). Pure: call outside locks."""
+        if batch.payload is None:
+            pstate = batch.state
+            encode = pstate.encoder.encode
+            seq = batch.seq_start
+            records = [encode(p.value, p.key_field, p.timestamp, seq + i) for i, p in enumerate(batch.pendings)]
+            header = encode_batch_header(pstate.topic, pstate.partition, acks=self.config.acks,
+                                         flags=1 if self.config.idempotent else 0, seq_start=seq,
+                                         seq_end=seq + len(records) - 1, record_count=len(records))
+            batch.payload = header + b"".join(records)
+        return batch.payload
+
+    # ----------------------------------------------------------------------------------------- outcomes
+
+    def succeed(self, batch: ProducerBatch, last_offset: int | None) -> list[Resolution]:
+        """The broker acknowledged ``batch`` (``last_offset`` None for acks=0)."""
+        pstate = batch.state
+        pstate.busy = False
+        self.in_flight -= 1
+        count = len(batch.pendings)
+        self.buffered -= count
+        cfg = self.config
+        base = None if last_offset is None else last_offset - count + 1
+        topic, partition, seq = pstate.topic, pstate.partition, batch.seq_start
+        return [(p.future, RecordMetadata(topic, partition, None if base is None else base + i, cfg.producer_id,
+                                          cfg.producer_epoch, seq + i), False)
+                for i, p in enumerate(batch.pendings)]
+
+    def failed(self, batch: ProducerBatch, error: BaseException, *, written: bool,
+               now: float) -> tuple[list[Resolution], Address | None]:
+        """An attempt of ``batch`` failed. Decide: retry later, fail the batch, or stop the producer.
+
+        Args:
+            error: a typed broker error (``CursusError``) or a transport exception.
+            written: whether the request may have reached the broker (False only for connect failures).
+            now: monotonic time in seconds.
+
+        Returns:
+            (resolutions to apply, a new leader address the batch was redirected to or None).
+        """
+        self.in_flight -= 1
+        cfg = self.config
+        if isinstance(error, CursusError) and error.code in TERMINAL_PRODUCER_CODES:
+            return self._terminal(batch, error), None
+        redirect: Address | None = None
+        delay = cfg.backoff.delay_s(batch.attempts)
+        if isinstance(error, RoutingError):
+            redirect = getattr(error, "leader", None) or getattr(error, "coordinator", None)
+            retry = True
+            if redirect is not None and redirect != batch.state.leader:
+                self._move(batch.state, redirect)
+                delay = 0.0  # a new leader: go now (a redirect to the same broker backs off instead)
+            else:
+                redirect = None
+        elif isinstance(error, CursusError) and not isinstance(error, ProtocolViolationError):
+            retry = error.retryable and (cfg.idempotent or not written)
+        elif not written:
+            retry = True
+        else:
+            batch.uncertain = True
+            retry = cfg.idempotent
+        if retry and now + delay < batch.deadline:
+            batch.attempts += 1
+            batch.not_before = now + delay
+            batch.state.retry = batch
+            return [], redirect
+        if batch.uncertain:
+            unknown = DeliveryUnknownError(
+                f"batch of {len(batch.pendings)} record(s) to {batch.topic}/{batch.partition} may or may not "
+                f"have been written; last error: {error}")
+            unknown.__cause__ = error
+            error = unknown
+        batch.state.busy = False
+        if not batch.uncertain and batch.state.next_seq == batch.seq_start + len(batch.pendings):
+            batch.state.next_seq = batch.seq_start  # never written: the next batch reuses the sequences
+        return self._fail_pendings(batch.pendings, error), None
+
+    def _fail_pendings(self, pendings: Sequence[_Pending], error: BaseException) -> list[Resolution]:
+        self.buffered -= len(pendings)
+        self.failed_count += len(pendings)
+        if pendings and len(self.failures) < _FAILURES_KEPT_MAX and error not in self.failures:
+            self.failures.append(error)
+        return [(p.future, error, True) for p in pendings]
+
+    def _terminal(self, batch: ProducerBatch, error: CursusError) -> list[Resolution]:
+        self.fatal = error
+        batch.state.busy = False
+        resolutions = self._fail_pendings(batch.pendings, error)
+        resolutions.extend(self.abort(error))
+        return resolutions
+
+    def abort(self, error: BaseException) -> list[Resolution]:
+        """Fail every queued record and every batch waiting for a retry (in-flight batches finish on
+        their own)."""
+        resolutions: list[Resolution] = []
+        for pstate in self.partitions.values():
+            if pstate.retry is not None:
+                resolutions.extend(self._fail_pendings(pstate.retry.pendings, error))
+                pstate.retry = None
+                pstate.busy = False
+            if pstate.queue:
+                resolutions.extend(self._fail_pendings(list(pstate.queue), error))
+                pstate.queue.clear()
+                pstate.queued_bytes = 0
+        return resolutions
+
+    def take_failures(self) -> DeliveryFailedError | None:
+        """The failures since the last call, as one exception (None if there were none); resets them."""
+        if not self.failed_count:
+            return None
+        error = DeliveryFailedError(self.failures, self.failed_count)
+        self.failures = []
+        self.failed_count = 0
+        return error
+
+
+def parse_ack(frame: Frame) -> int:
+    """The ``last_offset`` of a PUBLISH reply (AckResponse JSON, facts A6).
+
+    Raises:
+        CursusError: an ERROR reply, or an AckResponse with ``status`` other than OK.
+        ProtocolViolationError: anything that is not an AckResponse (outcome unknown).
+    """
+    if frame.status == Status.ERROR:
+        raise error_from_frame(frame)
+    try:
+        doc = json.loads(frame.payload)
+    except ValueError:
+        raise ProtocolViolationError(f"PUBLISH reply is not JSON: {frame.payload[:80]!r}") from None
+    if not isinstance(doc, dict):
+        raise ProtocolViolationError("PUBLISH reply is not a JSON object")
+    if doc.get("status") != "OK":
+        raise error_from_ack(doc)
+    last_offset = doc.get("last_offset")
+    if not isinstance(last_offset, int) or isinstance(last_offset, bool):
+        raise ProtocolViolationError(f"PUBLISH ack has no integer last_offset: {doc}")
+    return last_offset
+
+
+def _needs_refresh(error: BaseException | None) -> bool:
+    """Whether a failed attempt suggests the partition moved: a redirect or a transport failure."""
+    if error is None:
+        return False
+    if isinstance(error, RoutingError):  # a redirect that names the new leader needs no lookup
+        return getattr(error, "leader", None) is None and getattr(error, "coordinator", None) is None
+    return not isinstance(error, CursusError)
+
+
+def _as_bytes(value: bytes | bytearray | memoryview | str) -> bytes:
+    if type(value) is bytes:
+        return value
+    if isinstance(value, str):
+        return value.encode("utf-8")
+    if isinstance(value, bytes | bytearray | memoryview):
+        return bytes(value)
+    raise TypeError(f"record value must be bytes or str, not {type(value).__name__}")
+
+
+def _key_field(key: str | bytes | None) -> tuple[str | None, bytes | None]:
+    if key is None:
+        return None, None
+    text = key.decode("utf-8") if isinstance(key, bytes | bytearray) else str(key)
+    return text, encode_string_field(text)
+
+
+_LAZY_FUTURE_LOCK = threading.Lock()
+_LAZY_FUTURE_FIELDS = {"_condition": threading.Condition, "_waiters": list, "_done_callbacks": list}
+_FUTURE_PENDING = getattr(_futures_base, "PENDING", "PENDING")
+_FUTURE_FINISHED = getattr(_futures_base, "FINISHED", "FINISHED")
+
+
+class DeliveryFuture(Future):
+    """A ``concurrent.futures.Future`` whose lock and waiter lists are created on first use.
+
+    A producer keeps one future per record in flight; the standard constructor allocates a Condition, an
+    RLock and two lists per future, which made garbage collection the largest per-record cost. Until a
+    caller touches the future (``result()``, ``done()``, ``add_done_callback()`` ...), the producer can
+    complete it with two attribute writes (:func:`_resolve_sync`). Behaviour is otherwise that of ``Future``.
+    """
+
+    def __init__(self) -> None:  # deliberately not calling Future.__init__
+        self._state = _FUTURE_PENDING
+        self._result = None
+        self._exception = None
+
+    def __getattr__(self, name: str) -> Any:
+        factory = _LAZY_FUTURE_FIELDS.get(name)
+        if factory is None:
+            raise AttributeError(name)
+        with _LAZY_FUTURE_LOCK:
+            value = self.__dict__.get(name)
+            if value is None:
+                value = self.__dict__[name] = factory()
+        return value
+
+
+def _resolve_sync(resolutions: list[Resolution]) -> None:
+    slow: list[Resolution] = []
+    with _LAZY_FUTURE_LOCK:  # nobody can start waiting on an untouched future meanwhile
+        for resolution in resolutions:
+            future = resolution[0]
+            if type(future) is DeliveryFuture and "_condition" not in future.__dict__:
+                if resolution[2]:
+                    future._exception = resolution[1]
+                else:
+                    future._result = resolution[1]
+                future._state = _FUTURE_FINISHED
+            else:
+                slow.append(resolution)
+    for future, value, is_error in slow:
+        try:
+            if is_error:
+                future.set_exception(value)
+            else:
+                future.set_result(value)
+        except InvalidStateError:  # cancelled by the caller
+            pass
+
+
+def _resolve_async(resolutions: list[Resolution]) -> None:
+    for future, value, is_error in resolutions:
+        if not future.done():
+            if is_error:
+                future.set_exception(value)
+            else:
+                future.set_result(value)
+
+
+def _metadata_options(options: ConnectionOptions) -> ConnectionOptions:
+    """Options for best-effort metadata refreshes from sender threads: one quick attempt."""
+    return options.with_(backoff=replace(options.backoff, attempts_max=0))
+
+
+
+
+class Producer:
+    """Thread-safe blocking producer with background sender threads.
+
+    Use it as a context manager, or call :meth:`close`.
+
+    Args:
+        bootstrap: ``host:port`` of a broker (or a list); partition leaders come from its METADATA.
+        acks: ``0`` (no reply, offsets unknown), ``1`` (leader durable append) or ``all``; default ``1``,
+            or ``all`` when ``idempotent``.
+        idempotent: de-duplicated retries (needs acks=all).
+        batch_size: records per batch at most (1-100000).
+        batch_bytes: approximate bytes per batch at most (a single larger record still goes alone).
+        linger_ms: how long a partition's first queued record waits for company, in milliseconds.
+        connections_per_broker: connections (each one request in flight) per broker.
+        buffer_records: records accepted and not yet delivered at most; ``send`` blocks beyond it.
+        max_block_s: how long ``send`` blocks on a full buffer before ``BufferFullError``, seconds.
+        delivery_timeout_s: time from sealing a batch to giving up its retries, seconds.
+        request_timeout_s: reply timeout of one PUBLISH, seconds.
+        producer_id, producer_epoch: producer identity; default a random ``py-<hex>`` id and the creation
+            time in milliseconds as epoch. A higher epoch for the same id fences older sessions.
+        options: :class:`~cursus.client.connection.ConnectionOptions`; keyword arguments override fields
+            (``compression``, ``timeout_s``, ``ssl_context``, ``principal``, ``token``, ``backoff``).
+
+    Raises:
+        ValueError: inconsistent settings (e.g. idempotent with acks=1).
+    """
+
+    def __init__(self, bootstrap: str | Sequence[str] = DEFAULT_ADDRESS, *, acks: str | int | None = None,
+                 idempotent: bool = False, batch_size: int = 1000, batch_bytes: int = 1 << 20,
+                 linger_ms: float = 5.0, connections_per_broker: int = 2, buffer_records: int = 100_000,
+                 max_block_s: float = 60.0, delivery_timeout_s: float = 120.0, request_timeout_s: float = 30.0,
+                 producer_id: str | None = None, producer_epoch: int | None = None,
+                 options: ConnectionOptions | None = None, **overrides: Any) -> None:
+        self.options = options_from(options, overrides)
+        self.config = ProducerConfig.build(
+            acks=acks, idempotent=idempotent, batch_size=batch_size, batch_bytes=batch_bytes,
+            linger_ms=linger_ms, connections_per_broker=connections_per_broker, buffer_records=buffer_records,
+            max_block_s=max_block_s, delivery_timeout_s=delivery_timeout_s, request_timeout_s=request_timeout_s,
+            backoff=self.options.backoff, producer_id=producer_id, producer_epoch=producer_epoch,
+            id_prefix="py-")
+        self._client = Client(bootstrap, self.options)
+        self._refresh_client = Client(bootstrap, _metadata_options(self.options))
+        self._core = ProducerCore(self.config, self._client.bootstrap[0])
+        self._lock = threading.Lock()
+        self._cond = threading.Condition(self._lock)
+        self._threads: dict[Address, list[threading.Thread]] = {}
+        self._connections: set[Connection] = set()
+        self._stopping = False
+        self._closed = False
+
+    @property
+    def producer_id(self) -> str:
+        """The producer id records carry."""
+        return self.config.producer_id
+
+    @property
+    def producer_epoch(self) -> int:
+        """The producer epoch records carry."""
+        return self.config.producer_epoch
+
+    # ----------------------------------------------------------------------------------------- public
+
+    def send(self, topic: str, value: bytes | bytearray | memoryview | str, *, key: str | bytes | None = None,
+             partition: int | None = None, timestamp_ms: int | None = None) -> Future[RecordMetadata]:
+        """Queue one record; returns a future resolving to its :class:`RecordMetadata`.
+
+        Args:
+            topic: existing topic (its metadata is fetched on first use).
+            value: payload bytes (``str`` is UTF-8 encoded); stored and served as is.
+            key: routing key (UTF-8 text); keyed records on ``hash_key`` topics go where the broker would put
+                them.
+            partition: explicit partition (overrides the key for routing; the key is still stored).
+            timestamp_ms: optional record timestamp (milliseconds since the epoch).
+
+        Raises:
+            ClientClosedError: after ``close()``.
+            BufferFullError: the buffer stayed full for ``max_block_s``.
+            CursusError: the producer hit a terminal error earlier, or the topic's METADATA failed
+                (``TopicNotFoundError`` ...); ``ValidationError`` for a bad explicit partition.
+            TypeError: value is not bytes or str.
+        """
+        data = _as_bytes(value)
+        key_text, key_field = _key_field(key)
+        if topic not in self._core.topics:
+            self._load_metadata(topic)
+        future = DeliveryFuture()
+        pending = _Pending(data, key_field, timestamp_ms, future)
+        with self._cond:
+            core = self._core
+            if self._closed or core.closing:
+                raise ClientClosedError("producer is closed")
+            if core.fatal is not None:
+                raise core.fatal
+            if core.buffered >= self.config.buffer_records:
+                deadline = time.monotonic() + self.config.max_block_s
+                while core.buffered >= self.config.buffer_records and core.fatal is None and not core.closing:
+                    remaining = deadline - time.monotonic()
+                    if remaining <= 0:
+                        raise BufferFullError(f"{core.buffered} records buffered for {self.config.max_block_s}s")
+                    self._cond.wait(remaining)
+                if core.fatal is not None:
+                    raise core.fatal
+            chosen = core.route(topic, key_text, partition)
+            if core.append(topic, chosen, pending, time.monotonic()):
+                self._cond.notify_all()
+            self._ensure_senders(core.leader_of(topic, chosen))
+        return future
+
+    def produce(self, topic: str, value: bytes | bytearray | memoryview | str, *,
+                key: str | bytes | None = None, partition: int | None = None, timestamp_ms: int | None = None,
+                timeout_s: float | None = None) -> RecordMetadata:
+        """:meth:`send` one record and wait for it (this sends its partition's batch at once).
+
+        Raises what :meth:`send` raises, the record's delivery error, or ``TimeoutError``.
+        """
+        future = self.send(topic, value, key=key, partition=partition, timestamp_ms=timestamp_ms)
+        with self._cond:
+            self._core.flushing += 1
+            self._cond.notify_all()
+        try:
+            return future.result(timeout_s)
+        finally:
+            with self._cond:
+                self._core.flushing -= 1
+
+    def partitions_for(self, topic: str) -> int:
+        """The topic's partition count (from METADATA, cached)."""
+        if topic not in self._core.topics:
+            self._load_metadata(topic)
+        return self._core.topics[topic].metadata.partitions
+
+    def flush(self, timeout_s: float | None = None) -> None:
+        """Send everything queued now (ignoring ``linger_ms``) and wait until every record is delivered or
+        failed.
+
+        Raises:
+            DeliveryFailedError: some records failed since the previous ``flush`` (each future holds its
+                own error); the failures are then cleared.
+            RequestTimeoutError: records were still pending after ``timeout_s`` seconds.
+        """
+        deadline = None if timeout_s is None else time.monotonic() + timeout_s
+        with self._cond:
+            core = self._core
+            core.flushing += 1
+            self._cond.notify_all()
+            try:
+                while core.buffered > 0:
+                    remaining = None if deadline is None else deadline - time.monotonic()
+                    if remaining is not None and remaining <= 0:
+                        raise RequestTimeoutError(f"flush timed out with {core.buffered} record(s) pending")
+                    self._cond.wait(remaining)
+            finally:
+                core.flushing -= 1
+            failure = core.take_failures()
+        if failure is not None:
+            raise failure
+
+    def close(self, timeout_s: float | None = None) -> None:
+        """Flush, stop the sender threads and close connections. Idempotent.
+
+        Records still pending after ``timeout_s`` fail with ``ClientClosedError``.
+
+        Raises:
+            DeliveryFailedError: records failed (including ones aborted by the timeout).
+        """
+        with self._cond:
+            if self._closed:
+                return
+            self._core.closing = True
+            self._cond.notify_all()
+        failure: BaseException | None = None
+        try:
+            self.flush(timeout_s)
+        except DeliveryFailedError as exc:
+            failure = exc
+        except RequestTimeoutError:
+            with self._cond:
+                resolutions = self._core.abort(ClientClosedError("producer closed before delivery"))
+            _resolve_sync(resolutions)
+        self._stop()
+        with self._cond:
+            self._closed = True
+            late = self._core.take_failures()
+        if failure is None:
+            failure = late
+        if failure is not None:
+            raise failure
+
+    def __enter__(self) -> Producer:
+        return self
+
+    def __exit__(self, exc_type: object, *exc: object) -> None:
+        if exc_type is None:
+            self.close()
+        else:  # do not hide the body's exception behind a delivery failure
+            try:
+                self.close()
+            except CursusError:
+                pass
+
+    # ----------------------------------------------------------------------------------------- internals
+
+    def _load_metadata(self, topic: str) -> None:
+        metadata = parse_metadata(ok_fields(self._client.call(Command.METADATA, {"topic": topic})), topic)
+        with self._cond:
+            self._core.set_metadata(metadata, time.monotonic())
+
+    def _refresh_metadata(self, topic: str) -> None:
+        with self._cond:
+            if not self._core.needs_refresh(topic, time.monotonic()):
+                return
+            self._core.topics[topic].refreshed_at = time.monotonic()
+        try:
+            frame = self._refresh_client.call(Command.METADATA, {"topic": topic})
+            metadata = parse_metadata(ok_fields(frame), topic)
+        except CursusError:
+            return
+        with self._cond:
+            self._core.set_metadata(metadata, time.monotonic())
+            for address in self._core.addresses():
+                self._ensure_senders(address)
+            self._cond.notify_all()
+
+    def _ensure_senders(self, address: Address) -> None:
+        """Start the sender threads for ``address`` (call with the lock held)."""
+        if address in self._threads or self._stopping:
+            return
+        threads = []
+        for index in range(self.config.connections_per_broker):
+            thread = threading.Thread(target=self._sender, args=(address,), daemon=True,
+                                      name=f"cursus-producer-{address[0]}:{address[1]}-{index}")
+            threads.append(thread)
+        self._threads[address] = threads
+        for thread in threads:
+            thread.start()
+
+    def _next_batch(self, address: Address) -> ProducerBatch | None:
+        with self._cond:
+            while not self._stopping:
+                batch, wait = self._core.poll(address, time.monotonic())
+                if batch is not None:
+                    return batch
+                self._cond.wait(wait)
+            return None
+
+    def _sender(self, address: Address) -> None:
+        """Sender thread: one connection to ``address``, one batch in flight at a time."""
+        conn: Connection | None = None
+        core = self._core
+        try:
+            while True:
+                batch = self._next_batch(address)
+                if batch is None:
+                    return
+                payload = core.encode(batch)
+                error: BaseException | None = None
+                written = False
+                last_offset: int | None = None
+                try:
+                    if conn is None or conn.closed:
+                        conn = self.options.connect(address)
+                        with self._lock:
+                            self._connections.add(conn)
+                    written = True
+                    if self.config.acks == "0":
+                        conn.send(Command.PUBLISH, payload)
+                    else:
+                        last_offset = parse_ack(conn.request(Command.PUBLISH, payload,
+                                                             timeout_s=self.config.request_timeout_s))
+                except ProtocolViolationError as exc:  # unreadable ack: outcome unknown, drop the connection
+                    error = exc
+                    if conn is not None:
+                        conn.close()
+                except (OSError, ProtocolError, CursusError) as exc:
+                    error = exc
+                redirect: Address | None = None
+                with self._cond:
+                    if error is None:
+                        resolutions = core.succeed(batch, last_offset)
+                    else:
+                        resolutions, redirect = core.failed(batch, error, written=written, now=time.monotonic())
+                        if redirect is not None:
+                            self._ensure_senders(redirect)
+                    self._cond.notify_all()
+                _resolve_sync(resolutions)
+                if _needs_refresh(error):
+                    self._refresh_metadata(batch.topic)
+        finally:
+            if conn is not None:
+                conn.close()
+                with self._lock:
+                    self._connections.discard(conn)
+
+    def _stop(self) -> None:
+        with self._cond:
+            self._stopping = True
+            self._cond.notify_all()
+            threads = [t for group in self._threads.values() for t in group]
+            connections = list(self._connections)
+        for conn in connections:  # unblock a sender stuck in a request
+            try:
+                conn.sock.shutdown(socket.SHUT_RDWR)
+            except OSError:
+                pass
+        for thread in threads:
+            if thread is not threading.current_thread():
+                thread.join(timeout=5)
+        with self._cond:  # batches left waiting for a retry by senders that stopped
+            resolutions = self._core.abort(ClientClosedError("producer closed before delivery"))
+        _resolve_sync(resolutions)
+        self._client.close()
+        self._refresh_client.close()
+
+
+class _AsyncSignal:
+    """notify_all/wait(timeout) for tasks of one event loop (no lock needed: no awaits between check and
+    wait)."""
+
+    def __init__(self) -> None:
+        self._event = asyncio.Event()
+
+    def notify_all(self) -> None:
+        self._event.set()
+        self._event = asyncio.Event()
+
+    async def wait(self, timeout_s: float | None) -> None:
+        event = self._event
+        try:
+            async with asyncio.timeout(timeout_s):
+                await event.wait()
+        except TimeoutError:
+            pass
+
+
+class AsyncProducer:
+    """asyncio producer: the same behaviour as :class:`Producer`, with sender tasks on the running loop.
+
+    ``await send(...)`` queues a record and returns an ``asyncio.Future`` of its :class:`RecordMetadata`;
+    ``await send_and_wait(...)`` waits for delivery. Use ``async with`` or ``await close()``. Arguments,
+    units and errors are those of :class:`Producer`; the producer id defaults to ``py-async-<hex>``.
+    """
+
+    def __init__(self, bootstrap: str | Sequence[str] = DEFAULT_ADDRESS, *, acks: str | int | None = None,
+                 idempotent: bool = False, batch_size: int = 1000, batch_bytes: int = 1 << 20,
+                 linger_ms: float = 5.0, connections_per_broker: int = 2, buffer_records: int = 100_000,
+                 max_block_s: float = 60.0, delivery_timeout_s: float = 120.0, request_timeout_s: float = 30.0,
+                 producer_id: str | None = None, producer_epoch: int | None = None,
+                 options: ConnectionOptions | None = None, **overrides: Any) -> None:
+        self.options = options_from(options, overrides)
+        self.config = ProducerConfig.build(
+            acks=acks, idempotent=idempotent, batch_size=batch_size, batch_bytes=batch_bytes,
+            linger_ms=linger_ms, connections_per_broker=connections_per_broker, buffer_records=buffer_records,
+            max_block_s=max_block_s, delivery_timeout_s=delivery_timeout_s, request_timeout_s=request_timeout_s,
+            backoff=self.options.backoff, producer_id=producer_id, producer_epoch=producer_epoch,
+            id_prefix="py-async-")
+        self._client = AsyncClient(bootstrap, self.options)
+        self._refresh_client = AsyncClient(bootstrap, _metadata_options(self.options))
+        self._core = ProducerCore(self.config, self._client.bootstrap[0])
+        self._signal: _AsyncSignal | None = None
+        self._tasks: dict[Address, list[asyncio.Task[None]]] = {}
+        self._connections: set[AsyncConnection] = set()
+        self._stopping = False
+        self._closed = False
+
+    @property
+    def producer_id(self) -> str:
+        """The producer id records carry."""
+        return self.config.producer_id
+
+    def _wake(self) -> _AsyncSignal:
+        if self._signal is None:
+            self._signal = _AsyncSignal()
+        return self._signal
+
+    async def send(self, topic: str, value: bytes | bytearray | memoryview | str, *,
+                   key: str | bytes | None = None, partition: int | None = None,
+                   timestamp_ms: int | None = None) -> asyncio.Future[RecordMetadata]:
+        """Queue one record; returns a future of its :class:`RecordMetadata`. Arguments and errors as
+        :meth:`Producer.send` (waiting on a full buffer is asynchronous)."""
+        data = _as_bytes(value)
+        key_text, key_field = _key_field(key)
+        core = self._core
+        if self._closed or core.closing:
+            raise ClientClosedError("producer is closed")
+        if topic not in core.topics:
+            frame = await self._client.call(Command.METADATA, {"topic": topic})
+            core.set_metadata(parse_metadata(ok_fields(frame), topic), time.monotonic())
+        if core.fatal is not None:
+            raise core.fatal
+        if core.buffered >= self.config.buffer_records:
+            deadline = time.monotonic() + self.config.max_block_s
+            while core.buffered >= self.config.buffer_records and core.fatal is None and not core.closing:
+                remaining = deadline - time.monotonic()
+                if remaining <= 0:
+                    raise BufferFullError(f"{core.buffered} records buffered for {self.config.max_block_s}s")
+                await self._wake().wait(remaining)
+            if core.fatal is not None:
+                raise core.fatal
+            if core.closing:
+                raise ClientClosedError("producer is closed")
+        future: asyncio.Future[RecordMetadata] = asyncio.get_running_loop().create_future()
+        chosen = core.route(topic, key_text, partition)
+        if core.append(topic, chosen, _Pending(data, key_field, timestamp_ms, future), time.monotonic()):
+            self._wake().notify_all()
+        self._ensure_senders(core.leader_of(topic, chosen))
+        return future
+
+    async def send_and_wait(self, topic: str, value: bytes | bytearray | memoryview | str, *,
+                            key: str | bytes | None = None, partition: int | None = None,
+                            timestamp_ms: int | None = None) -> RecordMetadata:
+        """Send one record and wait for its delivery (its batch leaves at once)."""
+        future = await self.send(topic, value, key=key, partition=partition, timestamp_ms=timestamp_ms)
+        self._core.flushing += 1
+        self._wake().notify_all()
+        try:
+            return await future
+        finally:
+            self._core.flushing -= 1
+
+    async def flush(self, timeout_s: float | None = None) -> None:
+        """See :meth:`Producer.flush`."""
+        core = self._core
+        deadline = None if timeout_s is None else time.monotonic() + timeout_s
+        core.flushing += 1
+        self._wake().notify_all()
+        try:
+            while core.buffered > 0:
+                remaining = None if deadline is None else deadline - time.monotonic()
+                if remaining is not None and remaining <= 0:
+                    raise RequestTimeoutError(f"flush timed out with {core.buffered} record(s) pending")
+                await self._wake().wait(remaining)
+        finally:
+            core.flushing -= 1
+        failure = core.take_failures()
+        if failure is not None:
+            raise failure
+
+    async def close(self, timeout_s: float | None = None) -> None:
+        """See :meth:`Producer.close`."""
+        if self._closed:
+            return
+        self._core.closing = True
+        failure: BaseException | None = None
+        try:
+            await self.flush(timeout_s)
+        except DeliveryFailedError as exc:
+            failure = exc
+        except RequestTimeoutError:
+            _resolve_async(self._core.abort(ClientClosedError("producer closed before delivery")))
+        self._stopping = True
+        self._wake().notify_all()
+        tasks = [t for group in self._tasks.values() for t in group]
+        for conn in list(self._connections):
+            await conn.close()
+        if tasks:
+            _, still = await asyncio.wait(tasks, timeout=5)
+            for task in still:
+                task.cancel()
+        _resolve_async(self._core.abort(ClientClosedError("producer closed before delivery")))
+        await self._client.close()
+        await self._refresh_client.close()
+        self._closed = True
+        late = self._core.take_failures()
+        failure = failure or late
+        if failure is not None:
+            raise failure
+
+    async def __aenter__(self) -> AsyncProducer:
+        return self
+
+    async def __aexit__(self, exc_type: object, *exc: object) -> None:
+        if exc_type is None:
+            await self.close()
+        else:
+            try:
+                await self.close()
+            except CursusError:
+                pass
+
+    def _ensure_senders(self, address: Address) -> None:
+        if address in self._tasks or self._stopping:
+            return
+        self._tasks[address] = [asyncio.get_running_loop().create_task(self._sender(address))
+                                for _ in range(self.config.connections_per_broker)]
+
+    async def _refresh_metadata(self, topic: str) -> None:
+        core = self._core
+        if not core.needs_refresh(topic, time.monotonic()):
+            return
+        core.topics[topic].refreshed_at = time.monotonic()
+        try:
+            frame = await self._refresh_client.call(Command.METADATA, {"topic": topic})
+            core.set_metadata(parse_metadata(ok_fields(frame), topic), time.monotonic())
+        except CursusError:
+            return
+        for address in core.addresses():
+            self._ensure_senders(address)
+        self._wake().notify_all()
+
+    async def _sender(self, address: Address) -> None:
+        conn: AsyncConnection | None = None
+        core = self._core
+        try:
+            while not self._stopping:
+                batch, wait = core.poll(address, time.monotonic())
+                if batch is None:
+                    await self._wake().wait(wait)
+                    continue
+                payload = core.encode(batch)
+                error: BaseException | None = None
+                written = False
+                last_offset: int | None = None
+                try:
+                    if conn is None or conn.closed:
+                        conn = await open_connection(self.options, address)
+                        self._connections.add(conn)
+                    written = True
+                    if self.config.acks == "0":
+                        await conn.send(Command.PUBLISH, payload)
+                    else:
+                        last_offset = parse_ack(await conn.request(Command.PUBLISH, payload,
+                                                                   timeout_s=self.config.request_timeout_s))
+                except ProtocolViolationError as exc:
+                    error = exc
+                    if conn is not None:
+                        await conn.close()
+                except (OSError, ProtocolError, CursusError) as exc:
+                    error = exc
+                if error is None:
+                    resolutions = core.succeed(batch, last_offset)
+                else:
+                    resolutions, redirect = core.failed(batch, error, written=written, now=time.monotonic())
+                    if redirect is not None:
+                        self._ensure_senders(redirect)
+                self._wake().notify_all()
+                _resolve_async(resolutions)
+                if _needs_refresh(error):
+                    await self._refresh_metadata(batch.topic)
+        finally:
+            if conn is not None:
+                self._connections.discard(conn)
+                await conn.close()
+
+
+#: Signature of the callbacks some tools pass around (topic, partition, offset).
+DeliveryCallback = Callable[[RecordMetadata], None]

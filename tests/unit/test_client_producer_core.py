@@ -1,0 +1,217 @@
+"""ProducerCore decisions without sockets or threads: batching, sequences, retries, redirects, fencing."""
+
+from __future__ import annotations
+
+import pytest
+
+from cursus.client.admin import parse_metadata
+from cursus.client.connection import Backoff
+from cursus.client.errors import (
+    DeliveryUnknownError,
+    NotFoundError,
+    ProducerFencedError,
+    error_from_typed,
+)
+from cursus.client.producer import ProducerConfig, ProducerCore, _Pending, normalize_acks
+from cursus.partitioning import partition_for_key
+from cursus.wire import decode_batch, make_error
+
+A = ("broker-a", 9000)
+B = ("broker-b", 9000)
+
+
+def _core(*, idempotent: bool = False, batch_size: int = 100, linger_ms: float = 10.0, partitions: int = 3,
+          partitioner: str = "hash_key", delivery_timeout_s: float = 60.0) -> ProducerCore:
+    config = ProducerConfig.build(
+        acks=None, idempotent=idempotent, batch_size=batch_size, batch_bytes=1 << 20, linger_ms=linger_ms,
+        connections_per_broker=1, buffer_records=1000, max_block_s=1, delivery_timeout_s=delivery_timeout_s,
+        request_timeout_s=5, backoff=Backoff(initial_s=0.1, max_s=1.0, jitter=0), producer_id="py-test",
+        producer_epoch=7, id_prefix="py-")
+    core = ProducerCore(config, A)
+    leaders = ",".join(["broker-a:9000"] * partitions)
+    core.set_metadata(parse_metadata({"topic": "t", "partitions": str(partitions), "leaders": leaders,
+                                      "partitioner": partitioner}, "t"), 0.0)
+    return core
+
+
+def _send(core: ProducerCore, value: bytes, *, key: str | None = None, partition: int | None = None,
+          now: float = 0.0) -> tuple[int, object]:
+    token = object()
+    chosen = core.route("t", key, partition)
+    core.append("t", chosen, _Pending(value, None, None, token), now)
+    return chosen, token
+
+
+def test_acks_and_config_validation() -> None:
+    assert [normalize_acks(a) for a in (0, "none", 1, "", "all", -1)] == ["0", "0", "1", "1", "-1", "-1"]
+    with pytest.raises(ValueError):
+        normalize_acks(2)
+    with pytest.raises(ValueError):
+        ProducerConfig.build(acks="1", idempotent=True, batch_size=1, batch_bytes=1, linger_ms=0,
+                             connections_per_broker=1, buffer_records=1, max_block_s=1, delivery_timeout_s=1,
+                             request_timeout_s=1, backoff=Backoff(), producer_id=None, producer_epoch=None,
+                             id_prefix="py-")
+    assert _core(idempotent=True).config.acks == "-1"
+
+
+def test_linger_then_batch_with_sequences_from_one() -> None:
+    core = _core(idempotent=True)
+    for i in range(3):
+        _send(core, b"v%d" % i, partition=1)
+    assert core.poll(A, 0.005) == (None, pytest.approx(0.005))
+    batch, _ = core.poll(A, 0.010)
+    assert batch is not None and batch.seq_start == 1 and len(batch.pendings) == 3
+    decoded = decode_batch(core.encode(batch))
+    assert decoded.idempotent and decoded.acks == "-1" and (decoded.seq_start, decoded.seq_end) == (1, 3)
+    assert [(r.producer_id, r.producer_epoch, r.seq_num, r.payload) for r in decoded.records] == \
+        [("py-test", 7, 1, b"v0"), ("py-test", 7, 2, b"v1"), ("py-test", 7, 3, b"v2")]
+    results = core.succeed(batch, last_offset=41)
+    assert [(r.offset, r.seq_num) for _, r, _ in results] == [(39, 1), (40, 2), (41, 3)]
+    assert core.buffered == 0
+
+
+def test_full_batches_leave_at_once_and_one_batch_per_partition_is_in_flight() -> None:
+    core = _core(batch_size=2)
+    for i in range(5):
+        _send(core, b"%d" % i, partition=0)
+    first, _ = core.poll(A, 0.0)
+    assert first is not None and len(first.pendings) == 2
+    assert core.poll(A, 0.0) == (None, None)  # partition busy
+    core.succeed(first, 1)
+    second, _ = core.poll(A, 0.0)  # leftovers are due immediately
+    assert second is not None and second.seq_start == 3
+
+
+def test_flush_ignores_linger() -> None:
+    core = _core(linger_ms=10_000)
+    _send(core, b"x", partition=0)
+    assert core.poll(A, 0.0)[0] is None
+    core.flushing += 1
+    assert core.poll(A, 0.0)[0] is not None
+
+
+def test_routing_matches_the_broker_rule() -> None:
+    core = _core(partitions=5)
+    for key in ("alpha", "beta", "ключ", "k-17"):
+        assert core.route("t", key, None) == partition_for_key(key, 5)
+    assert core.route("t", "alpha", 4) == 4
+    with pytest.raises(NotFoundError):
+        core.route("t", None, 5)
+    rr = _core(partitions=5, partitioner="round_robin")
+    assert rr.route("t", "alpha", None) == 0  # keys ignored on round_robin topics
+
+
+def test_unkeyed_records_stick_to_a_partition_until_its_batch_leaves() -> None:
+    core = _core(batch_size=3, partitions=3)
+    chosen = [_send(core, b"x")[0] for _ in range(3)]
+    assert chosen == [0, 0, 0]
+    assert _send(core, b"x")[0] == 1
+
+
+def test_definite_failure_rewinds_sequences_for_the_next_batch() -> None:
+    core = _core(idempotent=True)
+    _, token = _send(core, b"too big", partition=0)
+    batch, _ = core.poll(A, 1.0)
+    resolutions, _ = core.failed(batch, error_from_typed(make_error("message_too_large")), written=True, now=1.0)
+    assert resolutions[0][0] is token and resolutions[0][2]
+    _send(core, b"ok", partition=0, now=1.0)
+    retry, _ = core.poll(A, 2.0)
+    assert retry is not None and retry.seq_start == 1  # the broker never saw sequence 1
+    assert core.take_failures().failed_count == 1 and core.take_failures() is None
+
+
+def test_idempotent_batch_is_retried_unchanged_after_a_dropped_connection() -> None:
+    core = _core(idempotent=True)
+    _send(core, b"a", partition=2)
+    batch, _ = core.poll(A, 1.0)
+    payload = core.encode(batch)
+    assert core.failed(batch, ConnectionResetError(), written=True, now=1.0) == ([], None)
+    assert core.poll(A, 1.05) == (None, pytest.approx(0.05))  # backoff 0.1 s
+    again, _ = core.poll(A, 1.1)
+    assert again is batch and core.encode(again) == payload
+
+
+def test_non_idempotent_batch_fails_when_outcome_unknown() -> None:
+    core = _core()
+    _send(core, b"a", partition=0)
+    batch, _ = core.poll(A, 1.0)
+    resolutions, _ = core.failed(batch, ConnectionResetError(), written=True, now=1.0)
+    assert isinstance(resolutions[0][1], DeliveryUnknownError)
+    _send(core, b"b", partition=0, now=1.0)
+    assert core.poll(A, 2.0)[0].seq_start == 2  # no rewind: sequence 1 may exist
+
+
+def test_connect_failure_is_retried_even_without_idempotence() -> None:
+    core = _core()
+    _send(core, b"a", partition=0)
+    batch, _ = core.poll(A, 1.0)
+    assert core.failed(batch, ConnectionRefusedError(), written=False, now=1.0) == ([], None)
+    assert core.poll(A, 2.0)[0] is batch
+
+
+def test_not_leader_moves_the_partition() -> None:
+    core = _core()
+    _send(core, b"a", partition=1)
+    batch, _ = core.poll(A, 1.0)
+    redirect = error_from_typed(make_error("NOT_LEADER", leader="broker-b:9000"))
+    assert core.failed(batch, redirect, written=True, now=1.0) == ([], B)
+    assert core.poll(A, 1.0) == (None, None)
+    assert core.poll(B, 1.0)[0] is batch and core.leader_of("t", 1) == B
+
+
+def test_retries_stop_at_the_delivery_timeout() -> None:
+    core = _core(idempotent=True, delivery_timeout_s=1.0)
+    _send(core, b"a", partition=0)
+    batch, _ = core.poll(A, 0.5)
+    core.failed(batch, TimeoutError(), written=True, now=0.5)
+    batch, _ = core.poll(A, 0.6)
+    resolutions, _ = core.failed(batch, TimeoutError(), written=True, now=1.45)
+    assert isinstance(resolutions[0][1], DeliveryUnknownError)
+
+
+def test_fencing_is_terminal() -> None:
+    core = _core(idempotent=True)
+    _send(core, b"a", partition=0)
+    _send(core, b"b", partition=1)
+    batch, _ = core.poll(A, 1.0)
+    fenced = error_from_typed(make_error("stale_producer_epoch", producer="py-test", current=9, got=7))
+    resolutions, _ = core.failed(batch, fenced, written=True, now=1.0)
+    assert len(resolutions) == 2 and all(isinstance(r[1], ProducerFencedError) for r in resolutions)
+    assert core.fatal is fenced and core.buffered == 0
+    assert core.poll(A, 5.0) == (None, None)
+
+
+def test_delivery_future_behaves_like_a_future() -> None:
+    import threading
+    from concurrent.futures import InvalidStateError, as_completed
+
+    from cursus.client.producer import DeliveryFuture, _resolve_sync
+
+    untouched, waited, called, cancelled = (DeliveryFuture() for _ in range(4))
+    seen: list[object] = []
+    called.add_done_callback(lambda f: seen.append(f.result()))
+    assert cancelled.cancel()
+    results: list[object] = []
+    waiter = threading.Thread(target=lambda: results.append(waited.result(timeout=5)))
+    waiter.start()
+    _resolve_sync([(untouched, 1, False), (waited, 2, False), (called, 3, False), (cancelled, 4, False)])
+    waiter.join(timeout=5)
+    assert untouched.result() == 1 and untouched.done() and results == [2] and seen == [3]
+    assert cancelled.cancelled()
+    failed = DeliveryFuture()
+    _resolve_sync([(failed, ValueError("boom"), True)])
+    assert isinstance(failed.exception(), ValueError)
+    assert set(as_completed([untouched, failed], timeout=1)) == {untouched, failed}
+    with pytest.raises(InvalidStateError):
+        untouched.set_result(5)
+    with pytest.raises(AttributeError):
+        _ = untouched.no_such_attribute  # type: ignore[attr-defined]
+
+
+def test_redirect_to_the_same_broker_backs_off() -> None:
+    core = _core()
+    _send(core, b"a", partition=0)
+    batch, _ = core.poll(A, 1.0)
+    same = error_from_typed(make_error("NOT_LEADER", leader="broker-a:9000"))
+    assert core.failed(batch, same, written=True, now=1.0) == ([], None)
+    assert core.poll(A, 1.0) == (None, pytest.approx(0.1))
