@@ -32,3 +32,13 @@ bench: $(STAMP)
 
 clean:
 	rm -rf $(VENV) build *.egg-info .pytest_cache .hypothesis
+
+## make chaos: a ~60 s seeded chaos run plus the corruption-detection scenario (SEED=N replays a seed;
+## output under chaos-out/; see docs/chaos.md)
+chaos: $(STAMP)
+	$(PY) -m chaos run --nodes 1 --duration 60 --faults kill,pause,restart,lose-unsynced,torn-tail $(if $(SEED),--seed $(SEED))
+	$(PY) -m chaos corrupt $(if $(SEED),--seed $(SEED))
+
+## make chaos-long: a 600 s chaos run (SEED=N replays a seed)
+chaos-long: $(STAMP)
+	$(PY) -m chaos run --nodes 1 --duration 600 --faults kill,pause,restart,lose-unsynced,torn-tail $(if $(SEED),--seed $(SEED))

@@ -1,0 +1,422 @@
+"""Fault execution: the nemesis thread, the torn-tail damage, and the fault log (``faults.jsonl``).
+
+Every fault is recorded twice: as one line of ``faults.jsonl`` with its start and end time (written when
+it ends) and as a ``nemesis`` operation in the history (invoke at the start, ``info`` at the end), so the
+history alone shows what was going on. Times share the run clock (:class:`chaos.history.Clock`).
+
+Torn tails (:func:`tear_tail`) damage only bytes past the last position the broker could have fsynced
+*as far as anyone can tell*: the tear starts at the first chunk of the partition's last segment whose base
+offset is at or above the *safe offset*, the maximum of
+
+* every offset a client saw acknowledged, read, or reported as HWM (``observed``), and
+* the recovery point and HWM in the partition's ``checkpoints.json``.
+
+A chunk above that was never acknowledged, never served and is not claimed durable by the broker's own
+checkpoint, so losing it is indistinguishable from a crash before its fsync. Cutting below it would be
+corruption of acknowledged data, which is a separate scenario (``python -m chaos corrupt``), not a
+torn tail.
+
+The on-disk chunk format is parsed here from ``docs/storage.md`` (32-byte big-endian header: magic
+``CCK1``, base offset, record count, body length, append time, CRC32C), independently of
+``cursus.storage`` so that a bug there cannot hide from the harness.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import struct
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, TextIO
+
+import crc32c
+
+from chaos.history import INFO, OK, Clock, History, Pending
+from chaos.nodes import Cluster, NodeStartError
+from chaos.schedule import FaultSpec
+
+CHUNK_MAGIC = 0x43434B31
+CHUNK_HEADER = struct.Struct(">IQIIqI")
+CHUNK_HEADER_SIZE = CHUNK_HEADER.size
+CHUNK_CRC_COVERED = 28
+CHUNK_BODY_MAX = 256 * 1024 * 1024
+#: A kill's torn tail waits this long for in-flight operations to resolve before computing the safe offset.
+QUIESCE_TIMEOUT_S = 10.0
+
+
+# ------------------------------------------------------------------------------------------ fault log
+
+
+@dataclass(slots=True)
+class ActiveFault:
+    """A fault that has started (returned by :meth:`FaultLog.begin`)."""
+
+    id: int
+    kind: str
+    node: int | None
+    start: float
+    details: dict[str, Any]
+    pending: Pending | None
+
+
+class FaultLog:
+    """Writes ``faults.jsonl`` (one line per fault, with start and end) and mirrors faults into the history.
+
+    Args:
+        path: the file to write (truncated), or None to keep records in memory only.
+        clock: the run clock.
+        history: the run history (nemesis operations are recorded there too), or None.
+    """
+
+    def __init__(self, path: Path | None, clock: Clock, history: History | None = None) -> None:
+        self.clock = clock
+        self.history = history
+        self.records: list[dict[str, Any]] = []
+        self._lock = threading.Lock()
+        self._next_id = 1
+        self._file: TextIO | None = open(path, "w", encoding="utf-8") if path is not None else None  # noqa: SIM115
+
+    def begin(self, kind: str, node: int | None, details: dict[str, Any] | None = None) -> ActiveFault:
+        """Record the start of a fault now."""
+        with self._lock:
+            fault_id = self._next_id
+            self._next_id += 1
+        details = dict(details or {})
+        pending = None
+        if self.history is not None:
+            pending = self.history.invoke("nemesis", kind, {"fault": fault_id, "node": node, **details})
+        return ActiveFault(fault_id, kind, node, self.clock.now(), details, pending)
+
+    def end(self, active: ActiveFault, details: dict[str, Any] | None = None, error: str | None = None) -> None:
+        """Record the end of ``active`` now, with extra ``details`` and an ``error`` if it went wrong."""
+        record: dict[str, Any] = {"id": active.id, "fault": active.kind, "node": active.node,
+                                  "start": round(active.start, 6), "end": round(self.clock.now(), 6),
+                                  "details": {**active.details, **(details or {})}}
+        if error is not None:
+            record["error"] = error
+        with self._lock:
+            self.records.append(record)
+            if self._file is not None:
+                self._file.write(json.dumps(record, separators=(",", ":")) + "\n")
+                self._file.flush()
+        if self.history is not None and active.pending is not None:
+            self.history.complete(active.pending, INFO, record["details"], error=error or "fault ended")
+
+    def close(self) -> None:
+        """Close the file (idempotent)."""
+        with self._lock:
+            if self._file is not None:
+                self._file.close()
+                self._file = None
+
+
+def load_faults(path: Path) -> list[dict[str, Any]]:
+    """The records of a ``faults.jsonl`` file."""
+    out = []
+    with open(path, encoding="utf-8") as f:
+        for line in f:
+            if line.strip():
+                out.append(json.loads(line))
+    return out
+
+
+# ------------------------------------------------------------------------------------------ observed
+
+
+class ObservedEnds:
+    """The highest end offset any client observed per (topic, partition), kept up to date from the history.
+
+    Counts acknowledged sends (last offset + 1), records read (last offset + 1) and LIST_OFFSETS HWMs: what
+    the outside world knows to be durable. Register :meth:`on_complete` as a history listener.
+    """
+
+    def __init__(self) -> None:
+        self._ends: dict[tuple[str, int], int] = {}
+        self._lock = threading.Lock()
+
+    def on_complete(self, pending: Pending, kind: str, result: dict[str, Any]) -> None:
+        """History listener: fold one completion in."""
+        if kind != OK:
+            return
+        topic = pending.value.get("topic")
+        partition = pending.value.get("partition")
+        if pending.f == "send" and result.get("offsets"):
+            self._raise(topic, partition, max(result["offsets"]) + 1)
+        elif pending.f == "read" and result.get("records"):
+            self._raise(topic, partition, int(result["records"][-1][0]) + 1)
+        elif pending.f == "list-offsets":
+            for key, entry in (result.get("partitions") or {}).items():
+                self._raise(topic, int(key), int(entry["hwm"]))
+
+    def _raise(self, topic: str, partition: int, end: int) -> None:
+        with self._lock:
+            if end > self._ends.get((topic, partition), 0):
+                self._ends[(topic, partition)] = end
+
+    def end(self, topic: str, partition: int) -> int:
+        """The highest observed end offset of the partition (0 if nothing was observed)."""
+        with self._lock:
+            return self._ends.get((topic, partition), 0)
+
+
+# ------------------------------------------------------------------------------------------ chunks
+
+
+@dataclass(frozen=True, slots=True)
+class Chunk:
+    """One chunk found in a segment file: byte ``position``, ``length`` (header + body), offsets."""
+
+    position: int
+    length: int
+    base_offset: int
+    record_count: int
+    crc_ok: bool
+
+    @property
+    def end_offset(self) -> int:
+        """The offset after this chunk's last record."""
+        return self.base_offset + self.record_count
+
+
+def walk_chunks(data: bytes) -> tuple[list[Chunk], int]:
+    """Walk the chunks of a segment's bytes from position 0.
+
+    Stops at the first implausible header or a chunk that does not fit. Returns the chunks and the byte
+    position where the walk stopped (the end of the last plausible chunk).
+    """
+    chunks: list[Chunk] = []
+    position = 0
+    size = len(data)
+    while position + CHUNK_HEADER_SIZE <= size:
+        magic, base, count, body_length, _, crc = CHUNK_HEADER.unpack_from(data, position)
+        if magic != CHUNK_MAGIC or count < 1 or body_length < 4 * count or body_length > CHUNK_BODY_MAX:
+            break
+        end = position + CHUNK_HEADER_SIZE + body_length
+        if end > size:
+            break
+        covered = data[position:position + CHUNK_CRC_COVERED] + data[position + CHUNK_HEADER_SIZE:end]
+        chunks.append(Chunk(position, end - position, base, count, crc32c.crc32c(covered) == crc))
+        position = end
+    return chunks, position
+
+
+def segment_files(partition_dir: Path) -> list[Path]:
+    """The ``.log`` segment files of a partition directory, in offset order."""
+    return sorted(partition_dir.glob("*.log"))
+
+
+def read_checkpoint(partition_dir: Path) -> dict[str, Any]:
+    """The partition's ``checkpoints.json`` (empty dict when missing or unreadable)."""
+    try:
+        return json.loads((partition_dir / "checkpoints.json").read_text())
+    except (OSError, ValueError):
+        return {}
+
+
+def partition_dir(data_dir: Path, topic: str, partition: int) -> Path:
+    """``<log_dir>/topics/<topic>/<partition>`` (docs/storage.md)."""
+    return Path(data_dir) / "topics" / topic / str(partition)
+
+
+def _rewrite(path: Path, data: bytes) -> None:
+    with open(path, "r+b") as f:
+        f.seek(0)
+        f.write(data)
+        f.truncate(len(data))
+        f.flush()
+        os.fsync(f.fileno())
+
+
+def tear_tail(part_dir: Path, observed_end: int, mode: str, seed: int) -> dict[str, Any]:
+    """Damage the tail of the partition's last segment past its last fsynced position (the node is down).
+
+    Args:
+        part_dir: the partition directory.
+        observed_end: the highest end offset any client observed (acks, reads, HWM).
+        mode: ``cut-chunk`` (cut inside the first unsafe chunk), ``garble-chunk`` (flip bytes in it),
+            ``zero-fill`` (zero its tail, as a file system may after a crash) or ``append-garbage``
+            (drop the unsafe chunks, append garbage). Without an unsafe chunk every mode appends garbage.
+        seed: seed for the positions and bytes.
+
+    Returns:
+        What was done: file, sizes, the safe offset and where the tear starts, the offsets dropped.
+    """
+    rng = random.Random(seed)
+    segments = segment_files(part_dir)
+    if not segments:
+        return {"skipped": "no segment file"}
+    checkpoint = read_checkpoint(part_dir)
+    safe = max(observed_end, int(checkpoint.get("recovery_point", 0)), int(checkpoint.get("hwm", 0)))
+    path = segments[-1]
+    data = path.read_bytes()
+    chunks, walk_end = walk_chunks(data)
+    victims = [c for c in chunks if c.base_offset >= safe]
+    victim = victims[0] if victims else None
+    effective = mode if victim is not None else "append-garbage"
+    cut = victim.position if victim is not None else walk_end
+    if effective == "cut-chunk":
+        assert victim is not None
+        new = data[:victim.position + rng.randint(1, victim.length - 1)]
+    elif effective == "garble-chunk":
+        assert victim is not None
+        chunk = bytearray(data[victim.position:victim.position + victim.length])
+        for _ in range(rng.randint(1, 8)):
+            chunk[rng.randrange(len(chunk))] ^= rng.randint(1, 255)
+        new = data[:victim.position] + bytes(chunk)
+    elif effective == "zero-fill":
+        assert victim is not None
+        keep = rng.randint(0, victim.length - 1)
+        new = data[:victim.position + keep] + bytes(victim.length - keep)
+    else:
+        garbage = bytes(rng.randrange(256) for _ in range(rng.randint(1, 300)))
+        if rng.random() < 0.5:  # a torn header that looks like the start of a chunk
+            garbage = struct.pack(">IQ", CHUNK_MAGIC, safe) + garbage[:rng.randint(0, 19)]
+        new = data[:cut] + garbage
+    _rewrite(path, new)
+    dropped = [victims[0].base_offset, victims[-1].end_offset] if victims else None
+    return {"file": str(path), "mode": effective, "requested_mode": mode, "size_before": len(data),
+            "size_after": len(new), "safe_offset": safe, "observed_end": observed_end,
+            "recovery_point": checkpoint.get("recovery_point"), "tear_position": cut,
+            "dropped_offsets": dropped, "chunks_past_safe": len(victims)}
+
+
+# ------------------------------------------------------------------------------------------ nemesis
+
+
+class Nemesis(threading.Thread):
+    """Runs the fault schedule against the cluster, one fault at a time.
+
+    Args:
+        schedule: the planned faults.
+        cluster: the nodes.
+        log: the fault log.
+        clock: the run clock.
+        start_at: clock time the schedule's ``at_s`` counts from (when the workloads started).
+        tear_targets: per node index, the (topic, partition) list a torn tail picks from.
+        observed_end: ``(topic, partition) -> int``, the highest offset any client observed as durable.
+        quiesce: ``(t) -> bool``, waits until no operation invoked before ``t`` is still in flight.
+        power_cut: kills lose unsynced bytes (the brokers run with ``lose_unsynced=1``), for the record.
+    """
+
+    def __init__(self, schedule: list[FaultSpec], cluster: Cluster, log: FaultLog, clock: Clock, start_at: float,
+                 tear_targets: dict[int, list[tuple[str, int]]],
+                 observed_end: Callable[[str, int], int], quiesce: Callable[[float], bool],
+                 *, power_cut: bool = False) -> None:
+        super().__init__(name="nemesis", daemon=True)
+        self.schedule = schedule
+        self.cluster = cluster
+        self.log = log
+        self.clock = clock
+        self.start_at = start_at
+        self.tear_targets = tear_targets
+        self.observed_end = observed_end
+        self.quiesce = quiesce
+        self.power_cut = power_cut
+        self.stop_event = threading.Event()
+        #: Problems that make the run invalid (a node that would not restart), as report entries.
+        self.errors: list[dict[str, Any]] = []
+        self.executed = 0
+
+    def stop(self) -> None:
+        """Ask the nemesis to stop after the current fault (a fault in progress always heals itself)."""
+        self.stop_event.set()
+
+    def run(self) -> None:
+        """Execute the schedule until it ends, :meth:`stop` is called, or a node fails to restart."""
+        for spec in self.schedule:
+            delay = self.start_at + spec.at_s - self.clock.now()
+            if delay > 0 and self.stop_event.wait(delay):
+                return
+            if self.stop_event.is_set():
+                return
+            self.execute(spec)
+            self.executed += 1
+            if self.errors:
+                return
+
+    def execute(self, spec: FaultSpec) -> None:
+        """Run one fault now."""
+        node = self.cluster.nodes[spec.node]
+        if node.state == "up" and not node.alive():
+            self.errors.append({"fault": spec.kind, "node": spec.node, "schedule_index": spec.index,
+                                "time": round(self.clock.now(), 3),
+                                "error": f"{node.name} exited on its own before fault {spec.index}",
+                                "output": node.tail(40)})
+            node.state = "down"
+        if node.state != "up":
+            active = self.log.begin(spec.kind, spec.node, {"schedule_index": spec.index})
+            self.log.end(active, {"skipped": f"{node.name} is {node.state}"}, error="skipped")
+            return
+        if spec.kind == "pause":
+            self._pause(spec)
+        elif spec.kind == "restart":
+            self._restart(spec)
+        else:
+            self._kill(spec)
+
+    def _pause(self, spec: FaultSpec) -> None:
+        node = self.cluster.nodes[spec.node]
+        active = self.log.begin("pause", spec.node, {"schedule_index": spec.index, "hold_s": spec.hold_s,
+                                                     "pid": node.pid})
+        node.pause()
+        try:
+            time.sleep(spec.hold_s)
+        finally:
+            node.resume()
+        self.log.end(active)
+
+    def _restart(self, spec: FaultSpec) -> None:
+        node = self.cluster.nodes[spec.node]
+        active = self.log.begin("restart", spec.node, {"schedule_index": spec.index, "pid": node.pid})
+        code = node.stop()
+        details: dict[str, Any] = {"exit_code": code}
+        error = self._start(node, spec, details)
+        self.log.end(active, details, error=error)
+
+    def _kill(self, spec: FaultSpec) -> None:
+        node = self.cluster.nodes[spec.node]
+        details: dict[str, Any] = {"schedule_index": spec.index, "hold_s": spec.hold_s, "pid": node.pid,
+                                   "power_cut": self.power_cut}
+        active = self.log.begin(spec.kind, spec.node, details)
+        killed_at = self.clock.now()
+        node.kill()
+        extra: dict[str, Any] = {}
+        if spec.kind == "torn-tail":
+            assert spec.tear is not None
+            extra["tear"] = self._tear(spec, killed_at)
+        time.sleep(spec.hold_s)
+        error = self._start(node, spec, extra)
+        self.log.end(active, extra, error=error)
+
+    def _tear(self, spec: FaultSpec, killed_at: float) -> dict[str, Any]:
+        assert spec.tear is not None
+        targets = self.tear_targets.get(spec.node) or []
+        if not targets:
+            return {"skipped": "node hosts no partition"}
+        topic, partition = targets[spec.tear["target"] % len(targets)]
+        if not self.quiesce(killed_at):
+            return {"skipped": "operations still in flight; the safe offset is unknown", "topic": topic,
+                    "partition": partition}
+        node = self.cluster.nodes[spec.node]
+        observed = self.observed_end(topic, partition)
+        result = tear_tail(partition_dir(node.data_dir, topic, partition), observed, spec.tear["mode"],
+                           spec.tear["seed"])
+        return {"topic": topic, "partition": partition, **result}
+
+    def _start(self, node: Any, spec: FaultSpec, details: dict[str, Any]) -> str | None:
+        started = self.clock.now()
+        try:
+            node.start()
+        except NodeStartError as exc:
+            error = f"{node.name} failed to restart after {spec.kind}: {exc}"
+            self.errors.append({"fault": spec.kind, "node": spec.node, "schedule_index": spec.index,
+                                "time": round(started, 3), "error": error,
+                                "output": exc.output[-4000:], "details": details})
+            return error
+        details["restart_s"] = round(self.clock.now() - started, 3)
+        return None
