@@ -110,6 +110,14 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("tls_handshake_timeout_ms", _I, 10_000, "ms", "A client that does not finish the TLS handshake in time is dropped.", 1),
     Setting("enable_sasl", _B, False, "bool", "Require token authentication (AUTH). Not implemented yet; must stay false."),
     Setting("shutdown_grace_ms", _I, 10_000, "ms", "How long a clean shutdown waits for in-flight requests.", 0),
+    Setting("consumer_session_timeout_ms", _I, 30_000, "ms", "A group member without a heartbeat for this long is removed and its group rebalances.", 1),
+    Setting("offsets_topic_num_partitions", _I, 1, "partitions", "Partitions of the internal __consumer_offsets topic (used only when it is created).", 1),
+    Setting("offsets_topic_segment_bytes", _I, 4 * MIB, "bytes", "Segment size of __consumer_offsets (compaction deletes whole closed segments).", 4096),
+    Setting("offsets_compaction_min_records", _I, 20_000, "records", "Compact a __consumer_offsets partition after this many appends (at least its live key count).", 1),
+    Setting("max_stream_connections", _I, 1000, "streams", "Concurrent STREAM requests; further ones get too_many_connections.", 1),
+    Setting("stream_timeout_ms", _I, 1_800_000, "ms", "Close a STREAM (reason=timeout) after this long without client activity (stream open, member heartbeat, group commit).", 1),
+    Setting("stream_keepalive_ms", _I, 3000, "ms", "Idle STREAMs get an empty keepalive frame this often; values above 3000 are capped at 3000.", 1),
+    Setting("stream_batch_wait_ms", _I, 100, "ms", "How long a woken STREAM waits for a fuller batch before sending.", 0),
 )
 
 SETTINGS_BY_NAME: Mapping[str, Setting] = {s.name: s for s in SETTINGS}
@@ -122,8 +130,8 @@ REFERENCE_KEYS_NOT_IMPLEMENTED: frozenset[str] = frozenset(
         "log_index_size_bytes", "log_min_cleanable_dirty_ratio", "log_cleanup_interval", "enabled_distribution",
         "raft_snapshot_interval_ms", "raft_snapshot_threshold", "raft_trailing_logs", "static_cluster_members",
         "enable_idempotence", "transactional_id_expiration_ms", "transaction_timeout_ms",
-        "transaction_coordinator_shards", "transaction_recovery_batch_size", "consumer_session_timeout_ms",
-        "consumer_heartbeat_check_ms", "max_stream_connections", "stream_timeout", "stream_heartbeat_interval",
+        "transaction_coordinator_shards", "transaction_recovery_batch_size",
+        "consumer_heartbeat_check_ms", "stream_timeout", "stream_heartbeat_interval",
         "sasl_users", "client_request_timeout_ms",
         "max_inflight_requests", "internal_auth_token", "internal_auth_token_next", "observation_grpc_port",
     }

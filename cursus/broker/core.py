@@ -7,6 +7,7 @@
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import functools
 import logging
 import shutil
@@ -20,7 +21,7 @@ from cursus.broker.config import BrokerConfig
 from cursus.broker.metrics import BrokerMetrics
 from cursus.broker.producer_state import SNAPSHOT_NAME, ProducerStateTable, chunk_producer_span
 from cursus.broker.replica import Replica
-from cursus.broker.topics import TopicDefinition
+from cursus.broker.topics import TopicDefinition, is_internal_topic
 from cursus.storage import (
     Completion,
     GroupCommitWriter,
@@ -65,6 +66,18 @@ class Broker:
             index_interval_bytes=config.log_index_interval_bytes,
             recovery_point_interval_ms=config.log_recovery_point_interval_ms,
         )
+        #: Broker-owned topics (``__consumer_offsets``) use small segments so compaction can free them.
+        self.internal_log_config = dataclasses.replace(
+            self.log_config, segment_bytes=min(config.log_segment_bytes, config.offsets_topic_segment_bytes))
+        from cursus.coordinator.service import GroupCoordinator
+
+        #: Consumer groups and committed offsets (ready once ``__consumer_offsets`` is replayed).
+        self.coordinator = GroupCoordinator(self)
+        #: Active STREAM requests; each has ``stop(reason)`` (see cursus.broker.handlers.stream).
+        self.streams: set[Any] = set()
+        #: Callbacks run once by :meth:`begin_shutdown`, before client connections are closed.
+        self.on_shutdown: list[Callable[[], None]] = []
+        self._shutting_down = False
 
     # -------------------------------------------------------------------------------------- lifecycle
 
@@ -88,6 +101,7 @@ class Broker:
                 for p in range(defn.partitions):
                     broker._open_replica(name, p)
                     count += 1
+            await broker.coordinator.open()
         except BaseException:
             log_dir.close()
             raise
@@ -111,7 +125,8 @@ class Broker:
     def _open_replica(self, topic: str, partition: int) -> Replica:
         directory = self.log_dir.partition_dir(topic, partition)
         directory.mkdir(parents=True, exist_ok=True)
-        plog = PartitionLog.open(directory, self.log_config, clean_shutdown=self.log_dir.clean_shutdown)
+        config = self.internal_log_config if is_internal_topic(topic) else self.log_config
+        plog = PartitionLog.open(directory, config, clean_shutdown=self.log_dir.clean_shutdown)
         replica = Replica(topic, partition, plog, self.writer, broker_id=self.broker_id)
         replica.on_hwm_change = self.metrics.observe_replica
         self.replicas[(topic, partition)] = replica
@@ -146,8 +161,26 @@ class Broker:
                 table.record(span[0], span[1], span[2], span[3], base_offset, stamp)
         return table
 
+    def begin_shutdown(self) -> None:
+        """Run the shutdown callbacks once: every active STREAM ends with ``reason=stopped``.
+
+        Call it before closing client connections (:meth:`close` calls it too, as a fallback).
+        """
+        if self._shutting_down:
+            return
+        self._shutting_down = True
+        for stream in list(self.streams):
+            stream.stop("stopped")
+        for callback in list(self.on_shutdown):
+            try:
+                callback()
+            except Exception:
+                log.exception("shutdown callback failed")
+
     async def close(self) -> None:
         """Drain the writer (every pending append fsynced), checkpoint and close every log."""
+        self.begin_shutdown()
+        await self.coordinator.close()
         await self.loop.run_in_executor(None, self.writer.close)
         for (topic, partition), replica in self.replicas.items():
             replica.log.close()
@@ -217,19 +250,35 @@ class Broker:
     # --------------------------------------------------------------------------------- topic changes
 
     async def apply_definition(self, defn: TopicDefinition) -> None:
-        """Persist ``defn`` and open any partitions it adds. Caller holds :attr:`admin_lock`."""
+        """Persist ``defn``, open any partitions it adds, then let consumer groups subscribed to it take the
+        new partitions (durably; they rebalance). Caller holds :attr:`admin_lock`."""
         await self.catalog.put(defn)
         for p in range(defn.partitions):
             if (defn.name, p) not in self.replicas:
                 self._open_replica(defn.name, p)
+        await self.coordinator.on_topic_changed(defn)
 
     async def delete_topic(self, name: str) -> bool:
         """Remove ``name``: manifest first (raises OSError, topic stays), then replicas and storage.
 
         Returns True when storage cleanup failed after the manifest commit (``cleanup_pending``); startup
         removes such orphaned folders. Caller holds :attr:`admin_lock`.
+
+        Raises:
+            BrokerError: ``topic_delete_blocked`` while a consumer group with members subscribes to the topic
+                (checked before anything changes); after the manifest commit inactive groups lose the topic
+                (one-topic groups get a tombstone, their offsets go).
         """
-        await self.catalog.remove(name)
+        self.coordinator.check_topic_deletable(name)
+        try:
+            await self.catalog.remove(name)
+        except BaseException:
+            self.coordinator.topic_delete_aborted(name)
+            raise
+        try:
+            await self.coordinator.on_topic_deleted(name)
+        except BrokerError as exc:
+            log.warning("group cleanup of deleted topic %s pending: %s", name, exc.error.code)
         replicas = [r for (topic, _), r in self.replicas.items() if topic == name]
         for replica in replicas:
             del self.replicas[(name, replica.partition)]
@@ -265,8 +314,8 @@ class Broker:
         stamp = now_ms()
         for (topic, _), replica in list(self.replicas.items()):
             defn = self.catalog.get(topic)
-            if defn is None or replica.fenced is not None:
-                continue
+            if defn is None or replica.fenced is not None or is_internal_topic(topic):
+                continue  # broker-owned topics have unlimited retention (compaction bounds them)
             retention_ms = self._retention_ms(defn)
             retention_bytes = defn.policy.retention_bytes or self.config.log_retention_bytes
             segments = replica.log.segments_info()

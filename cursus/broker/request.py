@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol
 
-from cursus.wire import Command
+from cursus.wire import Command, Status
 from cursus.wire.errors import BrokerError
 
 if TYPE_CHECKING:
@@ -75,4 +75,33 @@ class Reply:
 #: Returned by a handler whose reply is suppressed (acks=0 PUBLISH).
 NO_REPLY: Reply = Reply(b"")
 
-Handler = Callable[["Broker", Request], Awaitable[Reply | bytes]]
+
+class StreamSink(Protocol):
+    """Where a :class:`StreamReply` writes its kind-5 Stream frames (same request id and command)."""
+
+    async def send(self, status: Status, payload: bytes) -> None:
+        """Write one Stream frame and wait until the socket buffer drains (backpressure)."""
+
+    def send_now(self, status: Status, payload: bytes) -> None:
+        """Write one Stream frame without waiting (used to end a stream during shutdown)."""
+
+
+class StreamReply:
+    """A handler's answer that keeps the request open (STREAM, spec "STREAM (continuous push)").
+
+    The session stops reading requests, calls :meth:`run` with a :class:`StreamSink`, and watches the
+    socket for EOF meanwhile (which cancels :meth:`run`). :meth:`run` returns after it sent its final
+    ``STREAM_END`` frame; the session then serves the next request. :meth:`stop` ends the stream from
+    outside (broker shutdown: ``reason=stopped``) and must write the final frame synchronously.
+    """
+
+    async def run(self, sink: StreamSink) -> None:
+        """Push frames until the stream ends (subclasses implement)."""
+        raise NotImplementedError
+
+    def stop(self, reason: str) -> None:
+        """End the stream now with ``reason`` (subclasses implement; idempotent)."""
+        raise NotImplementedError
+
+
+Handler = Callable[["Broker", Request], Awaitable[Reply | bytes | StreamReply]]

@@ -14,7 +14,7 @@ import time
 
 from cursus.broker.core import Broker
 from cursus.broker.handlers import HANDLERS
-from cursus.broker.request import NO_REPLY, Reply, Request, SessionInfo
+from cursus.broker.request import NO_REPLY, Reply, Request, SessionInfo, StreamReply
 from cursus.wire import (
     HEADER_SIZE,
     INTERNAL_COMMANDS,
@@ -82,9 +82,24 @@ class Session:
         peer = writer.get_extra_info("peername")
         self.info = SessionInfo(peer=f"{peer[0]}:{peer[1]}" if isinstance(peer, tuple) else str(peer))
         self.compression: Compression | None = None
-        #: True while a request is being handled (shutdown waits for these to finish).
+        #: True while a request is being handled (shutdown waits for these to finish; an open STREAM does
+        #: not count: shutdown ends it with ``reason=stopped`` instead).
         self.busy = False
-        self.closing = False
+        self._closing = False
+        self._stream: StreamReply | None = None
+        #: Bytes read while watching a STREAM's socket that belong to the next request.
+        self._pending = b""
+
+    @property
+    def closing(self) -> bool:
+        """True once the server asked this session to stop (shutdown)."""
+        return self._closing
+
+    @closing.setter
+    def closing(self, value: bool) -> None:
+        self._closing = value
+        if value and self._stream is not None:
+            self._stream.stop("stopped")  # writes STREAM_END now, before the server closes the socket
 
     async def run(self) -> None:
         metrics = self.broker.metrics
@@ -106,7 +121,8 @@ class Session:
     # -------------------------------------------------------------------------------------- handshake
 
     async def _read_header(self, timeout_s: float | None) -> FrameHeader:
-        raw = await asyncio.wait_for(self.reader.readexactly(HEADER_SIZE), timeout_s)
+        pending, self._pending = self._pending, b""
+        raw = pending + await asyncio.wait_for(self.reader.readexactly(HEADER_SIZE - len(pending)), timeout_s)
         return decode_header(raw)
 
     async def _negotiate(self) -> bool:
@@ -143,11 +159,14 @@ class Session:
                 raise InvalidFrame(f"{header.kind.name} frame with command {header.command.name} is not a request")
             reserved = await self.budget.acquire(header.encoded_length + header.decoded_length)
             self.busy = True
+            stream = None
             try:
                 encoded = await self.reader.readexactly(header.encoded_length)
                 payload = decode_payload(header, encoded, negotiated=self.compression)
                 del encoded
                 status, body, close = await self._dispatch(header, payload)
+                if isinstance(body, StreamReply):
+                    stream, body = body, None
                 if body is not None:
                     self.writer.write(encode_frame(Kind.RESPONSE, header.command, status, header.request_id,
                                                    body, compression=self.compression))
@@ -155,11 +174,53 @@ class Session:
             finally:
                 self.busy = False
                 await self.budget.release(reserved)
+            if stream is not None:
+                await self._stream_reply(header, stream)
             if close:
                 raise _CloseConnection()
 
-    async def _dispatch(self, header: FrameHeader, payload: bytes) -> tuple[Status, bytes | None, bool]:
-        """Decode and run one request; returns (status, reply payload or None to suppress, close after)."""
+    async def _stream_reply(self, header: FrameHeader, stream: StreamReply) -> None:
+        """Drive a STREAM reply: kind-5 frames until it ends, while watching the socket.
+
+        Requests are not read meanwhile. EOF from the client cancels the stream and closes the connection;
+        any bytes from the client before the stream ended are a protocol violation (closes the connection).
+        """
+        sink = _StreamSink(self, header.command, header.request_id)
+        self._stream = stream
+        pump = asyncio.ensure_future(stream.run(sink))
+        watch = asyncio.ensure_future(self.reader.read(1))
+        try:
+            if self._closing:
+                stream.stop("stopped")
+            await asyncio.wait((pump, watch), return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            self._stream = None
+            for task in (pump, watch):
+                if not task.done():
+                    task.cancel()
+            await asyncio.gather(pump, watch, return_exceptions=True)
+        if watch.done() and not watch.cancelled():
+            try:
+                data = watch.result()
+            except (ConnectionError, OSError):
+                data = b""
+            if not data:
+                raise _CloseConnection()
+            if not pump.done() or pump.cancelled():
+                raise InvalidFrame("client sent data while a STREAM was open")
+            self._pending = data  # the stream ended first: this byte starts the next request
+        if pump.cancelled():
+            raise _CloseConnection()
+        exc = pump.exception()
+        if exc is not None:
+            if not isinstance(exc, (ConnectionError, OSError, TimeoutError)):
+                log.error("STREAM on %s failed", self.info.peer, exc_info=exc)
+            raise _CloseConnection()
+
+    async def _dispatch(self, header: FrameHeader,
+                        payload: bytes) -> tuple[Status, bytes | StreamReply | None, bool]:
+        """Decode and run one request; returns (status, reply payload, a StreamReply, or None to suppress,
+        close after)."""
         command = header.command
         metrics = self.broker.metrics
         started = time.perf_counter()
@@ -198,3 +259,27 @@ class Session:
         if isinstance(result, Reply):
             return Status.OK, result.payload, result.close
         return Status.OK, result, False
+
+
+class _StreamSink:
+    """Writes a STREAM's kind-5 frames on its session's connection (see :class:`StreamSink`)."""
+
+    def __init__(self, session: Session, command: Command, request_id: int) -> None:
+        self._writer = session.writer
+        self._command = command
+        self._request_id = request_id
+        self._compression = session.compression
+
+    def _frame(self, status: Status, payload: bytes) -> bytes:
+        return encode_frame(Kind.STREAM, self._command, status, self._request_id, payload,
+                            compression=self._compression)
+
+    async def send(self, status: Status, payload: bytes) -> None:
+        if self._writer.is_closing():
+            raise ConnectionResetError("the STREAM's connection is closed")
+        self._writer.write(self._frame(status, payload))
+        await self._writer.drain()
+
+    def send_now(self, status: Status, payload: bytes) -> None:
+        if not self._writer.is_closing():
+            self._writer.write(self._frame(status, payload))

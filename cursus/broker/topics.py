@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from cursus.broker.parsing import parse_int
 from cursus.storage.atomic import atomic_write
 from cursus.wire.errors import BrokerError
 
@@ -163,11 +164,8 @@ def _int_field(fields: Mapping[str, str], key: str, code: str, *, minimum: int) 
     raw = fields.get(key)
     if raw is None:
         return None
-    try:
-        value = int(raw, 10)
-    except ValueError:
-        value = None
-    if value is None or value < minimum:
+    value = parse_int(raw, minimum=minimum)
+    if value is None:
         if code in ("invalid_partitions", "invalid_replication_factor"):
             raise BrokerError.of(code, reason="must be a positive integer", value=raw)
         raise BrokerError.of(code, value=raw)
@@ -240,10 +238,9 @@ def apply_create(
         if min_isr_raw == "default":
             min_isr = "default"
         else:
-            try:
-                min_isr = int(min_isr_raw, 10)
-            except ValueError:
-                raise BrokerError.of("invalid_min_in_sync_replicas", value=min_isr_raw) from None
+            min_isr = parse_int(min_isr_raw, minimum=1)
+            if min_isr is None:
+                raise BrokerError.of("invalid_min_in_sync_replicas", value=min_isr_raw)
             rf_bound = max(requested_rf or 1, current.replication_factor if current else 1)
             if not 1 <= min_isr <= rf_bound:
                 raise BrokerError.of("invalid_min_in_sync_replicas", value=min_isr_raw,

@@ -7,6 +7,7 @@ import json
 
 from cursus.broker.core import Broker
 from cursus.broker.handlers.common import topic_arg
+from cursus.broker.parsing import parse_int
 from cursus.broker.request import Request
 from cursus.broker.topics import AUTH_FIELDS, definition_fields, is_internal_topic, validate_topic_name
 from cursus.wire.errors import BrokerError
@@ -52,11 +53,8 @@ async def handle_alter_topic_config(broker: Broker, req: Request) -> bytes:
         if raw == "default":
             override = None
         else:
-            try:
-                override = int(raw, 10)
-            except ValueError:
-                raise BrokerError.of("invalid_min_in_sync_replicas", value=raw) from None
-            if not 1 <= override <= defn.replication_factor:
+            override = parse_int(raw, minimum=1)
+            if override is None or override > defn.replication_factor:
                 raise BrokerError.of("invalid_min_in_sync_replicas", value=raw,
                                      reason=f"must be between 1 and the replication factor {defn.replication_factor}")
         if override != defn.min_in_sync_replicas:

@@ -53,10 +53,15 @@ async def handle_consume(broker: Broker, req: Request) -> bytes:
     max_bytes = req.int_field("max_bytes", broker.config.consume_default_max_bytes, minimum=1,
                               code="invalid_max_bytes")
     reset = req.get("autoOffsetReset") or req.get("auto_offset_reset") or "earliest"
+    committed = broker.coordinator.committed(req.get("group"), defn.name, replica.partition)
+    if committed is not None and committed > replica.leo:
+        committed = None  # stale (the log was truncated below it): never block the partition
     if req.get("offset") in (None, ""):
         offset = replica.hwm if reset == "latest" else replica.log_start_offset
+        offset = committed if committed is not None else offset
     else:
         offset = req.int_field("offset", code="invalid_offset")
+        offset = max(offset, committed) if committed is not None else offset  # decision 14
 
     if offset < replica.log_start_offset or offset > replica.leo:
         raise _out_of_range(replica, offset)
@@ -66,16 +71,27 @@ async def handle_consume(broker: Broker, req: Request) -> bytes:
             raise BrokerError.of("topic_not_found", topic=defn.name)
         if offset < replica.log_start_offset:
             raise _out_of_range(replica, offset)
+    return read_batch(replica, defn.name, offset, max_records, max_bytes)[0]
+
+
+def read_batch(replica: Replica, topic: str, offset: int, max_records: int, max_bytes: int) -> tuple[bytes, int]:
+    """One CBV2 reply batch of ``replica`` from ``offset`` up to the HWM (CONSUME and STREAM).
+
+    Returns (batch bytes, next offset); the batch holds zero records when ``offset`` is at or past the HWM.
+
+    Raises:
+        BrokerError: ``OFFSET_OUT_OF_RANGE`` when the range is no longer retained.
+    """
     if offset >= replica.hwm:
-        return encode_batch_header(defn.name, replica.partition, acks="1", record_count=0)
+        return encode_batch_header(topic, replica.partition, acks="1", record_count=0), offset
     try:
         result = replica.log.read(offset, max_offset=replica.hwm, max_records=max_records, max_bytes=max_bytes)
     except OffsetOutOfRange:
         raise _out_of_range(replica, offset) from None
     seq_start, seq_end = _seq_span(result.records, result.record_count)
-    header = encode_batch_header(defn.name, replica.partition, acks="1", seq_start=seq_start, seq_end=seq_end,
+    header = encode_batch_header(topic, replica.partition, acks="1", seq_start=seq_start, seq_end=seq_end,
                                  record_count=result.record_count)
-    return header + result.records
+    return header + result.records, result.next_offset
 
 
 def _seq_span(records: bytes, count: int) -> tuple[int, int]:

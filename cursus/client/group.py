@@ -1,0 +1,802 @@
+"""Group consumers: :class:`GroupConsumer` (blocking) and :class:`AsyncGroupConsumer` (asyncio).
+
+A group consumer shares one topic with the other members of its consumer group (spec section 6 "Consumer
+Group Protocol", "SDK Offset and Group Contract"):
+
+1. ``JOIN_GROUP`` (``SYNC_GROUP`` only when the join reply carries no assignment), then ``FETCH_OFFSET`` for
+   every assigned partition: the broker's committed offset is where reading resumes (``auto_offset_reset``
+   applies when nothing was committed: ``earliest``, ``latest``, or ``error`` via ``OFFSET_OUT_OF_RANGE``);
+2. read the assigned partitions by polling ``CONSUME`` (``mode="poll"``, through
+   :class:`~cursus.client.consumer.Consumer`) or by one ``STREAM`` per partition (``mode="stream"``, blocking
+   flavour only);
+3. commit ``lastProcessedOffset + 1``: :meth:`GroupConsumer.commit` commits everything :meth:`~GroupConsumer.poll`
+   returned so far (records returned by poll count as processed when poll is called again, or when commit is
+   called), with ``COMMIT_OFFSET`` for one partition and ``BATCH_COMMIT`` for several; ``auto_commit`` does
+   this at most every ``auto_commit_interval_s`` from poll and on close;
+4. ``HEARTBEAT`` every ``heartbeat_interval_s`` (3 s) from its own thread/task, on its own connection (a long
+   poll never delays it);
+5. on ``GEN_MISMATCH``, ``NOT_OWNER``, ``member_not_found`` or ``group_not_found`` (from a heartbeat or a
+   commit) the consumer stops reading, rejoins with its full member id, commits the processed offsets of the
+   partitions it still owns under the new generation, fetches the committed offsets of its new assignment
+   and resumes. ``on_revoked(partitions)`` runs before partitions are given up, ``on_assigned(partitions)``
+   after the new assignment is known.
+
+Delivery is at least once: a record is committed only after poll returned it and the application came back
+for more (or called commit); a consumer killed mid-batch leaves its uncommitted records to the next owner.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+import queue
+import socket
+import threading
+import time
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from cursus.client.admin import parse_list_offsets
+from cursus.client.aio import AsyncClient
+from cursus.client.connection import (
+    DEFAULT_ADDRESS,
+    Address,
+    Client,
+    Connection,
+    ConnectionOptions,
+    ok_fields,
+    options_from,
+)
+from cursus.client.consumer import AsyncConsumer, Consumer
+from cursus.client.errors import (
+    ClientClosedError,
+    CursusError,
+    OffsetOutOfRangeError,
+    ProtocolViolationError,
+    error_from_frame,
+)
+from cursus.client.records import ConsumerRecord, decode_consumed_batch
+from cursus.wire import Command, CommandPayload, ProtocolError, Status, encode_crq2
+
+__all__ = ["AsyncGroupConsumer", "GroupConsumer", "GroupMembership", "REJOIN_CODES"]
+
+log = logging.getLogger("cursus.client.group")
+
+#: Error codes that mean "this membership is over: stop, rejoin" (spec section 6, facts A6).
+REJOIN_CODES = frozenset({"GEN_MISMATCH", "NOT_OWNER", "member_not_found", "group_not_found"})
+_RESETS = ("earliest", "latest", "error")
+_MODES = ("poll", "stream")
+
+Callback = Callable[[list[int]], Any]
+
+
+def _default_client_id() -> str:
+    return f"consumer-{os.urandom(4).hex()}"
+
+
+def parse_partition_list(text: str) -> list[int]:
+    """The integers between the first ``[`` and ``]`` of ``text`` (commas or spaces; facts A6 JOIN_GROUP)."""
+    start, end = text.find("["), text.find("]")
+    if start < 0 or end < start:
+        return []
+    return sorted({int(tok) for tok in text[start + 1:end].replace(",", " ").split() if tok.strip()})
+
+
+@dataclass(slots=True)
+class GroupMembership:
+    """The group-consumer decisions without I/O: request fields, reply parsing, positions and commits.
+
+    Attributes:
+        topic, group, client_id: as configured.
+        member_id: the full id the broker gave (None before the first join).
+        generation: the current generation (0 before the first join).
+        assignment: owned partitions, sorted.
+        processed: partition -> next offset after everything handed to the application.
+        committed: partition -> the offset last committed (or fetched) for it.
+        rejoin_needed: a fencing error was seen; the next poll rejoins.
+    """
+
+    topic: str
+    group: str
+    client_id: str
+    member_id: str | None = None
+    generation: int = 0
+    assignment: tuple[int, ...] = ()
+    rejoin_needed: bool = True
+    processed: dict[int, int] = field(default_factory=dict)
+    committed: dict[int, int] = field(default_factory=dict)
+
+    def join_fields(self) -> dict[str, str]:
+        """JOIN_GROUP fields; a member that had an id asks to keep it (``generation=`` marks the resume)."""
+        fields = {"topic": self.topic, "group": self.group, "member": self.member_id or self.client_id}
+        if self.member_id is not None:
+            fields["generation"] = str(self.generation)
+        return fields
+
+    def on_join(self, reply: Mapping[str, str], raw: str) -> bool:
+        """Apply a JOIN_GROUP reply; returns True when it carried an assignment (else SYNC_GROUP)."""
+        self.member_id = reply.get("member") or self.member_id or self.client_id
+        self.generation = int(reply.get("generation", "0"))
+        if "assignments=" in raw and "[" in raw:
+            self.assignment = tuple(parse_partition_list(raw))
+            return True
+        return False
+
+    def on_sync(self, raw: str) -> None:
+        """Apply a SYNC_GROUP reply (the partitions in its first ``[...]``)."""
+        self.assignment = tuple(parse_partition_list(raw))
+
+    def member_fields(self) -> dict[str, str]:
+        """topic, group, member and generation (HEARTBEAT, commits, SYNC_GROUP)."""
+        assert self.member_id is not None
+        return {"topic": self.topic, "group": self.group, "member": self.member_id,
+                "generation": str(self.generation)}
+
+    def pending_commits(self, offsets: Mapping[int, int] | None = None) -> dict[int, int]:
+        """Offsets to commit: ``offsets`` (or every processed position) for owned partitions, minus those
+        already committed at that value."""
+        source = self.processed if offsets is None else offsets
+        owned = set(self.assignment)
+        return {p: o for p, o in sorted(source.items())
+                if p in owned and o > self.committed.get(p, -1) and o >= 0}
+
+    def commit_request(self, offsets: Mapping[int, int]) -> tuple[Command, dict[str, str]]:
+        """COMMIT_OFFSET for one partition, BATCH_COMMIT ``offsets=P<p>:<n>,...`` for several."""
+        fields = self.member_fields()
+        if len(offsets) == 1:
+            ((partition, offset),) = offsets.items()
+            return Command.COMMIT_OFFSET, {"topic": self.topic, "partition": str(partition), "group": self.group,
+                                           "offset": str(offset), "member": fields["member"],
+                                           "generation": fields["generation"]}
+        fields["offsets"] = ",".join(f"P{p}:{o}" for p, o in sorted(offsets.items()))
+        return Command.BATCH_COMMIT, fields
+
+    def on_committed(self, offsets: Mapping[int, int]) -> None:
+        """Record a successful commit."""
+        for p, o in offsets.items():
+            self.committed[p] = max(o, self.committed.get(p, -1))
+
+    @staticmethod
+    def is_rejoin_error(err: BaseException) -> bool:
+        """Whether ``err`` ends the membership (stop, rejoin)."""
+        return isinstance(err, CursusError) and err.code in REJOIN_CODES
+
+    def on_records(self, partition: int, records: list[ConsumerRecord]) -> list[ConsumerRecord]:
+        """Records handed to the application: drop any below the processed position, advance it."""
+        floor = self.processed.get(partition, -1)
+        kept = [r for r in records if r.offset >= floor]
+        if kept:
+            self.processed[partition] = kept[-1].offset + 1
+        return kept
+
+
+
+
+class GroupConsumer:
+    """Blocking group consumer: ``for record in consumer`` or :meth:`poll`, plus :meth:`commit`.
+
+    ``mode="poll"`` reads with CONSUME long polls; ``mode="stream"`` opens one STREAM per assigned
+    partition (a reader thread each) and hands their batches to :meth:`poll`.
+
+    Args:
+        topic: the topic the group reads.
+        group: the consumer group.
+        bootstrap: ``host:port`` of a broker (or a list).
+        client_id: the member id prefix sent on the first JOIN (default ``consumer-<random>``).
+        auto_commit: commit processed offsets from poll every ``auto_commit_interval_s`` and on close.
+        auto_commit_interval_s: seconds between auto-commits.
+        auto_offset_reset: ``earliest`` | ``latest`` | ``error``: where to start a partition without a
+            committed offset (0 counts as none) and what ``OFFSET_OUT_OF_RANGE`` does.
+        isolation_level: ``read_committed`` | ``read_uncommitted``.
+        batch_size: records per CONSUME reply or STREAM frame at most.
+        max_bytes: bytes per reply at most (None: broker default).
+        wait_ms: long-poll time of one CONSUME, milliseconds.
+        heartbeat_interval_s: seconds between heartbeats (the spec recommends 3).
+        on_assigned, on_revoked: callbacks with the list of partitions gained / given up.
+        options: :class:`~cursus.client.connection.ConnectionOptions`; keyword arguments override fields.
+
+    Errors: ``FencingError`` from :meth:`commit` when the membership ended (the consumer rejoins on the next
+    poll); ``ConflictError`` (``offset_regression``) for a commit below the committed offset;
+    ``OffsetOutOfRangeError`` with ``auto_offset_reset="error"``; ``BrokerUnavailableError`` when the broker
+    stays unreachable; ``ClientClosedError`` after close.
+    """
+
+    def __init__(self, topic: str, group: str, bootstrap: str | Sequence[str] = DEFAULT_ADDRESS, *,
+                 client_id: str | None = None, mode: str = "poll", auto_commit: bool = True,
+                 auto_commit_interval_s: float = 5.0, auto_offset_reset: str = "earliest",
+                 isolation_level: str = "read_committed", batch_size: int = 1000, max_bytes: int | None = None,
+                 wait_ms: int = 500, heartbeat_interval_s: float = 3.0, on_assigned: Callback | None = None,
+                 on_revoked: Callback | None = None, options: ConnectionOptions | None = None,
+                 **overrides: Any) -> None:
+        if mode not in _MODES:
+            raise ValueError(f"mode must be one of {_MODES}")
+        if auto_offset_reset not in _RESETS:
+            raise ValueError(f"auto_offset_reset must be one of {_RESETS}")
+        if heartbeat_interval_s <= 0 or auto_commit_interval_s < 0:
+            raise ValueError("heartbeat_interval_s must be positive and auto_commit_interval_s >= 0")
+        self.topic = topic
+        self.group = group
+        self.mode = mode
+        self.auto_commit = auto_commit
+        self.auto_commit_interval_s = auto_commit_interval_s
+        self.auto_offset_reset = auto_offset_reset
+        self.isolation_level = isolation_level
+        self.batch_size = batch_size
+        self.max_bytes = max_bytes
+        self.wait_ms = wait_ms
+        self.heartbeat_interval_s = heartbeat_interval_s
+        self.on_assigned = on_assigned
+        self.on_revoked = on_revoked
+        self.options = options_from(options, overrides)
+        self.state = GroupMembership(topic, group, client_id or _default_client_id())
+        self._client = Client(bootstrap, self.options)
+        self._heartbeat_client = Client(bootstrap, self.options)
+        self._consumer = Consumer(topic, bootstrap, auto_offset_reset=auto_offset_reset,
+                                  isolation_level=isolation_level, batch_size=batch_size, max_bytes=max_bytes,
+                                  wait_ms=wait_ms, group=group, options=self.options)
+        self._coordinator: Address | None = None
+        self._lock = threading.RLock()
+        self._closed = threading.Event()
+        self._heartbeat_thread: threading.Thread | None = None
+        self._last_commit = time.monotonic()
+        self._streams: list[_PartitionStreamThread] = []
+        self._stream_queue: queue.Queue[tuple[int, int, list[ConsumerRecord]]] = queue.Queue()
+        self._assignment_token = 0
+
+    # ---------------------------------------------------------------------------------------- properties
+
+    @property
+    def member_id(self) -> str | None:
+        """The broker-assigned member id (None before the first join)."""
+        return self.state.member_id
+
+    @property
+    def generation(self) -> int:
+        """The current generation (0 before the first join)."""
+        return self.state.generation
+
+    def assignment(self) -> list[int]:
+        """The partitions this member owns now (joins first if needed)."""
+        self._ensure_member()
+        return list(self.state.assignment)
+
+    def positions(self) -> dict[int, int]:
+        """Next offset per owned partition after everything poll returned."""
+        return {p: self.state.processed[p] for p in self.state.assignment if p in self.state.processed}
+
+    # ---------------------------------------------------------------------------------------- group
+
+    def _coordinator_address(self) -> Address | None:
+        if self._coordinator is None:
+            try:
+                fields = ok_fields(self._client.call(Command.FIND_COORDINATOR, {"group": self.group}))
+                self._coordinator = (fields["host"], int(fields["port"]))
+            except (CursusError, KeyError, ValueError):
+                self._coordinator = self._client.bootstrap[0]  # tolerated: use the bootstrap broker
+        return self._coordinator
+
+    def _call(self, command: Command, fields: Mapping[str, str], *, client: Client | None = None,
+              retry_safe: bool = True) -> Any:
+        return (client or self._client).call(command, fields, address=self._coordinator_address(),
+                                             retry_safe=retry_safe)
+
+    def _ensure_member(self) -> None:
+        if self._closed.is_set():
+            raise ClientClosedError("group consumer is closed")
+        with self._lock:
+            if not self.state.rejoin_needed:
+                return
+            self._rejoin()
+        if self._heartbeat_thread is None:
+            self._heartbeat_thread = threading.Thread(target=self._heartbeat_loop, daemon=True,
+                                                      name=f"cursus-heartbeat-{self.group}")
+            self._heartbeat_thread.start()
+
+    def _rejoin(self) -> None:
+        """JOIN (+SYNC), commit still-owned work, FETCH_OFFSET, restart reading. Lock held."""
+        state = self.state
+        old = set(state.assignment) if state.member_id is not None else set()
+        self._stop_streams()
+        frame = self._call(Command.JOIN_GROUP, state.join_fields())
+        raw = frame.payload.decode("utf-8", "replace")
+        if not state.on_join(ok_fields(frame), raw):
+            sync = self._call(Command.SYNC_GROUP, state.member_fields())
+            state.on_sync(sync.payload.decode("utf-8", "replace"))
+        new = set(state.assignment)
+        if old - new and self.on_revoked is not None:
+            self.on_revoked(sorted(old - new))
+        for p in old - new:
+            state.processed.pop(p, None)
+            state.committed.pop(p, None)
+        kept = {p: o for p, o in state.processed.items() if p in new}
+        if kept:
+            try:
+                self._commit_now(kept)  # processed work of partitions we still own, under the new generation
+            except CursusError as exc:
+                log.info("commit of still-owned partitions after rejoin failed: %s", exc)
+                if state.is_rejoin_error(exc):
+                    return  # the generation moved on again: the next poll rejoins
+        positions = {}
+        latest: dict[int, int] | None = None
+        for p in sorted(new):
+            offset = int(ok_fields(self._call(Command.FETCH_OFFSET, {"topic": self.topic, "partition": str(p),
+                                                                     "group": self.group}))["offset"])
+            if offset == 0 and self.auto_offset_reset == "latest":
+                if latest is None:
+                    bounds = parse_list_offsets(ok_fields(self._client.call(Command.LIST_OFFSETS,
+                                                                            {"topic": self.topic})))
+                    latest = {b.partition: b.latest for b in bounds}
+                offset = latest.get(p, 0)
+            positions[p] = max(offset, state.processed.get(p, 0)) if p in kept else offset
+            state.committed[p] = max(state.committed.get(p, -1), offset)
+            state.processed[p] = positions[p]
+        self._assignment_token += 1
+        if self.mode == "poll":
+            self._consumer.assign(positions)
+        else:
+            self._start_streams(positions)
+        state.rejoin_needed = False
+        log.info("group %s member %s generation %d assignment %s", self.group, state.member_id, state.generation,
+                 sorted(new))
+        if self.on_assigned is not None:
+            self.on_assigned(sorted(new))
+
+    def _heartbeat_loop(self) -> None:
+        while not self._closed.wait(self.heartbeat_interval_s):
+            with self._lock:
+                if self.state.rejoin_needed or self.state.member_id is None:
+                    continue
+                fields = self.state.member_fields()
+            try:
+                self._call(Command.HEARTBEAT, fields, client=self._heartbeat_client)
+            except CursusError as exc:
+                if self.state.is_rejoin_error(exc):
+                    with self._lock:
+                        if fields["generation"] == str(self.state.generation):
+                            log.info("group %s: %s; rejoining", self.group, exc.code)
+                            self.state.rejoin_needed = True
+                elif not self._closed.is_set():
+                    log.debug("heartbeat failed: %s", exc)
+
+    # ---------------------------------------------------------------------------------------- reading
+
+    def poll(self, timeout_s: float | None = None) -> list[ConsumerRecord]:
+        """Records from one owned partition (offset order), ``[]`` if none arrive in ``timeout_s`` seconds
+        (default: one long poll of ``wait_ms``). Rejoins first when the membership ended, and auto-commits
+        the records previous polls returned when the interval passed."""
+        self._ensure_member()
+        if self.auto_commit and time.monotonic() - self._last_commit >= self.auto_commit_interval_s:
+            self._auto_commit()
+        budget_s = self.wait_ms / 1000.0 if timeout_s is None else timeout_s
+        if self.mode == "stream":
+            return self._poll_streams(budget_s)
+        if not self.state.assignment:
+            self._closed.wait(budget_s)  # nothing owned: wait for a rebalance (the heartbeat notices)
+            return []
+        token = self._assignment_token
+        records = self._consumer.poll(budget_s)
+        with self._lock:
+            if token != self._assignment_token or not records or records[0].partition not in self.state.assignment:
+                return []
+            return self.state.on_records(records[0].partition, records)
+
+    def _poll_streams(self, budget_s: float) -> list[ConsumerRecord]:
+        deadline = time.monotonic() + budget_s
+        while True:
+            remaining = deadline - time.monotonic()
+            if remaining <= 0 or self.state.rejoin_needed:
+                return []
+            try:
+                token, partition, records = self._stream_queue.get(timeout=remaining)
+            except queue.Empty:
+                return []
+            with self._lock:
+                if token != self._assignment_token or partition not in self.state.assignment:
+                    continue
+                kept = self.state.on_records(partition, records)
+            if kept:
+                return kept
+
+    def records(self, *, max_records: int | None = None, idle_timeout_s: float | None = None) -> Iterator[ConsumerRecord]:
+        """Iterate records (forever, or until ``max_records`` or ``idle_timeout_s`` without records)."""
+        count = 0
+        idle_since = time.monotonic()
+        while not self._closed.is_set():
+            batch = self.poll()
+            if batch:
+                idle_since = time.monotonic()
+            elif idle_timeout_s is not None and time.monotonic() - idle_since >= idle_timeout_s:
+                return
+            for record in batch:
+                yield record
+                count += 1
+                if max_records is not None and count >= max_records:
+                    return
+
+    def __iter__(self) -> Iterator[ConsumerRecord]:
+        return self.records()
+
+    # ---------------------------------------------------------------------------------------- commits
+
+    def commit(self, offsets: Mapping[int, int] | None = None) -> dict[int, int]:
+        """Commit next offsets (default: everything poll returned so far) of owned partitions; returns what
+        was committed. Durable on the broker when this returns.
+
+        Raises:
+            FencingError: the membership ended (the next poll rejoins); nothing was committed.
+            ConflictError: ``offset_regression``.
+        """
+        self._ensure_member()
+        with self._lock:
+            return self._commit_now(self.state.pending_commits(offsets))
+
+    def _commit_now(self, offsets: Mapping[int, int]) -> dict[int, int]:
+        pending = self.state.pending_commits(offsets)
+        if not pending:
+            return {}
+        command, fields = self.state.commit_request(pending)
+        try:
+            self._call(command, fields)
+        except CursusError as exc:
+            if self.state.is_rejoin_error(exc):
+                self.state.rejoin_needed = True
+            raise
+        self.state.on_committed(pending)
+        self._last_commit = time.monotonic()
+        return pending
+
+    def _auto_commit(self) -> None:
+        self._last_commit = time.monotonic()
+        try:
+            with self._lock:
+                self._commit_now(self.state.pending_commits())
+        except CursusError as exc:
+            log.info("auto-commit failed: %s", exc)
+
+    # ---------------------------------------------------------------------------------------- streams
+
+    def _start_streams(self, positions: Mapping[int, int]) -> None:
+        for partition, offset in positions.items():
+            thread = _PartitionStreamThread(self, partition, offset, self._assignment_token)
+            self._streams.append(thread)
+            thread.start()
+
+    def _stop_streams(self) -> None:
+        threads, self._streams = self._streams, []
+        for thread in threads:
+            thread.stop()
+        for thread in threads:
+            thread.join(timeout=10)
+        while True:
+            try:
+                self._stream_queue.get_nowait()
+            except queue.Empty:
+                break
+
+    # ---------------------------------------------------------------------------------------- close
+
+    def close(self) -> None:
+        """Auto-commit (if enabled), leave the group, stop threads and close connections (idempotent)."""
+        if self._closed.is_set():
+            return
+        with self._lock:
+            if self.auto_commit and self.state.member_id is not None and not self.state.rejoin_needed:
+                with contextlib.suppress(CursusError):
+                    self._commit_now(self.state.pending_commits())
+            self._closed.set()
+            self._stop_streams()
+            if self.state.member_id is not None:
+                with contextlib.suppress(CursusError):
+                    self._call(Command.LEAVE_GROUP, {"topic": self.topic, "group": self.group,
+                                                     "member": self.state.member_id}, retry_safe=False)
+        if self._heartbeat_thread is not None:
+            self._heartbeat_thread.join(timeout=10)
+        self._consumer.close()
+        self._client.close()
+        self._heartbeat_client.close()
+
+    def __enter__(self) -> GroupConsumer:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+class _PartitionStreamThread(threading.Thread):
+    """Reads one partition with STREAM and queues its batches; reconnects and resumes after STREAM_END or a
+    lost connection (from its last offset), applies ``auto_offset_reset`` on ``offset_out_of_range``."""
+
+    def __init__(self, owner: GroupConsumer, partition: int, offset: int, token: int) -> None:
+        super().__init__(daemon=True, name=f"cursus-stream-{owner.topic}-{partition}")
+        self.owner = owner
+        self.partition = partition
+        self.offset = offset
+        self.token = token
+        self._halt = threading.Event()
+        self._conn: Connection | None = None
+
+    def stop(self) -> None:
+        """Ask the thread to end; unblocks its socket read."""
+        self._halt.set()
+        conn = self._conn
+        if conn is not None:
+            with contextlib.suppress(OSError):
+                conn.sock.shutdown(socket.SHUT_RDWR)
+
+    def _fields(self) -> dict[str, str]:
+        owner = self.owner
+        fields = {"topic": owner.topic, "partition": str(self.partition), "group": owner.group,
+                  "member": owner.state.member_id or "", "offset": str(self.offset),
+                  "batch": str(owner.batch_size), "isolation": owner.isolation_level}
+        if owner.max_bytes is not None:
+            fields["max_bytes"] = str(owner.max_bytes)
+        return fields
+
+    def run(self) -> None:
+        """Stream until stopped, reconnecting with backoff after failures."""
+        backoff = self.owner.options.backoff
+        attempt = 0
+        while not self._halt.is_set():
+            try:
+                self._stream_once()
+                attempt = 0
+            except OffsetOutOfRangeError as exc:
+                if self.owner.auto_offset_reset == "error":
+                    log.error("stream of %s/%d: %s", self.owner.topic, self.partition, exc)
+                    return
+                target = exc.earliest if self.owner.auto_offset_reset == "earliest" else exc.latest
+                self.offset = target if target is not None else self.offset
+            except (OSError, ProtocolError, CursusError) as exc:
+                if self._halt.is_set():
+                    return
+                log.debug("stream of %s/%d: %s; reconnecting", self.owner.topic, self.partition, exc)
+                self._halt.wait(backoff.delay_s(attempt))
+                attempt = min(attempt + 1, 16)
+
+    def _stream_once(self) -> None:
+        owner = self.owner
+        address = owner._consumer.metadata().leader_address(self.partition) or owner._client.bootstrap[0]
+        conn = owner.options.connect(address)
+        self._conn = conn
+        try:
+            if self._halt.is_set():
+                return
+            payload = encode_crq2(CommandPayload((), self._fields()))
+            for frame in conn.stream(Command.STREAM, payload):
+                if self._halt.is_set():
+                    return
+                if frame.status == Status.ERROR:
+                    raise error_from_frame(frame)
+                data = frame.payload
+                if not data:
+                    continue  # keepalive
+                if data.startswith(b"STREAM_CONTROL"):
+                    self._on_control(data.decode("utf-8", "replace"))
+                    return
+                try:
+                    _, _, records = decode_consumed_batch(data)
+                except Exception as exc:
+                    raise ProtocolViolationError(f"undecodable STREAM batch: {exc}") from None
+                records = [r for r in records if r.offset >= self.offset]
+                if records:
+                    self.offset = records[-1].offset + 1
+                    owner._stream_queue.put((self.token, self.partition, records))
+        finally:
+            self._conn = None
+            conn.close()
+
+    def _on_control(self, text: str) -> None:
+        fields = dict(tok.split("=", 1) for tok in text.split()[1:] if "=" in tok)
+        if fields.get("reason") == "offset_out_of_range":
+            raise OffsetOutOfRangeError("OFFSET_OUT_OF_RANGE", text, fields={
+                k: fields[k] for k in ("requested", "earliest", "latest") if k in fields})
+        if fields.get("offset", "").isdigit():
+            self.offset = max(self.offset, int(fields["offset"]))
+        if fields.get("reason") in ("stopped", "removed", "error", "timeout"):
+            self._halt.wait(0.5)  # facts A6: the client reconnects after 0.5 s
+
+
+class AsyncGroupConsumer:
+    """asyncio group consumer (``mode="poll"`` only): ``await poll()`` and ``await commit()``; same protocol
+    and semantics as :class:`GroupConsumer`, heartbeats on a task.
+
+    Args:
+        topic: the topic the group reads.
+        group: the consumer group.
+        bootstrap: ``host:port`` of a broker (or a list).
+        client_id: the member id prefix sent on the first JOIN (default ``consumer-<random>``).
+        auto_commit: commit processed offsets from poll every ``auto_commit_interval_s`` and on close.
+        auto_commit_interval_s: seconds between auto-commits.
+        auto_offset_reset: ``earliest`` | ``latest`` | ``error``: where to start a partition without a
+            committed offset (0 counts as none) and what ``OFFSET_OUT_OF_RANGE`` does.
+        isolation_level: ``read_committed`` | ``read_uncommitted``.
+        batch_size: records per CONSUME reply or STREAM frame at most.
+        max_bytes: bytes per reply at most (None: broker default).
+        wait_ms: long-poll time of one CONSUME, milliseconds.
+        heartbeat_interval_s: seconds between heartbeats (the spec recommends 3).
+        on_assigned, on_revoked: callbacks with the list of partitions gained / given up.
+        options: :class:`~cursus.client.connection.ConnectionOptions`; keyword arguments override fields.
+
+    Errors: ``FencingError`` from :meth:`commit` when the membership ended (the consumer rejoins on the next
+    poll); ``ConflictError`` (``offset_regression``) for a commit below the committed offset;
+    ``OffsetOutOfRangeError`` with ``auto_offset_reset="error"``; ``BrokerUnavailableError`` when the broker
+    stays unreachable; ``ClientClosedError`` after close.
+    """
+
+    def __init__(self, topic: str, group: str, bootstrap: str | Sequence[str] = DEFAULT_ADDRESS, *,
+                 client_id: str | None = None, auto_commit: bool = True, auto_commit_interval_s: float = 5.0,
+                 auto_offset_reset: str = "earliest", isolation_level: str = "read_committed",
+                 batch_size: int = 1000, max_bytes: int | None = None, wait_ms: int = 500,
+                 heartbeat_interval_s: float = 3.0, on_assigned: Callback | None = None,
+                 on_revoked: Callback | None = None, options: ConnectionOptions | None = None,
+                 **overrides: Any) -> None:
+        if auto_offset_reset not in _RESETS:
+            raise ValueError(f"auto_offset_reset must be one of {_RESETS}")
+        self.topic = topic
+        self.group = group
+        self.auto_commit = auto_commit
+        self.auto_commit_interval_s = auto_commit_interval_s
+        self.auto_offset_reset = auto_offset_reset
+        self.wait_ms = wait_ms
+        self.heartbeat_interval_s = heartbeat_interval_s
+        self.on_assigned = on_assigned
+        self.on_revoked = on_revoked
+        self.options = options_from(options, overrides)
+        self.state = GroupMembership(topic, group, client_id or _default_client_id())
+        self._client = AsyncClient(bootstrap, self.options)
+        self._heartbeat_client = AsyncClient(bootstrap, self.options)
+        self._consumer = AsyncConsumer(topic, bootstrap, auto_offset_reset=auto_offset_reset,
+                                       isolation_level=isolation_level, batch_size=batch_size,
+                                       max_bytes=max_bytes, wait_ms=wait_ms, group=group, options=self.options)
+        self._lock = asyncio.Lock()
+        self._closed = False
+        self._heartbeat_task: asyncio.Task[None] | None = None
+        self._last_commit = time.monotonic()
+        self._assignment_token = 0
+
+    @property
+    def member_id(self) -> str | None:
+        """The broker-assigned member id (None before the first join)."""
+        return self.state.member_id
+
+    @property
+    def generation(self) -> int:
+        """The current generation."""
+        return self.state.generation
+
+    async def assignment(self) -> list[int]:
+        """Owned partitions (joins first if needed)."""
+        await self._ensure_member()
+        return list(self.state.assignment)
+
+    async def _ensure_member(self) -> None:
+        if self._closed:
+            raise ClientClosedError("group consumer is closed")
+        async with self._lock:
+            if self.state.rejoin_needed:
+                await self._rejoin()
+        if self._heartbeat_task is None:
+            self._heartbeat_task = asyncio.get_running_loop().create_task(self._heartbeat_loop())
+
+    async def _rejoin(self) -> None:
+        state = self.state
+        old = set(state.assignment) if state.member_id is not None else set()
+        frame = await self._client.call(Command.JOIN_GROUP, state.join_fields(), retry_safe=True)
+        raw = frame.payload.decode("utf-8", "replace")
+        if not state.on_join(ok_fields(frame), raw):
+            sync = await self._client.call(Command.SYNC_GROUP, state.member_fields(), retry_safe=True)
+            state.on_sync(sync.payload.decode("utf-8", "replace"))
+        new = set(state.assignment)
+        if old - new and self.on_revoked is not None:
+            self.on_revoked(sorted(old - new))
+        for p in old - new:
+            state.processed.pop(p, None)
+            state.committed.pop(p, None)
+        kept = {p: o for p, o in state.processed.items() if p in new}
+        if kept:
+            try:
+                await self._commit_now(kept)
+            except CursusError as exc:
+                log.info("commit of still-owned partitions after rejoin failed: %s", exc)
+                if state.is_rejoin_error(exc):
+                    return
+        positions = {}
+        for p in sorted(new):
+            frame = await self._client.call(Command.FETCH_OFFSET, {"topic": self.topic, "partition": str(p),
+                                                                   "group": self.group})
+            offset = int(ok_fields(frame)["offset"])
+            if offset == 0 and self.auto_offset_reset == "latest":
+                bounds = parse_list_offsets(ok_fields(await self._client.call(
+                    Command.LIST_OFFSETS, {"topic": self.topic, "partition": str(p)})))
+                offset = bounds[0].latest if bounds else 0
+            positions[p] = max(offset, state.processed.get(p, 0)) if p in kept else offset
+            state.committed[p] = max(state.committed.get(p, -1), offset)
+            state.processed[p] = positions[p]
+        self._assignment_token += 1
+        await self._consumer.assign(positions)
+        state.rejoin_needed = False
+        if self.on_assigned is not None:
+            self.on_assigned(sorted(new))
+
+    async def _heartbeat_loop(self) -> None:
+        while not self._closed:
+            await asyncio.sleep(self.heartbeat_interval_s)
+            if self.state.rejoin_needed or self.state.member_id is None:
+                continue
+            fields = self.state.member_fields()
+            try:
+                await self._heartbeat_client.call(Command.HEARTBEAT, fields, retry_safe=True)
+            except CursusError as exc:
+                if self.state.is_rejoin_error(exc) and fields["generation"] == str(self.state.generation):
+                    self.state.rejoin_needed = True
+
+    async def poll(self, timeout_s: float | None = None) -> list[ConsumerRecord]:
+        """See :meth:`GroupConsumer.poll`."""
+        await self._ensure_member()
+        if self.auto_commit and time.monotonic() - self._last_commit >= self.auto_commit_interval_s:
+            self._last_commit = time.monotonic()
+            try:
+                await self.commit()
+            except CursusError as exc:
+                log.info("auto-commit failed: %s", exc)
+        budget_s = self.wait_ms / 1000.0 if timeout_s is None else timeout_s
+        if not self.state.assignment:
+            await asyncio.sleep(budget_s)
+            return []
+        token = self._assignment_token
+        records = await self._consumer.poll(budget_s)
+        if token != self._assignment_token or not records or records[0].partition not in self.state.assignment:
+            return []
+        return self.state.on_records(records[0].partition, records)
+
+    async def commit(self, offsets: Mapping[int, int] | None = None) -> dict[int, int]:
+        """See :meth:`GroupConsumer.commit`."""
+        await self._ensure_member()
+        async with self._lock:
+            return await self._commit_now(self.state.pending_commits(offsets))
+
+    async def _commit_now(self, offsets: Mapping[int, int]) -> dict[int, int]:
+        pending = self.state.pending_commits(offsets)
+        if not pending:
+            return {}
+        command, fields = self.state.commit_request(pending)
+        try:
+            await self._client.call(command, fields, retry_safe=True)
+        except CursusError as exc:
+            if self.state.is_rejoin_error(exc):
+                self.state.rejoin_needed = True
+            raise
+        self.state.on_committed(pending)
+        self._last_commit = time.monotonic()
+        return pending
+
+    async def close(self) -> None:
+        """Auto-commit (if enabled), leave the group, close connections (idempotent)."""
+        if self._closed:
+            return
+        if self.auto_commit and self.state.member_id is not None and not self.state.rejoin_needed:
+            with contextlib.suppress(CursusError):
+                async with self._lock:
+                    await self._commit_now(self.state.pending_commits())
+        self._closed = True
+        if self._heartbeat_task is not None:
+            self._heartbeat_task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._heartbeat_task
+        if self.state.member_id is not None:
+            with contextlib.suppress(CursusError):
+                await self._client.call(Command.LEAVE_GROUP, {"topic": self.topic, "group": self.group,
+                                                              "member": self.state.member_id}, retry_safe=False)
+        await self._consumer.close()
+        await self._client.close()
+        await self._heartbeat_client.close()
+
+    async def __aenter__(self) -> AsyncGroupConsumer:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()
+

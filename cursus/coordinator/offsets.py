@@ -1,0 +1,627 @@
+"""Durable group records in the internal ``__consumer_offsets`` topic: codec, replay, compaction.
+
+Spec "Offset Lifecycle and Delivery Guarantees", facts B6 ``__consumer_offsets``, decision 16 (formats ours).
+
+**Records.** Each record is an ordinary CBV2 record of the internal topic whose ``key`` names what it is about
+and whose payload is one compact JSON object (field order as listed; decoding is strict: unknown or missing
+fields, wrong types, an unknown ``version``/``type`` pair or a key that does not match the content are
+errors):
+
+==============================  =====================================================================
+``group_registration`` v1       ``version, type, group, topic, partition_count, epoch, revision, timestamp``
+``group_registration`` v2       ``version, type, group, topics | topic_pattern, topic_partitions[{topic,
+                                partition}], epoch, revision, timestamp`` (multi-topic subscriptions)
+``group_tombstone`` v1          ``version, type, group, epoch, revision, timestamp``
+``offset_snapshot`` v1          ``version, type, group, topic, epoch, revision, offsets[{partition,
+                                offset}], timestamp``: every committed offset of one (group, topic)
+``group_membership`` v4         ``version, type, group, epoch, revision, generation, members[{member_id,
+                                assignments[{topic, partition}]}], timestamp``
+==============================  =====================================================================
+
+Keys: ``cursus.consumer.group.v1.<sha256(group)>`` (registrations and tombstones),
+``cursus.consumer.offset.v1.<sha256(group \\0 topic)>`` and ``cursus.consumer.member.v1.<sha256(group)>``.
+``epoch`` is the group's lifecycle epoch (a name registered again after a tombstone gets a higher one);
+``revision`` counts the writes of one key. Per key, (epoch, revision) never decreases along the log.
+
+**Placement.** Every record of a group goes to partition ``crc32(group) % partitions`` of the internal topic,
+so one partition's log order is the group's history, and an acknowledged write implies that every earlier
+write of the same group is durable too.
+
+**Replay** reads every retained record before the broker reports ready and keeps the latest record per key.
+A record that fails to decode, an unversioned record, a key whose (epoch, revision) goes backwards, offsets or
+a membership newer than their group's registration, or a record in the wrong partition raise
+:class:`ReplayError`: the broker stays not ready rather than start with an empty coordinator.
+
+**Compaction** keeps replay bounded: once a partition has received more records since its last compaction
+than ``max(compaction_min_records, live keys)``, the latest record of every live key is appended again (one
+copy, in the same log order, synchronously with the in-memory state), and once that copy is durable every
+closed segment below it is deleted. Replaying any suffix of the log that starts at or before the copy gives
+the same state, so a crash at any point is safe. The topic has unlimited retention (the broker's retention
+task skips internal topics).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import datetime
+import hashlib
+import json
+import logging
+import re
+import time
+import zlib
+from collections.abc import Awaitable, Callable, Iterator, Mapping
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+from cursus.broker.replica import Replica
+from cursus.broker.topics import validate_topic_name
+from cursus.coordinator.groups import Selector, TopicPartition
+from cursus.wire import Record, decode_record, encode_record, iter_record_slices
+
+log = logging.getLogger("cursus.coordinator")
+
+OFFSETS_TOPIC = "__consumer_offsets"
+#: Records per appended chunk when compaction copies many keys.
+COPY_CHUNK_RECORDS = 2048
+_TIMESTAMP = re.compile(r"[0-9]{4}-[0-9]{2}-[0-9]{2}T[0-9]{2}:[0-9]{2}:[0-9]{2}(\.[0-9]{1,9})?Z")
+
+
+class RecordError(ValueError):
+    """A ``__consumer_offsets`` record that does not decode (strict codec)."""
+
+
+class ReplayError(RuntimeError):
+    """Replay found a corrupt, unversioned or inconsistent record; ``str()`` is the not-ready reason."""
+
+
+# ----------------------------------------------------------------------------------------------- keys
+
+
+def _digest(identity: str) -> str:
+    return hashlib.sha256(identity.encode("utf-8")).hexdigest()
+
+
+def group_key(group: str) -> str:
+    """Key of a group's registration/tombstone records."""
+    return f"cursus.consumer.group.v1.{_digest(group)}"
+
+
+def member_key(group: str) -> str:
+    """Key of a group's membership records."""
+    return f"cursus.consumer.member.v1.{_digest(group)}"
+
+
+def offset_key(group: str, topic: str) -> str:
+    """Key of the offset snapshots of one (group, topic)."""
+    return f"cursus.consumer.offset.v1.{_digest(group + chr(0) + topic)}"
+
+
+def partition_for(group: str, partitions: int) -> int:
+    """The internal-topic partition holding every record of ``group`` (stable across restarts)."""
+    return zlib.crc32(group.encode("utf-8")) % partitions
+
+
+def utc_timestamp(now_ms: int) -> str:
+    """RFC 3339 UTC with milliseconds, e.g. ``2026-01-01T00:00:00.000Z``."""
+    moment = datetime.datetime.fromtimestamp(now_ms / 1000.0, tz=datetime.UTC)
+    return moment.isoformat(timespec="milliseconds").replace("+00:00", "Z")
+
+
+# ----------------------------------------------------------------------------------------------- records
+
+
+@dataclass(frozen=True, slots=True)
+class RegistrationRecord:
+    """A group's subscription and its expansion ``{topic: partition count}`` (v1 single topic, v2 otherwise)."""
+
+    group: str
+    selector: Selector
+    partitions: Mapping[str, int]
+    epoch: int
+    revision: int = 0
+    timestamp: str = ""
+
+    @property
+    def key(self) -> str:
+        """The record key."""
+        return group_key(self.group)
+
+
+@dataclass(frozen=True, slots=True)
+class TombstoneRecord:
+    """The group (name) was deleted at ``epoch``; its offsets and membership are gone."""
+
+    group: str
+    epoch: int
+    revision: int = 0
+    timestamp: str = ""
+
+    @property
+    def key(self) -> str:
+        """The record key."""
+        return group_key(self.group)
+
+
+@dataclass(frozen=True, slots=True)
+class OffsetSnapshotRecord:
+    """Every committed next offset of one (group, topic) ``{partition: offset}`` (empty: none)."""
+
+    group: str
+    topic: str
+    offsets: Mapping[int, int]
+    epoch: int
+    revision: int = 0
+    timestamp: str = ""
+
+    @property
+    def key(self) -> str:
+        """The record key."""
+        return offset_key(self.group, self.topic)
+
+
+@dataclass(frozen=True, slots=True)
+class MembershipRecord:
+    """A generation: its number and each member's assignment."""
+
+    group: str
+    generation: int
+    members: tuple[tuple[str, tuple[TopicPartition, ...]], ...]
+    epoch: int
+    revision: int = 0
+    timestamp: str = ""
+
+    @property
+    def key(self) -> str:
+        """The record key."""
+        return member_key(self.group)
+
+
+GroupRecord = RegistrationRecord | TombstoneRecord | OffsetSnapshotRecord | MembershipRecord
+
+
+def encode_payload(rec: GroupRecord) -> bytes:
+    """The record's JSON payload (compact, fields in the documented order)."""
+    doc: dict[str, Any]
+    if isinstance(rec, RegistrationRecord):
+        if rec.selector.kind == "topic":
+            topic = rec.selector.topics[0]
+            doc = {"version": 1, "type": "group_registration", "group": rec.group, "topic": topic,
+                   "partition_count": rec.partitions.get(topic, 0)}
+        else:
+            doc = {"version": 2, "type": "group_registration", "group": rec.group}
+            if rec.selector.kind == "topics":
+                doc["topics"] = list(rec.selector.topics)
+            else:
+                doc["topic_pattern"] = rec.selector.pattern
+            doc["topic_partitions"] = [{"topic": t, "partition": p}
+                                       for t in sorted(rec.partitions) for p in range(rec.partitions[t])]
+    elif isinstance(rec, TombstoneRecord):
+        doc = {"version": 1, "type": "group_tombstone", "group": rec.group}
+    elif isinstance(rec, OffsetSnapshotRecord):
+        doc = {"version": 1, "type": "offset_snapshot", "group": rec.group, "topic": rec.topic}
+    else:
+        doc = {"version": 4, "type": "group_membership", "group": rec.group}
+    doc["epoch"] = rec.epoch
+    doc["revision"] = rec.revision
+    if isinstance(rec, OffsetSnapshotRecord):
+        doc["offsets"] = [{"partition": p, "offset": o} for p, o in sorted(rec.offsets.items())]
+    elif isinstance(rec, MembershipRecord):
+        doc["generation"] = rec.generation
+        doc["members"] = [{"member_id": m, "assignments": [{"topic": t, "partition": p} for t, p in tps]}
+                          for m, tps in rec.members]
+    doc["timestamp"] = rec.timestamp
+    return json.dumps(doc, separators=(",", ":"), ensure_ascii=False).encode("utf-8")
+
+
+_COMMON = ("version", "type", "group", "epoch", "revision", "timestamp")
+_SHAPES: dict[tuple[int, str], frozenset[str]] = {
+    (1, "group_registration"): frozenset(_COMMON + ("topic", "partition_count")),
+    (2, "group_registration"): frozenset(_COMMON + ("topic_partitions",)),
+    (1, "group_tombstone"): frozenset(_COMMON),
+    (1, "offset_snapshot"): frozenset(_COMMON + ("topic", "offsets")),
+    (4, "group_membership"): frozenset(_COMMON + ("generation", "members")),
+}
+
+
+def _int(doc: Mapping[str, Any], key: str, minimum: int) -> int:
+    value = doc.get(key)
+    if type(value) is not int or value < minimum:
+        raise RecordError(f"field {key} must be an integer >= {minimum}, got {value!r}")
+    return value
+
+
+def _str(doc: Mapping[str, Any], key: str) -> str:
+    value = doc.get(key)
+    if not isinstance(value, str) or not value:
+        raise RecordError(f"field {key} must be a non-empty string, got {value!r}")
+    return value
+
+
+def _topic(value: Any) -> str:
+    try:
+        return validate_topic_name(value if isinstance(value, str) else None, command="REPLAY")
+    except Exception:
+        raise RecordError(f"invalid topic name {value!r}") from None
+
+
+def _pairs(items: Any, what: str) -> list[TopicPartition]:
+    if not isinstance(items, list):
+        raise RecordError(f"{what} must be a list")
+    pairs = []
+    for item in items:
+        if not isinstance(item, dict) or set(item) != {"topic", "partition"}:
+            raise RecordError(f"{what} entries must be {{topic, partition}}")
+        pairs.append((_topic(item["topic"]), _int(item, "partition", 0)))
+    if len(set(pairs)) != len(pairs):
+        raise RecordError(f"{what} repeats a topic-partition")
+    return pairs
+
+
+def decode_payload(key: str | None, payload: bytes) -> GroupRecord:
+    """Strictly decode one record; ``key`` must be the key its content implies.
+
+    Raises:
+        RecordError: not JSON, unversioned, unknown version/type, unknown or missing fields, bad values, or a
+            key mismatch.
+    """
+    try:
+        doc = json.loads(payload)
+    except (UnicodeDecodeError, ValueError) as exc:
+        raise RecordError(f"payload is not JSON: {exc}") from None
+    if not isinstance(doc, dict):
+        raise RecordError("payload is not a JSON object")
+    if "version" not in doc:
+        raise RecordError("unversioned record")
+    version, kind = doc.get("version"), doc.get("type")
+    if type(version) is not int or not isinstance(kind, str):
+        raise RecordError(f"bad version/type {version!r}/{kind!r}")
+    shape = _SHAPES.get((version, kind))
+    if shape is None:
+        raise RecordError(f"unsupported record version {version} type {kind}")
+    extra = set(doc) - shape
+    if version == 2 and kind == "group_registration":
+        selectors = extra & {"topics", "topic_pattern"}
+        if len(selectors) != 1:
+            raise RecordError("a v2 registration needs exactly one of topics, topic_pattern")
+        extra -= selectors
+    if extra or shape - set(doc):
+        raise RecordError(f"unexpected fields {sorted(extra)} / missing fields {sorted(shape - set(doc))}")
+    group = _str(doc, "group")
+    epoch = _int(doc, "epoch", 1)
+    revision = _int(doc, "revision", 1)
+    timestamp = _str(doc, "timestamp")
+    if not _TIMESTAMP.fullmatch(timestamp):
+        raise RecordError(f"timestamp {timestamp!r} is not RFC 3339 UTC")
+    rec: GroupRecord
+    if kind == "group_registration":
+        if version == 1:
+            topic = _topic(doc["topic"])
+            count = _int(doc, "partition_count", 0)
+            rec = RegistrationRecord(group, Selector.single(topic), {topic: count} if count else {}, epoch,
+                                     revision, timestamp)
+        else:
+            counts: dict[str, int] = {}
+            for topic, partition in _pairs(doc["topic_partitions"], "topic_partitions"):
+                if partition != counts.get(topic, 0):
+                    raise RecordError("topic_partitions must list partitions 0..n-1 in order")
+                counts[topic] = partition + 1
+            if "topics" in doc:
+                topics = doc["topics"]
+                if not isinstance(topics, list) or not topics:
+                    raise RecordError("topics must be a non-empty list")
+                selector = Selector("topics", tuple(_topic(t) for t in topics))
+            else:
+                selector = Selector("pattern", (), _str(doc, "topic_pattern"))
+            if any(not selector.matches(t) for t in counts):
+                raise RecordError("topic_partitions names a topic outside the subscription")
+            rec = RegistrationRecord(group, selector, dict(sorted(counts.items())), epoch, revision, timestamp)
+    elif kind == "group_tombstone":
+        rec = TombstoneRecord(group, epoch, revision, timestamp)
+    elif kind == "offset_snapshot":
+        entries = doc["offsets"]
+        if not isinstance(entries, list):
+            raise RecordError("offsets must be a list")
+        offsets: dict[int, int] = {}
+        for entry in entries:
+            if not isinstance(entry, dict) or set(entry) != {"partition", "offset"}:
+                raise RecordError("offsets entries must be {partition, offset}")
+            partition = _int(entry, "partition", 0)
+            if partition in offsets:
+                raise RecordError("offsets repeats a partition")
+            offsets[partition] = _int(entry, "offset", 0)
+        rec = OffsetSnapshotRecord(group, _topic(doc["topic"]), offsets, epoch, revision, timestamp)
+    else:
+        raw_members = doc["members"]
+        if not isinstance(raw_members, list):
+            raise RecordError("members must be a list")
+        members = []
+        for entry in raw_members:
+            if not isinstance(entry, dict) or set(entry) != {"member_id", "assignments"}:
+                raise RecordError("members entries must be {member_id, assignments}")
+            members.append((_str(entry, "member_id"), tuple(_pairs(entry["assignments"], "assignments"))))
+        if len({m for m, _ in members}) != len(members):
+            raise RecordError("members repeats a member id")
+        rec = MembershipRecord(group, _int(doc, "generation", 0), tuple(members), epoch, revision, timestamp)
+    if key is not None and key != rec.key:
+        raise RecordError(f"record key {key!r} does not match its {kind} content")
+    return rec
+
+
+# ----------------------------------------------------------------------------------------------- replay
+
+
+@dataclass(slots=True)
+class Snapshot:
+    """The coordinator state replay produced: the latest live record of every key.
+
+    Attributes:
+        registrations: group -> its registration.
+        tombstones: group -> its tombstone (names deleted and not registered again).
+        offsets: (group, topic) -> its latest snapshot (same epoch as the group's registration).
+        memberships: group -> its latest membership (same epoch).
+        records: records replayed; stale: records dropped as superseded by a newer epoch.
+    """
+
+    registrations: dict[str, RegistrationRecord] = field(default_factory=dict)
+    tombstones: dict[str, TombstoneRecord] = field(default_factory=dict)
+    offsets: dict[tuple[str, str], OffsetSnapshotRecord] = field(default_factory=dict)
+    memberships: dict[str, MembershipRecord] = field(default_factory=dict)
+    records: int = 0
+    stale: int = 0
+
+
+class _Latest:
+    """Latest record (and its payload bytes) per key of one internal partition, with ordering checks."""
+
+    def __init__(self, partition: int) -> None:
+        self.partition = partition
+        self.records: dict[str, tuple[GroupRecord, bytes]] = {}
+
+    def put(self, rec: GroupRecord, payload: bytes, where: str) -> None:
+        """Keep ``rec`` as its key's latest. Raises ReplayError when it would go backwards."""
+        previous = self.records.get(rec.key)
+        if previous is not None:
+            old = previous[0]
+            if (rec.epoch, rec.revision) < (old.epoch, old.revision):
+                raise ReplayError(f"{where}: {type(rec).__name__} of group {rec.group!r} goes back from epoch "
+                                  f"{old.epoch} revision {old.revision} to epoch {rec.epoch} revision {rec.revision}")
+            if (rec.epoch, rec.revision) == (old.epoch, old.revision) and payload != previous[1]:
+                raise ReplayError(f"{where}: two different records of group {rec.group!r} share epoch "
+                                  f"{rec.epoch} revision {rec.revision}")
+            if isinstance(rec, RegistrationRecord) and isinstance(old, TombstoneRecord) and rec.epoch <= old.epoch:
+                raise ReplayError(f"{where}: group {rec.group!r} registered again at epoch {rec.epoch} after its "
+                                  f"tombstone at epoch {old.epoch}")
+        self.records[rec.key] = (rec, payload)
+
+
+def build_snapshot(latest: list[_Latest]) -> Snapshot:
+    """Cross-check the latest records of every partition and drop superseded ones (mutates ``latest``).
+
+    Raises:
+        ReplayError: offsets or a membership without a registration, or newer than it.
+    """
+    snap = Snapshot()
+    for part in latest:
+        for rec, _ in part.records.values():
+            if isinstance(rec, RegistrationRecord):
+                snap.registrations[rec.group] = rec
+            elif isinstance(rec, TombstoneRecord):
+                snap.tombstones[rec.group] = rec
+    for part in latest:
+        for key, (rec, _) in list(part.records.items()):
+            if isinstance(rec, (RegistrationRecord, TombstoneRecord)):
+                continue
+            reg = snap.registrations.get(rec.group)
+            tomb = snap.tombstones.get(rec.group)
+            if reg is not None and reg.epoch == rec.epoch:
+                if isinstance(rec, OffsetSnapshotRecord):
+                    snap.offsets[(rec.group, rec.topic)] = rec
+                else:
+                    assert isinstance(rec, MembershipRecord)
+                    snap.memberships[rec.group] = rec
+                continue
+            epochs = [r.epoch for r in (reg, tomb) if r is not None]
+            if not epochs:
+                raise ReplayError(f"{type(rec).__name__} of group {rec.group!r} has no registration")
+            newest_epoch = max(epochs)
+            if rec.epoch > newest_epoch:
+                raise ReplayError(f"{type(rec).__name__} of group {rec.group!r} has epoch {rec.epoch}, newer than "
+                                  f"its registration (epoch {newest_epoch})")
+            del part.records[key]  # superseded by a tombstone or a newer registration
+            snap.stale += 1
+    return snap
+
+
+# ----------------------------------------------------------------------------------------------- store
+
+
+class OffsetStore:
+    """The ``__consumer_offsets`` partitions as the coordinator's durable log.
+
+    Args:
+        replicas: the internal topic's replicas, index = partition.
+        run_blocking: runs a callable on the storage writer thread and awaits it (segment deletion).
+        compaction_min_records: appended records (per partition) that trigger compaction at the least.
+        clock_ms: wall clock in ms (record timestamps).
+
+    Thread-safety: event-loop thread only. :meth:`write` appends synchronously, so records reach the log in
+    the order the coordinator changed its state.
+    """
+
+    def __init__(self, replicas: list[Replica], run_blocking: Callable[[Callable[[], Any]], Awaitable[Any]],
+                 *, compaction_min_records: int = 20_000,
+                 clock_ms: Callable[[], int] = lambda: int(time.time() * 1000)) -> None:
+        assert replicas, "the internal topic needs at least one partition"
+        self.replicas = replicas
+        self.run_blocking = run_blocking
+        self.compaction_min_records = compaction_min_records
+        self.clock_ms = clock_ms
+        self._latest = [_Latest(p) for p in range(len(replicas))]
+        self._since_compaction = [0] * len(replicas)
+        self._compacting: set[int] = set()
+        self._tasks: set[asyncio.Task[None]] = set()
+        #: Completed compactions (for tests and logs).
+        self.compactions = 0
+
+    @property
+    def partitions(self) -> int:
+        """Partitions of the internal topic."""
+        return len(self.replicas)
+
+    def partition_of(self, group: str) -> int:
+        """The partition holding ``group``'s records."""
+        return partition_for(group, len(self.replicas))
+
+    # ------------------------------------------------------------------------------------------ replay
+
+    def replay(self) -> Snapshot:
+        """Read every retained record of every partition (up to its durable end) into the latest-record maps.
+
+        Raises:
+            ReplayError: see the module docstring; the message is the broker's not-ready reason.
+        """
+        records = 0
+        for p, replica in enumerate(self.replicas):
+            latest = self._latest[p]
+            count = 0
+            for offset, key, payload in self._iter_records(replica):
+                where = f"{OFFSETS_TOPIC}/{p} offset {offset}"
+                try:
+                    rec = decode_payload(key, payload)
+                except RecordError as exc:
+                    raise ReplayError(f"{where}: {exc}") from None
+                if partition_for(rec.group, len(self.replicas)) != p:
+                    raise ReplayError(f"{where}: record of group {rec.group!r} is in the wrong partition")
+                latest.put(rec, payload, where)
+                count += 1
+            records += count
+            self._since_compaction[p] = max(0, count - len(latest.records))
+        snap = build_snapshot(self._latest)
+        snap.records = records
+        return snap
+
+    @staticmethod
+    def _iter_records(replica: Replica) -> Iterator[tuple[int, str | None, bytes]]:
+        """(offset, key, payload) of every durable record below the HWM."""
+        plog = replica.log
+        end = replica.hwm
+        try:
+            for base, count, body in plog.iter_chunks(plog.log_start_offset):
+                if base >= end:
+                    return
+                for index, raw in enumerate(iter_record_slices(body, count)):
+                    if base + index >= end:
+                        return
+                    record = decode_record(raw)
+                    yield record.offset, record.key, record.payload
+        except ReplayError:
+            raise
+        except Exception as exc:  # CorruptLogError, InvalidFrame, OSError: all mean "cannot trust this"
+            raise ReplayError(f"{OFFSETS_TOPIC}/{replica.partition}: unreadable: {exc}") from None
+
+    # ------------------------------------------------------------------------------------------ writes
+
+    def latest(self, key: str, group: str) -> GroupRecord | None:
+        """The latest record of ``key`` (in ``group``'s partition), or None."""
+        entry = self._latest[self.partition_of(group)].records.get(key)
+        return entry[0] if entry is not None else None
+
+    def check_writable(self, group: str) -> Replica:
+        """The replica holding ``group``; raises ``storage_unavailable`` if it is fenced."""
+        replica = self.replicas[self.partition_of(group)]
+        replica.check_writable()
+        return replica
+
+    def write(self, group: str, records: list[GroupRecord]) -> tuple[Replica, int]:
+        """Append ``records`` (all of ``group``) now, as one chunk; returns (replica, end offset).
+
+        Each record gets the next revision of its key and the current timestamp. The caller awaits
+        ``replica.wait_hwm(end)`` before acknowledging. Superseded keys are forgotten: a tombstone drops the
+        group's offset and membership keys.
+
+        Raises:
+            BrokerError: ``storage_unavailable`` when the partition is fenced (nothing is appended).
+        """
+        p = self.partition_of(group)
+        replica = self.check_writable(group)
+        latest = self._latest[p]
+        stamp = self.clock_ms()
+        timestamp = utc_timestamp(stamp)
+        staged: list[tuple[GroupRecord, bytes]] = []
+        revisions: dict[str, int] = {}
+        for rec in records:
+            assert rec.group == group
+            previous = latest.records.get(rec.key)
+            last = revisions.get(rec.key, previous[0].revision if previous is not None else 0)
+            revisions[rec.key] = last + 1
+            rec = replace(rec, revision=last + 1, timestamp=timestamp)
+            staged.append((rec, encode_payload(rec)))
+        base = replica.leo
+        body = _chunk(p, base, [(rec.key, payload) for rec, payload in staged], stamp)
+        replica.append(body, len(staged))
+        for rec, payload in staged:
+            if isinstance(rec, TombstoneRecord):
+                for key, (old, _) in list(latest.records.items()):
+                    if old.group == group and key != rec.key:
+                        del latest.records[key]
+            latest.records[rec.key] = (rec, payload)
+        self._since_compaction[p] += len(staged)
+        self._maybe_compact(p)
+        return replica, base + len(staged)
+
+    # -------------------------------------------------------------------------------------- compaction
+
+    def _maybe_compact(self, p: int) -> None:
+        if p in self._compacting:
+            return
+        if self._since_compaction[p] < max(self.compaction_min_records, len(self._latest[p].records)):
+            return
+        self._compacting.add(p)
+        task = asyncio.get_running_loop().create_task(self._compact(p))
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    async def _compact(self, p: int) -> None:
+        replica = self.replicas[p]
+        try:
+            live = list(self._latest[p].records.items())
+            base = replica.leo
+            stamp = self.clock_ms()
+            end = base
+            for start in range(0, len(live), COPY_CHUNK_RECORDS):
+                part = [(key, payload) for key, (_, payload) in live[start:start + COPY_CHUNK_RECORDS]]
+                replica.append(_chunk(p, end, part, stamp), len(part))
+                end += len(part)
+            self._since_compaction[p] = 0
+            await replica.wait_hwm(end)
+            plog = replica.log
+            deleted = await self.run_blocking(lambda: plog.delete_segments_before(base))
+            self.compactions += 1
+            log.info("compacted %s/%d: %d live keys copied at offset %d, %s segments deleted, log start %d",
+                     OFFSETS_TOPIC, p, len(live), base, deleted, replica.log_start_offset)
+        except Exception:
+            log.exception("compaction of %s/%d failed", OFFSETS_TOPIC, p)
+        finally:
+            self._compacting.discard(p)
+
+    async def close(self) -> None:
+        """Wait for running compactions (their copies are already queued)."""
+        if self._tasks:
+            await asyncio.gather(*list(self._tasks), return_exceptions=True)
+
+    def stats(self) -> dict[str, int]:
+        """Live keys and records since the last compaction, summed over partitions."""
+        return {"live_keys": sum(len(part.records) for part in self._latest),
+                "records_since_compaction": sum(self._since_compaction), "compactions": self.compactions}
+
+
+def _chunk(partition: int, base_offset: int, entries: list[tuple[str, bytes]], stamp_ms: int) -> bytes:
+    """A records section of CBV2 records (key, JSON payload) with offsets from ``base_offset``."""
+    parts = []
+    for index, (key, payload) in enumerate(entries):
+        encoded = encode_record(Record(topic=OFFSETS_TOPIC, partition=partition, payload=payload,
+                                       offset=base_offset + index, timestamp=stamp_ms, key=key))
+        parts.append(len(encoded).to_bytes(4, "big"))
+        parts.append(encoded)
+    return b"".join(parts)

@@ -1,0 +1,243 @@
+"""The pure consumer-group state machine (cursus.coordinator.groups): membership, generations, assignment,
+session expiry and commit fencing, plus a hypothesis state machine over random operation sequences."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+from hypothesis import strategies as st
+from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, rule
+
+from cursus.coordinator.groups import (
+    FULL_MEMBER_ID,
+    GroupTable,
+    Selector,
+    assign_round_robin,
+    expansion_for,
+    validate_group_name,
+)
+from cursus.wire.errors import BrokerError
+
+TIMEOUT = 1000
+
+
+def code_of(exc_info: pytest.ExceptionInfo[BrokerError]) -> str:
+    return exc_info.value.error.code
+
+
+def table_with(group: str = "g", partitions: int = 6) -> GroupTable:
+    table = GroupTable(TIMEOUT, rng=random.Random(7))
+    table.register(group, Selector.single("t"), {"t": partitions}, 0)
+    return table
+
+
+def test_round_robin_is_deterministic_complete_and_balanced():
+    tps = [("t", p) for p in range(7)] + [("u", 0)]
+    first = assign_round_robin(["b", "a", "c"], tps)
+    assert first == assign_round_robin(["c", "a", "b"], list(reversed(tps)))
+    owned = [tp for parts in first.values() for tp in parts]
+    assert sorted(owned) == sorted(tps) and len(owned) == len(set(owned))
+    sizes = [len(v) for v in first.values()]
+    assert max(sizes) - min(sizes) <= 1
+    assert first["a"][0] == ("t", 0)  # members sorted by id, partitions sorted by (topic, partition)
+    assert assign_round_robin([], tps) == {}
+
+
+def test_join_suffix_rejoin_and_resume():
+    table = table_with()
+    first = table.join("g", "c1", 0)
+    assert FULL_MEMBER_ID.fullmatch(first.member_id) and first.member_id.startswith("c1-")
+    assert first.rebalanced and first.group.generation == 1
+    assert first.group.partitions_of(first.member_id, "t") == [0, 1, 2, 3, 4, 5]
+    again = table.join("g", first.member_id, 10)  # a current member rejoining keeps its id, no rebalance
+    assert (again.member_id, again.rebalanced, again.group.generation) == (first.member_id, False, 1)
+    second = table.join("g", "c2", 20)
+    assert second.group.generation == 2 and second.member_id != first.member_id
+    assert sorted(second.group.partitions_of(first.member_id, "t") + second.group.partitions_of(second.member_id, "t")) \
+        == list(range(6))
+    # an expired member resuming with its full id and generation= keeps the id
+    table.leave("g", second.member_id, None, 30)
+    resumed = table.join("g", second.member_id, 40, generation=2)
+    assert resumed.resumed and resumed.member_id == second.member_id and resumed.group.generation == 4
+
+
+def test_join_checks_group_and_topic():
+    table = table_with()
+    with pytest.raises(BrokerError) as err:
+        table.join("nope", "c", 0)
+    assert code_of(err) == "group_not_found"
+    with pytest.raises(BrokerError) as err:
+        table.join("g", "c", 0, topic="other")
+    assert code_of(err) == "topic_not_assigned_to_group"
+
+
+def test_heartbeat_sync_leave_fencing():
+    table = table_with()
+    a = table.join("g", "a", 0).member_id
+    b = table.join("g", "b", 0).member_id
+    assert table.heartbeat("g", a, None, 5).generation == 2
+    with pytest.raises(BrokerError) as err:
+        table.heartbeat("g", a, 1, 5)
+    assert code_of(err) == "GEN_MISMATCH" and err.value.error.fields["current"] == "2"
+    with pytest.raises(BrokerError) as err:
+        table.heartbeat("g", "ghost-0001", None, 5)
+    assert code_of(err) == "member_not_found"
+    with pytest.raises(BrokerError) as err:
+        table.sync("g", b, 1, 5)
+    assert code_of(err) == "GEN_MISMATCH"
+    assert table.sync("g", b, 2, 5).assignment
+    table.leave("g", b, None, 6)
+    group = table.get("g")
+    assert group.generation == 3 and list(group.members) == [a] and len(group.owners) == 6
+
+
+def test_session_expiry_is_data():
+    table = table_with()
+    a = table.join("g", "a", 0).member_id
+    b = table.join("g", "b", 100).member_id
+    assert table.next_deadline_ms() == TIMEOUT
+    table.heartbeat("g", a, None, 900)
+    assert table.next_deadline_ms() == 100 + TIMEOUT  # b is now the earliest
+    assert table.expire(1099) == []
+    expired = table.expire(1100)
+    assert [(g.name, ids) for g, ids in expired] == [("g", [b])]
+    group = table.get("g")
+    assert group.generation == 3 and set(group.owners.values()) == {a}
+    assert table.next_deadline_ms() == 900 + TIMEOUT
+    table.expire(1900)
+    assert table.get("g").state == "Empty" and table.next_deadline_ms() is None and not table.get("g").owners
+
+
+def test_commit_checks_in_order():
+    table = table_with(partitions=4)
+    a = table.join("g", "a", 0).member_id
+    b = table.join("g", "b", 0).member_id
+    group = table.get("g")
+    a_parts, b_parts = group.partitions_of(a, "t"), group.partitions_of(b, "t")
+
+    def fails(code: str, **kwargs):
+        args = dict(name="g", topic="t", member_id=a, generation=2, offsets={a_parts[0]: 5})
+        args.update(kwargs)
+        with pytest.raises(BrokerError) as err:
+            table.check_commit(**args)
+        assert code_of(err) == code, err.value.error.render()
+
+    fails("group_not_found", name="other")
+    fails("topic_not_assigned_to_group", topic="u")
+    fails("partition_not_found", offsets={9: 1})
+    fails("member_not_found", member_id="ghost-0000")
+    fails("GEN_MISMATCH", generation=1)
+    fails("NOT_OWNER", offsets={a_parts[0]: 5, b_parts[0]: 5})
+    g, changed = table.check_commit("g", "t", a, 2, {a_parts[0]: 5})
+    table.apply_commit(g, "t", changed, 1)
+    assert changed == {a_parts[0]: 5} and g.committed("t", a_parts[0]) == 5
+    assert table.check_commit("g", "t", a, 2, {a_parts[0]: 5})[1] == {}  # same value: idempotent
+    fails("offset_regression", offsets={a_parts[0]: 4})
+
+
+def test_expansion_change_rebalances_and_drops_old_offsets():
+    table = GroupTable(TIMEOUT)
+    table.register("g", Selector("pattern", (), "orders-*"), {"orders-a": 2}, 0)
+    m = table.join("g", "m", 0).member_id
+    group = table.get("g")
+    group.offsets[("orders-a", 0)] = 3
+    assert table.set_expansion(group, expansion_for(group.selector, {"orders-a": 2, "orders-b": 1, "x": 5}), 1)
+    assert group.generation == 2 and group.partitions == {"orders-a": 2, "orders-b": 1}
+    assert group.members[m].assignment == (("orders-a", 0), ("orders-a", 1), ("orders-b", 0))
+    assert not table.set_expansion(group, {"orders-a": 2, "orders-b": 1}, 2)
+    table.set_expansion(group, {"orders-b": 1}, 3)
+    assert group.offsets == {} and group.generation == 3
+
+
+def test_selector_parsing():
+    assert Selector.parse(topic="t", topics=None, pattern=None, command="X") == Selector.single("t")
+    assert Selector.parse(topic=None, topics="a,b,a", pattern=None, command="X").topics == ("a", "b")
+    pattern = Selector.parse(topic=None, topics=None, pattern="ev-*", command="X")
+    assert pattern.matches("ev-1") and not pattern.matches("__ev-1") and not pattern.matches("x")
+    for kwargs in ({}, {"topic": "a", "pattern": "b*"}):
+        with pytest.raises(BrokerError) as err:
+            Selector.parse(**{"topic": None, "topics": None, "pattern": None, **kwargs}, command="X")
+        assert code_of(err) == "invalid_subscription"
+    with pytest.raises(BrokerError) as err:
+        validate_group_name("bad name", command="X")
+    assert code_of(err) == "invalid_payload"
+
+
+def test_tombstone_then_new_epoch():
+    table = table_with()
+    assert table.get("g").epoch == 1
+    assert table.tombstone("g") == 1
+    group, created = table.register("g", Selector.single("t"), {"t": 1}, 0)
+    assert created and group.epoch == 2
+
+
+class GroupMachine(RuleBasedStateMachine):
+    """Random joins, leaves, heartbeats, expiry and partition changes never break the invariants."""
+
+    @initialize()
+    def setup(self):
+        self.table = GroupTable(TIMEOUT, rng=random.Random(1))
+        self.table.register("g", Selector.single("t"), {"t": 5}, 0)
+        self.now = 0
+        self.last_generation = 0
+
+    @rule(client=st.sampled_from(["a", "b", "c", "d"]))
+    def join_new(self, client):
+        self.table.join("g", client, self.now)
+
+    @rule(data=st.data())
+    def rejoin_existing(self, data):
+        members = list(self.table.get("g").members)
+        if members:
+            before = self.table.get("g").generation
+            result = self.table.join("g", data.draw(st.sampled_from(members)), self.now)
+            assert not result.rebalanced and result.group.generation == before
+
+    @rule(data=st.data())
+    def leave(self, data):
+        members = list(self.table.get("g").members)
+        if members:
+            self.table.leave("g", data.draw(st.sampled_from(members)), None, self.now)
+
+    @rule(data=st.data())
+    def heartbeat(self, data):
+        members = list(self.table.get("g").members)
+        if members:
+            self.table.heartbeat("g", data.draw(st.sampled_from(members)), None, self.now)
+
+    @rule(ms=st.integers(0, 2 * TIMEOUT))
+    def advance(self, ms):
+        self.now += ms
+        deadline = self.table.next_deadline_ms()
+        expired = self.table.expire(self.now)
+        if deadline is not None and deadline <= self.now:
+            assert expired
+        for member in self.table.get("g").members.values():
+            assert member.deadline_ms > self.now
+
+    @rule(extra=st.integers(1, 3))
+    def add_partitions(self, extra):
+        group = self.table.get("g")
+        self.table.set_expansion(group, {"t": group.partitions["t"] + extra}, self.now)
+
+    @invariant()
+    def one_owner_per_partition_and_deterministic(self):
+        if not hasattr(self, "table"):
+            return
+        group = self.table.get("g")
+        assert group.generation >= self.last_generation
+        self.last_generation = group.generation
+        owned = [tp for m in group.members.values() for tp in m.assignment]
+        assert len(owned) == len(set(owned))
+        if group.members:
+            assert sorted(owned) == group.topic_partitions()
+            assert {tp: m for tp, m in group.owners.items()} == \
+                {tp: mid for mid, m in group.members.items() for tp in m.assignment}
+            expected = assign_round_robin(group.members, group.topic_partitions())
+            assert {mid: m.assignment for mid, m in group.members.items()} == expected
+        else:
+            assert not group.owners
+
+
+TestGroupMachine = GroupMachine.TestCase
