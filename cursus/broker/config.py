@@ -102,6 +102,8 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("default_replication_factor", _I, 1, "replicas", "Replication factor for topics created without one (standalone records 1).", 1),
     Setting("default_partitions", _I, 4, "partitions", "Partition count for topics created without one.", 1),
     Setting("log_cleanup_policy", _S, "delete", "policy", "Broker default cleanup policy for new topics.", choices=("delete",)),
+    Setting("consume_max_bytes_limit", _I, 16 * MIB, "bytes", "Upper bound on a CONSUME/STREAM reply's records (caps max_bytes; must stay below the 64 MiB frame limit).", 1),
+    Setting("client_request_timeout_ms", _I, 30_000, "ms", "Deadline for receiving a request's payload once its header arrived, and for writing a reply; a connection that misses it is closed.", 1),
     Setting("consume_default_max_bytes", _I, 1 * MIB, "bytes", "CONSUME reply byte limit when the request gives no max_bytes.", 1),
     Setting("use_tls", _B, False, "bool", "Serve the client listener over TLS (1.2 minimum)."),
     Setting("tls_cert_path", _S, "", "path", "PEM certificate chain of the client listener."),
@@ -132,7 +134,7 @@ REFERENCE_KEYS_NOT_IMPLEMENTED: frozenset[str] = frozenset(
         "enable_idempotence", "transactional_id_expiration_ms", "transaction_timeout_ms",
         "transaction_coordinator_shards", "transaction_recovery_batch_size",
         "consumer_heartbeat_check_ms", "stream_timeout", "stream_heartbeat_interval",
-        "sasl_users", "client_request_timeout_ms",
+        "sasl_users",
         "max_inflight_requests", "internal_auth_token", "internal_auth_token_next", "observation_grpc_port",
     }
 )
@@ -221,6 +223,8 @@ def load_config(
         if key not in SETTINGS_BY_NAME:
             raise ConfigError(f"unknown config key {key}")
         values[key] = SETTINGS_BY_NAME[key].coerce(raw)
+    if values["consume_max_bytes_limit"] > 48 * MIB:
+        raise ConfigError("invalid value for consume_max_bytes_limit: at most 48 MiB, so replies fit a 64 MiB frame")
     if values["enable_sasl"]:
         raise ConfigError("invalid value for enable_sasl: token authentication is not implemented yet")
     return BrokerConfig(values=values, warnings=tuple(warnings))

@@ -6,6 +6,7 @@ from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Protocol
 
+from cursus.broker.parsing import I64_MAX, I64_MIN, parse_int
 from cursus.wire import Command, Status
 from cursus.wire.errors import BrokerError
 
@@ -47,19 +48,21 @@ class Request:
             raise BrokerError.of(code or f"missing_{key}", command=self.command.name)
         return value
 
-    def int_field(self, key: str, default: int | None = None, *, minimum: int | None = None,
-                  code: str | None = None) -> int:
-        """Parse an integer field; raises ``invalid_<key>`` (or ``code``) / ``missing_<key>``."""
+    def int_field(self, key: str, default: int | None = None, *, minimum: int = I64_MIN,
+                  maximum: int = I64_MAX, code: str | None = None) -> int:
+        """Parse a plain ASCII integer field within ``[minimum, maximum]`` (default: the i64 range).
+
+        Raises:
+            BrokerError: ``missing_<key>`` when absent without a default; ``invalid_<key>`` (or ``code``)
+                when malformed or out of range.
+        """
         raw = self.fields.get(key)
         if raw is None or raw == "":
             if default is None:
                 raise BrokerError.of(f"missing_{key}", command=self.command.name)
             return default
-        try:
-            value = int(raw, 10)
-        except ValueError:
-            raise BrokerError.of(code or f"invalid_{key}", command=self.command.name, value=raw) from None
-        if minimum is not None and value < minimum:
+        value = parse_int(raw, minimum=minimum, maximum=maximum)
+        if value is None:
             raise BrokerError.of(code or f"invalid_{key}", command=self.command.name, value=raw)
         return value
 

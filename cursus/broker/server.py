@@ -87,6 +87,10 @@ class BrokerServer:
         if self._stopping.is_set():
             writer.close()
             return
+        task = asyncio.current_task()
+        if task is not None:
+            self._tasks.add(task)
+            task.add_done_callback(self._tasks.discard)
         async with self._connection_slots:
             session = Session(self.broker, reader, writer, self._budget)
             self.sessions.add(session)
@@ -94,6 +98,10 @@ class BrokerServer:
             self.metrics.connections_active.inc()
             try:
                 await session.run()
+            except asyncio.CancelledError:
+                # Shutdown cancels connections that outlived the grace period. This is the outermost frame of
+                # the connection's task, and asyncio's stream callback would log a cancelled task as an error.
+                pass
             finally:
                 self.sessions.discard(session)
                 self.metrics.connections_active.dec()
@@ -136,12 +144,21 @@ class BrokerServer:
         self._stopping.set()
         if self._client_server is not None:
             self._client_server.close()
+        if self.broker is not None:
+            self.broker.begin_shutdown()  # active STREAMs end with reason=stopped
+        for session in list(self.sessions):
+            session.abort_long_poll()  # read-only waits end now rather than after wait_ms
         deadline = time.monotonic() + self.config.shutdown_grace_ms / 1000.0
         while any(s.busy for s in self.sessions) and time.monotonic() < deadline:
-            await asyncio.sleep(0.01)
+            await asyncio.sleep(0.01)  # bounded by shutdown_grace_ms
         for session in list(self.sessions):
             session.closing = True
             session.writer.close()
+        tasks = [t for t in self._tasks if not t.done()]
+        for task in tasks:
+            task.cancel("broker shutting down")
+        if tasks:
+            await asyncio.wait(tasks, timeout=5)
         if self.broker is not None:
             await self.broker.close()
         if self._health_server is not None:

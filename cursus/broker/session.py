@@ -1,8 +1,8 @@
 """One client connection: negotiation, then requests one at a time, in order (facts A1, B1.3, B1.4).
 
-The session reads one frame header, reserves the payload's size from the broker-wide memory budget, reads
-and decodes the payload, runs the handler, writes exactly one reply (or none for acks=0 PUBLISH) and only
-then reads the next header. A malformed frame closes this connection only and is counted by reason; a
+The session reads one frame header, reads and decodes the payload (charging it to the broker-wide memory
+budget as it arrives, within the request deadline), runs the handler, writes exactly one reply (or none
+for acks=0 PUBLISH) and only then reads the next header. A malformed frame closes this connection only and is counted by reason; a
 well-formed request with bad arguments gets a typed ERROR and the connection stays usable.
 """
 
@@ -36,7 +36,7 @@ from cursus.wire import (
     is_crq2,
     select_compression,
 )
-from cursus.wire.errors import BrokerError, InvalidFrame, make_error
+from cursus.wire.errors import BrokerError, InvalidFrame, LocalProtocolError, make_error
 
 log = logging.getLogger("cursus.session")
 
@@ -66,6 +66,32 @@ class ByteBudget:
             self._changed.notify_all()
 
 
+#: Request payloads are read (and budgeted) in steps of this size.
+READ_STEP_BYTES = 1 << 20
+#: Replies up to this size are not charged to the byte budget (the common case: OK lines and acks).
+SMALL_REPLY_BYTES = 64 * 1024
+#: Commands that may wait long for data (long polls): their sessions watch the socket for EOF meanwhile.
+WATCHED_COMMANDS = frozenset({Command.CONSUME})
+
+
+class _Payload:
+    """A request payload and the budget reserved for it (released once the handler finished)."""
+
+    def __init__(self, budget: ByteBudget) -> None:
+        self.budget = budget
+        self.reserved = 0
+        self.data = b""
+
+    async def reserve(self, size_bytes: int) -> None:
+        self.reserved += await self.budget.acquire(size_bytes)
+
+    async def release(self) -> None:
+        reserved, self.reserved = self.reserved, 0
+        self.data = b""
+        if reserved:
+            await self.budget.release(reserved)
+
+
 class _CloseConnection(Exception):
     """Internal: stop serving this connection (after any reply already written)."""
 
@@ -87,8 +113,9 @@ class Session:
         self.busy = False
         self._closing = False
         self._stream: StreamReply | None = None
-        #: Bytes read while watching a STREAM's socket that belong to the next request.
+        #: Bytes read while watching a STREAM's or long poll's socket that belong to the next request.
         self._pending = b""
+        self._long_poll: asyncio.Future[tuple[Status, bytes | StreamReply | None, bool]] | None = None
 
     @property
     def closing(self) -> bool:
@@ -111,6 +138,8 @@ class Session:
             log.debug("closing %s: %s", self.info.peer, exc)
         except (asyncio.IncompleteReadError, ConnectionError, TimeoutError, _CloseConnection):
             pass
+        except RuntimeError as exc:  # uvloop: a transport closed under us (client vanished mid-handshake)
+            log.debug("closing %s: %s", self.info.peer, exc)
         finally:
             self.writer.close()
             try:
@@ -157,27 +186,117 @@ class Session:
             header = await self._read_header(idle)
             if header.kind != Kind.REQUEST or header.command == Command.NEGOTIATE:
                 raise InvalidFrame(f"{header.kind.name} frame with command {header.command.name} is not a request")
-            reserved = await self.budget.acquire(header.encoded_length + header.decoded_length)
             self.busy = True
             stream = None
             try:
-                encoded = await self.reader.readexactly(header.encoded_length)
-                payload = decode_payload(header, encoded, negotiated=self.compression)
-                del encoded
-                status, body, close = await self._dispatch(header, payload)
+                payload = await self._read_payload(header)
+                try:
+                    status, body, close = await self._dispatch_watching(header, payload.data)
+                finally:
+                    await payload.release()
                 if isinstance(body, StreamReply):
                     stream, body = body, None
                 if body is not None:
-                    self.writer.write(encode_frame(Kind.RESPONSE, header.command, status, header.request_id,
-                                                   body, compression=self.compression))
-                    await self.writer.drain()
+                    await self._write_reply(encode_frame(Kind.RESPONSE, header.command, status, header.request_id,
+                                                         body, compression=self.compression))
             finally:
                 self.busy = False
-                await self.budget.release(reserved)
             if stream is not None:
                 await self._stream_reply(header, stream)
             if close:
                 raise _CloseConnection()
+
+    def _request_timeout_s(self) -> float:
+        return self.broker.config.client_request_timeout_ms / 1000.0
+
+    async def _read_payload(self, header: FrameHeader) -> _Payload:
+        """Read and decode one request payload within the request deadline.
+
+        Budget is reserved as bytes actually arrive (at most :data:`READ_STEP_BYTES` ahead of them), so a
+        client that declares a large payload and stalls holds only what it sent, and only until the
+        deadline (``client_request_timeout_ms``) closes its connection. The decoded length of a compressed
+        payload is reserved before it is inflated.
+        """
+        payload = _Payload(self.budget)
+        try:
+            async with asyncio.timeout(self._request_timeout_s()):
+                parts = []
+                remaining = header.encoded_length
+                while remaining > 0:
+                    step = min(remaining, READ_STEP_BYTES)
+                    await payload.reserve(step)
+                    parts.append(await self.reader.readexactly(step))
+                    remaining -= step
+                encoded = parts[0] if len(parts) == 1 else b"".join(parts)
+                del parts
+                if header.decoded_length != header.encoded_length or header.compression not in (
+                        None, Compression.NONE):
+                    await payload.reserve(header.decoded_length)
+            payload.data = decode_payload(header, encoded, negotiated=self.compression)
+            return payload
+        except BaseException:
+            await payload.release()
+            raise
+
+    async def _write_reply(self, frame: bytes) -> None:
+        """Write one reply frame; large replies hold budget until written. A client that does not read
+        its reply within ``client_request_timeout_ms`` is disconnected (TimeoutError closes the session)."""
+        reserved = await self.budget.acquire(len(frame)) if len(frame) > SMALL_REPLY_BYTES else 0
+        try:
+            self.writer.write(frame)
+            del frame
+            async with asyncio.timeout(self._request_timeout_s()):
+                await self.writer.drain()
+        finally:
+            if reserved:
+                await self.budget.release(reserved)
+
+    async def _dispatch_watching(self, header: FrameHeader,
+                                 payload: bytes) -> tuple[Status, bytes | StreamReply | None, bool]:
+        """Run :meth:`_dispatch`; for long polls also watch the socket so a client that disconnects
+        mid-poll frees its session at once (the poll is read-only, so cancelling it is safe)."""
+        if header.command not in WATCHED_COMMANDS:
+            return await self._dispatch(header, payload)
+        handler = asyncio.ensure_future(self._dispatch(header, payload))
+        self._long_poll = handler
+        # Reading one frame header ahead is allowed (facts B1.4); readexactly consumes nothing until all 32
+        # bytes are there, so cancelling it loses no data.
+        peek = asyncio.ensure_future(self.reader.readexactly(HEADER_SIZE))
+        try:
+            await asyncio.wait((handler, peek), return_when=asyncio.FIRST_COMPLETED)
+            if not handler.done():
+                if peek.exception() is not None:  # EOF or reset: nobody will read the reply
+                    handler.cancel()
+                    await asyncio.gather(handler, return_exceptions=True)
+                    raise _CloseConnection()
+                self._pending = peek.result()  # the client pipelined: keep the header for the next loop
+            try:
+                result = await handler
+            except asyncio.CancelledError:
+                task = asyncio.current_task()
+                if task is not None and task.cancelling():
+                    raise  # this session is being cancelled
+                raise _CloseConnection() from None  # abort_long_poll (shutdown) ended the poll
+            if peek.done() and not peek.cancelled() and peek.exception() is None and not self._pending:
+                self._pending = peek.result()
+            return result
+        except asyncio.CancelledError:
+            if not handler.done():
+                handler.cancel()
+            raise
+        finally:
+            self._long_poll = None
+            if not peek.done():
+                peek.cancel()
+                # The reader allows one waiter at a time: let the cancelled read finish before the next one.
+                await asyncio.gather(peek, return_exceptions=True)
+            elif not peek.cancelled():
+                peek.exception()  # retrieved: EOF after the reply is noticed by the next header read
+
+    def abort_long_poll(self) -> None:
+        """Shutdown: end an in-flight long poll now instead of waiting for its ``wait_ms``."""
+        if self._long_poll is not None and not self._long_poll.done():
+            self._long_poll.cancel()
 
     async def _stream_reply(self, header: FrameHeader, stream: StreamReply) -> None:
         """Drive a STREAM reply: kind-5 frames until it ends, while watching the socket.
@@ -245,8 +364,12 @@ class Session:
             metrics.commands_total.labels(command.name, "error").inc()
             metrics.command_errors_total.labels(command.name, exc.error.code).inc()
             return Status.ERROR, encode_error(exc.error), False
+        except LocalProtocolError as exc:  # we failed to encode something: a bug or an unchecked value
+            log.exception("command %s could not encode its result", command.name)
+            metrics.commands_total.labels(command.name, "error").inc()
+            return Status.ERROR, encode_error(make_error("broker_error", reason=str(exc)[:200])), False
         except ProtocolError:
-            raise
+            raise  # the request itself is undecodable (e.g. a CBV2 batch): close the connection
         except Exception as exc:  # a bug must not kill the connection's peers or the broker
             log.exception("command %s failed", command.name)
             metrics.commands_total.labels(command.name, "error").inc()

@@ -40,3 +40,12 @@ def check_topic_access(defn: TopicDefinition, operation: str) -> None:
     policy = defn.policy.auth_policy
     if (policy == "deny_write" and operation == "write") or (policy == "deny_read" and operation == "read"):
         raise BrokerError.of("NOT_AUTHORIZED_FOR_TOPIC", topic=defn.name, operation=operation)
+
+
+def max_bytes_arg(broker: Broker, req: Request) -> int:
+    """The reply byte limit of CONSUME/STREAM: ``max_bytes`` (default ``consume_default_max_bytes``), capped
+    at ``consume_max_bytes_limit`` so every reply fits a frame and one connection's reply memory is bounded.
+    """
+    requested = req.int_field("max_bytes", broker.config.consume_default_max_bytes, minimum=1,
+                              code="invalid_max_bytes")
+    return min(requested, broker.config.consume_max_bytes_limit)

@@ -10,7 +10,7 @@ from __future__ import annotations
 import struct
 
 from cursus.broker.core import Broker
-from cursus.broker.handlers.common import check_topic_access, partition_of
+from cursus.broker.handlers.common import check_topic_access, max_bytes_arg, partition_of
 from cursus.broker.producer_state import record_producer
 from cursus.broker.replica import Replica
 from cursus.broker.request import Request
@@ -50,8 +50,7 @@ async def handle_consume(broker: Broker, req: Request) -> bytes:
     max_records = min(req.int_field("batch", DEFAULT_BATCH_RECORDS, minimum=1, code="invalid_batch"),
                       MAX_RECORDS_PER_BATCH)
     wait_ms = min(req.int_field("wait_ms", 0, minimum=0, code="invalid_wait_ms"), MAX_WAIT_MS)
-    max_bytes = req.int_field("max_bytes", broker.config.consume_default_max_bytes, minimum=1,
-                              code="invalid_max_bytes")
+    max_bytes = max_bytes_arg(broker, req)
     reset = req.get("autoOffsetReset") or req.get("auto_offset_reset") or "earliest"
     committed = broker.coordinator.committed(req.get("group"), defn.name, replica.partition)
     if committed is not None and committed > replica.leo:

@@ -12,6 +12,7 @@ import json
 
 from cursus.broker.core import Broker, now_ms
 from cursus.broker.handlers.common import check_topic_access, parse_acks, partition_of
+from cursus.broker.parsing import I32_MAX, U64_MAX
 from cursus.broker.replica import Replica
 from cursus.broker.request import NO_REPLY, Reply, Request
 from cursus.broker.topics import TopicDefinition, is_internal_topic, validate_topic_name
@@ -150,14 +151,14 @@ async def _publish_text(broker: Broker, req: Request) -> Reply | bytes:
     if raw_idem not in ("true", "false"):
         raise BrokerError.of("invalid_is_idempotent", value=req.get("isIdempotent"))
     idempotent = raw_idem == "true"
-    seq = req.int_field("seqNum", 0, minimum=0, code="invalid_seq_num")
-    epoch = req.int_field("epoch", 0, code="invalid_epoch")
+    seq = req.int_field("seqNum", 0, minimum=0, maximum=U64_MAX, code="invalid_seq_num")
+    epoch = req.int_field("epoch", 0, code="invalid_epoch")  # i64 on the wire
     if idempotent and mode != "all":
         raise BrokerError.of("invalid_acks", value=req.get("acks"), reason="idempotent producers need acks=all")
     if idempotent and seq < 1:
         raise BrokerError.of("invalid_seq_num", producer=producer_id, value=seq)
     key = req.get("key")
-    partition = req.int_field("partition", -1, code="invalid_partition")
+    partition = req.int_field("partition", -1, minimum=-1, maximum=I32_MAX, code="invalid_partition")
     if partition == -1:
         partition = _choose_partition(broker, defn, key)
     replica = partition_of(broker, defn, partition)

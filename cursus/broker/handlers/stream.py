@@ -28,7 +28,7 @@ import logging
 import time
 
 from cursus.broker.core import Broker
-from cursus.broker.handlers.common import check_topic_access, partition_of
+from cursus.broker.handlers.common import check_topic_access, max_bytes_arg, partition_of
 from cursus.broker.handlers.fetch import _isolation, read_batch
 from cursus.broker.replica import Replica
 from cursus.broker.request import Request, StreamReply, StreamSink
@@ -59,8 +59,7 @@ async def handle_stream(broker: Broker, req: Request) -> StreamReply:
     replica = partition_of(broker, defn, req.int_field("partition", code="invalid_partition"))
     _isolation(req)
     batch = min(req.int_field("batch", DEFAULT_STREAM_BATCH, minimum=1, code="invalid_batch"), MAX_RECORDS_PER_BATCH)
-    max_bytes = req.int_field("max_bytes", broker.config.consume_default_max_bytes, minimum=1,
-                              code="invalid_max_bytes")
+    max_bytes = max_bytes_arg(broker, req)
     group, member = req.get("group") or None, req.get("member") or None
     committed = broker.coordinator.committed(group, defn.name, replica.partition)
     if committed is not None and committed > replica.leo:
