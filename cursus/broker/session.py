@@ -22,6 +22,7 @@ from cursus.wire import (
     Command,
     Compression,
     FrameHeader,
+    InvalidUtf8,
     Kind,
     ProtocolError,
     Status,
@@ -348,9 +349,14 @@ class Session:
                 raise InvalidFrame(f"CBV2 batch with command {command.name}")
             request = Request(command, header.request_id, {}, batch=payload, session=self.info)
         elif is_crq2(payload):
-            decoded = decode_crq2(payload)
+            try:
+                decoded = decode_crq2(payload)
+            except InvalidUtf8 as exc:  # well formed, bad text: a typed error, the connection stays (decision 8)
+                metrics.commands_total.labels(command.name, "error").inc()
+                return Status.ERROR, encode_error(make_error("invalid_payload", reason=str(exc))), False
             request = Request(command, header.request_id, decoded.fields, decoded.positionals, session=self.info)
-        else:
+        else:  # the reference answers this, then closes (facts B2); counted as a malformed frame
+            metrics.wire_failures_total.labels("invalid_frame").inc()
             err = make_error("malformed_input", reason="command_payload_required")
             return Status.ERROR, encode_error(err), True
         try:

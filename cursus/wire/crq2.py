@@ -84,11 +84,13 @@ def _check_positional(value: str, error: type[ProtocolError]) -> None:
 class _Reader:
     """Bounds-checked cursor over a CRQ2 payload; every failure is ``InvalidFrame``."""
 
-    __slots__ = ("data", "position")
+    __slots__ = ("data", "position", "bad_utf8")
 
     def __init__(self, data: bytes) -> None:
         self.data = data
         self.position = _HEAD.size
+        #: The first string that was not valid UTF-8 (the walk goes on so the structure is fully checked).
+        self.bad_utf8: str | None = None
 
     def u16(self, what: str) -> int:
         if self.position + 2 > len(self.data):
@@ -108,8 +110,10 @@ class _Reader:
         self.position = end
         try:
             return self.data[start:end].decode("utf-8")
-        except UnicodeDecodeError as exc:
-            raise InvalidFrame(f"CRQ2 {what} is not valid UTF-8") from exc
+        except UnicodeDecodeError:
+            if self.bad_utf8 is None:
+                self.bad_utf8 = what
+            return self.data[start:end].decode("utf-8", "replace")
 
 
 def decode_crq2(payload: bytes | bytearray | memoryview) -> CommandPayload:
@@ -117,7 +121,8 @@ def decode_crq2(payload: bytes | bytearray | memoryview) -> CommandPayload:
 
     Raises ``InvalidFrame`` for: wrong magic/version, more than 1024 positionals or
     fields, empty or whitespace-containing positionals, keys breaking the field-name
-    rule, duplicate keys, invalid UTF-8, truncation, trailing bytes.
+    rule, duplicate keys, truncation, trailing bytes; ``InvalidUtf8`` (a subclass) when the structure is
+    valid but a string is not UTF-8.
     """
     data = bytes(payload)
     if not is_crq2(data):
@@ -145,7 +150,16 @@ def decode_crq2(payload: bytes | bytearray | memoryview) -> CommandPayload:
         fields[key] = value
     if reader.position != len(data):
         raise InvalidFrame(f"CRQ2 has {len(data) - reader.position} trailing bytes")
+    if reader.bad_utf8 is not None:
+        raise InvalidUtf8(f"CRQ2 {reader.bad_utf8} is not valid UTF-8")
     return CommandPayload(tuple(positionals), fields)
+
+
+class InvalidUtf8(InvalidFrame):
+    """A structurally valid CRQ2 payload holding a string that is not UTF-8 (decision 8).
+
+    The frame itself is well formed, so a broker answers ``invalid_payload`` and keeps the connection.
+    """
 
 
 def _encode_string(value: str) -> bytes:

@@ -87,3 +87,14 @@ def test_abandoned_long_polls_free_their_connection_slots(broker_factory):
     assert time.monotonic() - started < 10
     assert "Traceback" not in broker.output()
     poller.close()
+
+
+def test_invalid_utf8_field_is_a_typed_error(shared_broker):
+    from cursus.wire import CommandPayload
+
+    with connect(shared_broker) as conn:
+        raw = bytearray(encode_crq2(CommandPayload((), {"topic": "abc\u00e9"})))
+        raw[-1] = 0xFF  # the last byte of "é" becomes an invalid UTF-8 continuation
+        err = error_of(conn.request(Command.METADATA, bytes(raw)))
+        assert err.code == "invalid_payload"
+        assert ok_fields(conn.command("LIST"))["count"]  # the connection stays usable
