@@ -14,6 +14,11 @@ Usage::
     produce TOPIC [--file F] [--key-sep SEP] [--acks 0|1|all] [--partition N] [--idempotent]
     consume TOPIC [--partition N ...] [--offset N | --from-beginning] [--follow] [--max N]
                   [--format text|json|hex]
+    consume TOPIC --group G [--from-beginning | --reset earliest|latest|error] [--mode poll|stream]
+                  [--follow] [--max N] [--client-id ID]
+    group list
+    group describe GROUP
+    group offsets GROUP
     offsets TOPIC [--partition N]
     metadata TOPIC
     raw COMMAND [key=value ...]
@@ -41,9 +46,12 @@ from cursus.client.admin import Admin, TopicMetadata
 from cursus.client.connection import (
     DEFAULT_ADDRESS,
     Backoff,
+    Client,
     ConnectionOptions,
     compression_of,
+    json_reply,
     make_ssl_context,
+    ok_fields,
     ok_text_fields,
     parse_address,
 )
@@ -55,6 +63,7 @@ from cursus.client.errors import (
     RequestTimeoutError,
     error_from_frame,
 )
+from cursus.client.group import GroupConsumer, GroupMembership
 from cursus.client.producer import Producer
 from cursus.client.records import ConsumerRecord, RecordMetadata, decode_consumed_batch
 from cursus.wire import (
@@ -209,6 +218,25 @@ def build_parser() -> argparse.ArgumentParser:
     consume.add_argument("--key-sep", help="text format: print KEY<SEP>VALUE")
     consume.add_argument("--wait-ms", type=_non_negative, default=500, help="long-poll time (default 500)")
     consume.add_argument("--isolation", choices=["read_committed", "read_uncommitted"], default="read_committed")
+    grouped = consume.add_argument_group("consumer group (with --group)")
+    grouped.add_argument("--group", help="consume as a member of this consumer group: start at its committed "
+                                         "offsets, commit after printing, leave on exit")
+    grouped.add_argument("--reset", choices=["earliest", "latest", "error"],
+                         help="where partitions without a committed offset start (default: earliest, as "
+                              "the broker's CONSUME group=; --from-beginning is the same)")
+    grouped.add_argument("--mode", choices=["poll", "stream"], help="read with CONSUME long polls (default) "
+                                                                    "or STREAM push delivery")
+    grouped.add_argument("--client-id", default="cursusctl", help="member id prefix (default: cursusctl)")
+
+    group = commands.add_parser("group", help="list consumer groups, describe them, show their offsets and lag")
+    group_commands = group.add_subparsers(dest="group_command", required=True, metavar="ACTION")
+    group_commands.add_parser("list", parents=[common], help="list consumer groups")
+    group_describe = group_commands.add_parser("describe", parents=[common],
+                                               help="state, generation, members and their assignments")
+    group_describe.add_argument("group")
+    group_offsets = group_commands.add_parser("offsets", parents=[common],
+                                              help="committed offset, log end (HWM), lag and owner per partition")
+    group_offsets.add_argument("group")
 
     offsets = commands.add_parser("offsets", parents=[common], help="earliest/latest/LEO/HWM per partition")
     offsets.add_argument("topic")
@@ -540,6 +568,10 @@ def _format_record(record: ConsumerRecord, fmt: str, key_sep: str | None) -> str
 
 def cmd_consume(args: argparse.Namespace, options: ConnectionOptions, out: Output) -> int:
     """``consume TOPIC``: print records until the end (or forever with ``--follow``, or ``--max``)."""
+    if args.group is not None:
+        return _consume_group(args, options, out)
+    if args.reset is not None or args.mode is not None:
+        raise UsageError("--reset and --mode need --group")
     start: str | int = "latest"
     if args.from_beginning:
         start = "earliest"
@@ -561,6 +593,137 @@ def cmd_consume(args: argparse.Namespace, options: ConnectionOptions, out: Outpu
         out.stream.flush()
     finally:
         consumer.close()
+    return EXIT_OK
+
+
+def _consume_group(args: argparse.Namespace, options: ConnectionOptions, out: Output) -> int:
+    """``consume TOPIC --group G``: a :class:`GroupConsumer` member that prints what it reads and commits
+    ``last printed offset + 1`` after each printed batch (at least once: nothing unprinted is committed).
+
+    Without ``--follow`` it stops once its partitions reach the end they had when the command started (or
+    when a poll of ``--wait-ms`` finds nothing); it leaves the group on exit (also on Ctrl-C).
+    """
+    if args.partition or args.offset is not None:
+        raise UsageError("--group reads the partitions the group assigns, from its committed offsets: "
+                         "--partition and --offset do not apply")
+    if args.from_beginning and args.reset not in (None, "earliest"):
+        raise UsageError("--from-beginning means --reset earliest")
+    reset = args.reset or "earliest"
+    mode = args.mode or "poll"
+    fmt = "json" if out.json_mode else args.format
+    ends: dict[int, int] | None = None
+    if not args.follow:
+        with Admin(args.broker, options=options) as admin:  # the end as of the start (topic_not_found here)
+            ends = {o.partition: o.latest for o in admin.list_offsets(args.topic)}
+    consumer = GroupConsumer(args.topic, args.group, args.broker, client_id=args.client_id, mode=mode,
+                             auto_commit=False, auto_offset_reset=reset, isolation_level=args.isolation,
+                             wait_ms=args.wait_ms, options=options)
+    # Stop on an empty read too (a partition whose tail holds only transaction markers never moves the
+    # printed position to its end); STREAM threads may still be connecting, so give them longer.
+    idle_limit_s = args.wait_ms / 1000.0 if mode == "poll" else max(2.0, 2 * args.wait_ms / 1000.0)
+    poll_timeout_s = max(args.wait_ms, 50) / 1000.0
+    count = 0
+    try:
+        consumer.assignment()  # join now: errors (topic_not_found, ...) surface before any output
+        idle_since = time.monotonic()
+        while args.max is None or count < args.max:
+            if ends is not None:
+                positions = consumer.positions()
+                if all(positions.get(p, 0) >= ends.get(p, 0) for p in consumer.assignment()):
+                    break
+            membership = (consumer.generation, tuple(consumer.assignment()))
+            records = consumer.poll(poll_timeout_s)
+            if membership != (consumer.generation, tuple(consumer.assignment())):
+                idle_since = time.monotonic()  # a rebalance: new partitions, new positions
+            if not records:
+                if ends is not None and time.monotonic() - idle_since >= idle_limit_s:
+                    break
+                continue
+            idle_since = time.monotonic()
+            if args.max is not None:
+                records = records[:args.max - count]
+            if ends is not None:
+                records = [r for r in records if r.offset < ends.get(r.partition, 0)]
+            if not records:
+                continue
+            for record in records:
+                out.stream.write(_format_record(record, fmt, args.key_sep) + "\n")
+            out.stream.flush()
+            count += len(records)
+            _commit_printed(consumer, records[0].partition, records[-1].offset + 1)
+    except KeyboardInterrupt:
+        out.stream.flush()
+    finally:
+        consumer.close()  # auto_commit=False: commits nothing more, leaves the group
+    return EXIT_OK
+
+
+def _commit_printed(consumer: GroupConsumer, partition: int, offset: int) -> None:
+    try:
+        consumer.commit({partition: offset})
+    except CursusError as exc:
+        if not GroupMembership.is_rejoin_error(exc):
+            raise
+        # The membership ended (rebalance): the next poll rejoins; the new owner may print these again.
+        print(f"cursusctl: commit of {consumer.topic}/{partition} not accepted ({exc.code}); rejoining",
+              file=sys.stderr)
+
+
+def _group_status(client: Client, group: str) -> dict[str, Any]:
+    return json_reply(client.call(Command.GROUP_STATUS, {"group": group}))
+
+
+def _assignment_text(member: dict[str, Any], multi_topic: bool) -> list[Any]:
+    if multi_topic:
+        return list(member.get("topic_assignments") or [])
+    return list(member.get("assignments") or [])
+
+
+def cmd_group(args: argparse.Namespace, options: ConnectionOptions, out: Output) -> int:
+    """``group list|describe|offsets``: LIST_GROUPS and GROUP_STATUS."""
+    with Client(args.broker, options) as client:
+        if args.group_command == "list":
+            text = ok_fields(client.call(Command.LIST_GROUPS)).get("groups", "")
+            names = [name for name in text.split(",") if name]
+            if out.json_mode:
+                out.json({"groups": names, "count": len(names)})
+            elif out.tty:
+                out.table(f"{len(names)} group(s)", ["group"], [[n] for n in names])
+            else:
+                for name in names:
+                    out.line(name)
+            return EXIT_OK
+        status = _group_status(client, args.group)
+    name = status.get("group_name", args.group)
+    members = status.get("members") or []
+    offsets = sorted(status.get("offsets") or [], key=lambda o: (str(o.get("topic")), int(o.get("partition", 0))))
+    if args.group_command == "describe":
+        if out.json_mode:
+            out.json(status)
+            return EXIT_OK
+        subscription = status.get("subscription") or {}
+        topics = status.get("topics") or []
+        summary = {"group": name, "state": status.get("state"), "generation": status.get("generation"),
+                   "epoch": status.get("epoch"), "subscription": subscription.get("type"), "topics": topics}
+        if subscription.get("pattern") is not None:
+            summary["pattern"] = subscription["pattern"]
+        summary.update({"partitions": status.get("partition_count"), "members": len(members),
+                        "last_rebalance": status.get("last_rebalance")})
+        out.fields(f"group {name}", summary)
+        multi_topic = len(topics) > 1
+        out.table("members", ["member", "assignments", "last_heartbeat"],
+                  [[m.get("member_id"), _assignment_text(m, multi_topic), m.get("last_heartbeat")]
+                   for m in members])
+        return EXIT_OK
+    total_lag = sum(int(o.get("lag") or 0) for o in offsets)
+    if out.json_mode:
+        out.json({"group": name, "state": status.get("state"), "generation": status.get("generation"),
+                  "total_lag": total_lag, "offsets": offsets})
+        return EXIT_OK
+    out.table(f"group {name}: generation {status.get('generation')}, {status.get('state')}, lag {total_lag}",
+              ["topic", "partition", "committed", "log_end", "lag", "owner"],
+              [[o.get("topic"), o.get("partition"), o.get("committed_offset"), o.get("log_end_offset"),
+                o.get("lag"), o.get("owner")] for o in offsets])
     return EXIT_OK
 
 
@@ -658,8 +821,8 @@ def _print_reply(payload: bytes, out: Output) -> int:
     return EXIT_OK
 
 
-_HANDLERS = {"topic": cmd_topic, "produce": cmd_produce, "consume": cmd_consume, "offsets": cmd_offsets,
-             "metadata": cmd_metadata, "raw": cmd_raw}
+_HANDLERS = {"topic": cmd_topic, "produce": cmd_produce, "consume": cmd_consume, "group": cmd_group,
+             "offsets": cmd_offsets, "metadata": cmd_metadata, "raw": cmd_raw}
 
 
 def main(argv: Sequence[str] | None = None) -> int:

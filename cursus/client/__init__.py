@@ -12,8 +12,17 @@ Quick start (against ``make run`` on 127.0.0.1:9000)::
         for record in consumer.records(until_end=True):
             print(record.partition, record.offset, record.key, record.value)
 
-See ``docs/sdk.md`` for the full guide. Layers: :mod:`.connection` / :mod:`.aio` (transport, retries,
-redirects), :mod:`.producer`, :mod:`.consumer`, :mod:`.admin`, :mod:`.records`, :mod:`.errors`.
+Consumer groups (committed offsets, rebalancing, at-least-once delivery)::
+
+    from cursus.client import GroupConsumer
+
+    with GroupConsumer("orders", "billing", "127.0.0.1:9000") as consumer:   # auto-commit, leave on exit
+        for record in consumer.records(idle_timeout_s=5):
+            print(record.partition, record.offset, record.value)
+
+See ``docs/sdk.md`` for the full guide and ``docs/groups.md`` for groups. Layers: :mod:`.connection` /
+:mod:`.aio` (transport, retries, redirects), :mod:`.producer`, :mod:`.consumer`, :mod:`.group`,
+:mod:`.admin`, :mod:`.records`, :mod:`.errors`.
 """
 
 from __future__ import annotations
@@ -67,6 +76,7 @@ from cursus.client.errors import (
     ValidationError,
     error_from_frame,
 )
+from cursus.client.group import AsyncGroupConsumer, GroupConsumer, GroupMembership
 from cursus.client.producer import AsyncProducer, Producer
 from cursus.client.records import ConsumerRecord, RecordMetadata
 from cursus.wire import Compression
@@ -78,6 +88,7 @@ __all__ = [
     "AsyncClient",
     "AsyncConnection",
     "AsyncConsumer",
+    "AsyncGroupConsumer",
     "AsyncProducer",
     "AuthenticationError",
     "AuthorizationError",
@@ -99,6 +110,8 @@ __all__ = [
     "DeliveryFailedError",
     "DeliveryUnknownError",
     "FencingError",
+    "GroupConsumer",
+    "GroupMembership",
     "InternalError",
     "NotCoordinatorError",
     "NotFoundError",

@@ -11,10 +11,11 @@ import sys
 
 import pytest
 
-from cursus.client import Producer
+from cursus.client import GroupConsumer, Producer
 
 pytestmark = pytest.mark.timeout(90)
 ERROR_PREFIX = "ERROR: topic_not_found class=not_found retryable=false"
+GROUP_NOT_FOUND = "ERROR: group_not_found class=not_found retryable=false"
 
 
 def _addr(broker) -> str:
@@ -172,11 +173,11 @@ def test_usage_and_connection_errors(shared_broker, tmp_path):
     assert ctl(shared_broker, "produce", "t", "--file", str(tmp_path / "missing.txt")).returncode == 1
 
 
-def test_tables_on_a_terminal(shared_broker, topic_name):
-    assert ctl(shared_broker, "topic", "create", topic_name, "--partitions", "2").returncode == 0
+def _on_terminal(broker, *args: str) -> str:
+    """Run cursusctl with stdout on a pseudo-terminal; returns what it printed (asserts exit code 0)."""
     controller, terminal = pty.openpty()
-    env = {**os.environ, "CURSUS_BROKER": _addr(shared_broker), "COLUMNS": "120", "TERM": "xterm"}
-    proc = subprocess.Popen([sys.executable, "-m", "cursus.cli.ctl", "offsets", topic_name], stdout=terminal,
+    env = {**os.environ, "CURSUS_BROKER": _addr(broker), "COLUMNS": "160", "TERM": "xterm"}
+    proc = subprocess.Popen([sys.executable, "-m", "cursus.cli.ctl", *args], stdout=terminal,
                             stderr=subprocess.PIPE, env=env)
     os.close(terminal)
     chunks = []
@@ -190,6 +191,83 @@ def test_tables_on_a_terminal(shared_broker, topic_name):
         chunks.append(chunk)
     os.close(controller)
     assert proc.wait(timeout=30) == 0
-    screen = b"".join(chunks).decode("utf-8", "replace")
+    return b"".join(chunks).decode("utf-8", "replace")
+
+
+def test_tables_on_a_terminal(shared_broker, topic_name):
+    assert ctl(shared_broker, "topic", "create", topic_name, "--partitions", "2").returncode == 0
+    screen = _on_terminal(shared_broker, "offsets", topic_name)
     assert "earliest" in screen and any(ch in screen for ch in "━─┃│")  # a rich table, not k=v lines
     assert "partition=" not in screen
+
+
+def test_group_subcommands(shared_broker, topic_name):
+    group = f"g-{topic_name}"
+    assert ctl(shared_broker, "topic", "create", topic_name, "--partitions", "2").returncode == 0
+    with Producer(_addr(shared_broker)) as producer:
+        for i in range(5):
+            producer.send(topic_name, f"v{i}".encode(), partition=0 if i < 3 else 1)
+
+    missing = ctl(shared_broker, "group", "describe", f"{group}-missing")
+    assert missing.returncode == 1 and missing.stderr.startswith(GROUP_NOT_FOUND)
+    assert missing.stdout == ""
+    missing_json = ctl(shared_broker, "--json", "group", "offsets", f"{group}-missing")
+    doc = json.loads(missing_json.stdout)
+    assert missing_json.returncode == 1 and doc["code"] == "group_not_found" and doc["class"] == "not_found"
+    assert doc["fields"] == {"group": f"{group}-missing"}
+
+    # consume --group: starts at the committed offsets (none yet: the start), commits what it printed.
+    first = ctl(shared_broker, "consume", topic_name, "--group", group, "--max", "3")
+    assert first.returncode == 0, first.stderr
+    assert len(first.stdout.splitlines()) == 3
+    rows = [_fields(line) for line in ctl(shared_broker, "group", "offsets", group).stdout.splitlines()]
+    assert [(r["topic"], r["partition"], r["log_end"], r["owner"]) for r in rows] == [
+        (topic_name, "0", "3", "-"), (topic_name, "1", "2", "-")]  # the member left on exit
+    assert sum(int(r["committed"]) for r in rows if r["committed"] != "-") == 3
+    assert sum(int(r["lag"]) for r in rows) == 2
+    rest = ctl(shared_broker, "consume", topic_name, "--group", group, "--mode", "poll")
+    assert rest.returncode == 0, rest.stderr
+    assert sorted(first.stdout.splitlines() + rest.stdout.splitlines()) == [f"v{i}" for i in range(5)]
+    again = ctl(shared_broker, "consume", topic_name, "--group", group)
+    assert again.returncode == 0 and again.stdout == ""
+
+    listed = ctl(shared_broker, "group", "list")
+    assert listed.returncode == 0 and group in listed.stdout.splitlines()
+    listed_json = json.loads(ctl(shared_broker, "group", "list", "--json").stdout)
+    assert group in listed_json["groups"] and listed_json["count"] == len(listed_json["groups"])
+
+    with GroupConsumer(topic_name, group, _addr(shared_broker), client_id="sdk", auto_commit=False) as member:
+        assert member.assignment() == [0, 1]
+        described = ctl(shared_broker, "group", "describe", group)
+        assert described.returncode == 0, described.stderr
+        summary, *members = [_fields(line) for line in described.stdout.splitlines()]
+        assert summary["group"] == group and summary["state"] == "Stable" and summary["members"] == "1"
+        assert summary["generation"] == str(member.generation) and summary["topics"] == topic_name
+        assert [(m["member"], m["assignments"]) for m in members] == [(member.member_id, "0,1")]
+        as_json = json.loads(ctl(shared_broker, "--json", "group", "describe", group).stdout)
+        assert as_json["state"] == "Stable" and as_json["generation"] == member.generation
+        assert [(m["member_id"], m["assignments"]) for m in as_json["members"]] == [(member.member_id, [0, 1])]
+        offsets = json.loads(ctl(shared_broker, "--json", "group", "offsets", group).stdout)
+        assert offsets["total_lag"] == 0 and offsets["group"] == group
+        assert [(o["partition"], o["committed_offset"], o["log_end_offset"], o["owner"])
+                for o in offsets["offsets"]] == [(0, 3, 3, member.member_id), (1, 2, 2, member.member_id)]
+        screen = _on_terminal(shared_broker, "group", "describe", group)
+        assert member.member_id in screen and any(ch in screen for ch in "━─┃│") and "member=" not in screen
+    left = json.loads(ctl(shared_broker, "--json", "group", "describe", group).stdout)
+    assert left["state"] == "Empty" and left["members"] == []
+
+    streamed = ctl(shared_broker, "--json", "consume", topic_name, "--group", f"{group}-s", "--mode", "stream",
+                   "--follow", "--max", "5")
+    assert streamed.returncode == 0, streamed.stderr
+    records = [json.loads(line) for line in streamed.stdout.splitlines()]
+    assert sorted((r["partition"], r["offset"]) for r in records) == [(0, 0), (0, 1), (0, 2), (1, 0), (1, 1)]
+    assert json.loads(ctl(shared_broker, "--json", "group", "offsets", f"{group}-s").stdout)["total_lag"] == 0
+
+    assert ctl(shared_broker, "consume", topic_name, "--group", group, "--partition", "0").returncode == 2
+    assert ctl(shared_broker, "consume", topic_name, "--group", group, "--offset", "1").returncode == 2
+    assert ctl(shared_broker, "consume", topic_name, "--group", group, "--from-beginning",
+               "--reset", "latest").returncode == 2
+    assert ctl(shared_broker, "consume", topic_name, "--mode", "stream").returncode == 2
+    assert ctl(shared_broker, "group").returncode == 2
+    no_topic = ctl(shared_broker, "consume", f"{topic_name}-missing", "--group", group)
+    assert no_topic.returncode == 1 and no_topic.stderr.startswith(ERROR_PREFIX)
