@@ -387,11 +387,10 @@ class Consumer:
         cursors = self._core.order()
         if not cursors:
             return []
-        if len(cursors) > 1:
-            for cursor in cursors:
-                records = self._fetch(cursor, 0)
-                if records:
-                    return records
+        for cursor in cursors:  # a non-blocking sweep first, so wait_ms=0 still reads
+            records = self._fetch(cursor, 0)
+            if records:
+                return records
         per_poll_ms = self.wait_ms if len(cursors) == 1 else max(_MIN_LONG_POLL_MS, self.wait_ms // len(cursors))
         index = 0
         while True:
@@ -557,11 +556,10 @@ class AsyncConsumer:
         cursors = self._core.order()
         if not cursors:
             return []
-        if len(cursors) > 1:
-            for cursor in cursors:
-                records = await self._fetch(cursor, 0)
-                if records:
-                    return records
+        for cursor in cursors:  # a non-blocking sweep first, so wait_ms=0 still reads
+            records = await self._fetch(cursor, 0)
+            if records:
+                return records
         per_poll_ms = self.wait_ms if len(cursors) == 1 else max(_MIN_LONG_POLL_MS, self.wait_ms // len(cursors))
         index = 0
         while True:

@@ -219,3 +219,17 @@ def test_consumer_subset_and_isolation_field(shared_broker, topic_name):
         consumer.assignment()
     with connect(shared_broker) as conn:  # sanity: the raw connection API stays usable alongside the SDK
         assert ok_fields(conn.call(Command.LIST))["count"]
+
+
+def test_single_partition_poll_without_wait_reads(shared_broker, topic_name):
+    from cursus.client import Admin, Consumer, Producer
+
+    addr = "{}:{}".format(*shared_broker.address)
+    with Admin(addr) as admin:
+        admin.create_topic(topic_name, partitions=1)
+    with Producer(addr) as producer:
+        for i in range(3):
+            producer.send(topic_name, b"v%d" % i)
+        producer.flush()
+    with Consumer(topic_name, addr, start="earliest", wait_ms=0) as consumer:
+        assert [r.value for r in consumer.poll()] == [b"v0", b"v1", b"v2"]
