@@ -147,7 +147,9 @@ _REGISTRY_TABLE: tuple[tuple[ErrorClass, bool, tuple[str, ...]], ...] = (
         # retrying against this broker cannot help (Kafka's KafkaStorageException stance).
         ErrorClass.AVAILABILITY,
         False,
-        ("partition_fenced", "storage_unavailable"),
+        ("partition_fenced", "storage_unavailable",
+         # a stored chunk failed its checksum: the broker refuses to serve it; an operator must repair
+         "corrupt_log_data"),
     ),
     (
         ErrorClass.FENCING,

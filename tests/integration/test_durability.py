@@ -196,3 +196,22 @@ def test_sigterm_flushes_and_restart_is_clean(broker_factory):
     broker.start()
     with connect(broker) as conn:
         assert len(consume_all(conn, "clean", 0)) == 11
+
+
+def test_corrupt_chunk_found_at_read_time_is_refused_not_served(broker_factory):
+    broker = broker_factory(settings={"log_segment_bytes": 4096}).start()
+    with connect(broker) as conn:
+        create_topic(conn, "bitrot")
+        for i in range(20):
+            ack_of(publish_batch(conn, "bitrot", 0, [f"{i}-{j}".encode() * 20 for j in range(5)]))
+    assert broker.terminate() == 0  # clean: the next start trusts its checkpoints and validates nothing
+    first = _segments(broker.log_dir, "bitrot", 0)[0]
+    data = bytearray(first.read_bytes())
+    data[100] ^= 0x01
+    first.write_bytes(bytes(data))
+    broker.start()
+    with connect(broker) as conn:
+        err = error_of(conn.command("CONSUME topic=bitrot partition=0 offset=0"))
+        assert err.code == "corrupt_log_data" and err.fields["offset"] == "0"
+        tail = consume_all(conn, "bitrot", 0, start=95)
+        assert [r.offset for r in tail] == [95, 96, 97, 98, 99]

@@ -7,6 +7,7 @@ the batch header).
 
 from __future__ import annotations
 
+import logging
 import struct
 
 from cursus.broker.core import Broker
@@ -15,7 +16,7 @@ from cursus.broker.producer_state import record_producer
 from cursus.broker.replica import Replica
 from cursus.broker.request import Request
 from cursus.broker.topics import validate_topic_name
-from cursus.storage import OffsetOutOfRange
+from cursus.storage import CorruptLogError, OffsetOutOfRange
 from cursus.wire import MAX_RECORDS_PER_BATCH, encode_batch_header
 from cursus.wire.errors import BrokerError
 
@@ -24,6 +25,7 @@ DEFAULT_BATCH_RECORDS = 8192
 MAX_WAIT_MS = 300_000
 ISOLATION_LEVELS = ("read_committed", "read_uncommitted")
 _U32 = struct.Struct(">I")
+log = logging.getLogger("cursus.fetch")
 
 
 def _out_of_range(replica: Replica, requested: int) -> BrokerError:
@@ -79,7 +81,8 @@ def read_batch(replica: Replica, topic: str, offset: int, max_records: int, max_
     Returns (batch bytes, next offset); the batch holds zero records when ``offset`` is at or past the HWM.
 
     Raises:
-        BrokerError: ``OFFSET_OUT_OF_RANGE`` when the range is no longer retained.
+        BrokerError: ``OFFSET_OUT_OF_RANGE`` when the range is no longer retained; ``corrupt_log_data`` when
+            a stored chunk fails its checksum (never serve wrong bytes).
     """
     if offset >= replica.hwm:
         return encode_batch_header(topic, replica.partition, acks="1", record_count=0), offset
@@ -87,6 +90,10 @@ def read_batch(replica: Replica, topic: str, offset: int, max_records: int, max_
         result = replica.log.read(offset, max_offset=replica.hwm, max_records=max_records, max_bytes=max_bytes)
     except OffsetOutOfRange:
         raise _out_of_range(replica, offset) from None
+    except CorruptLogError as exc:
+        log.error("refusing to serve %s/%d from offset %d: %s", topic, replica.partition, offset, exc)
+        raise BrokerError.of("corrupt_log_data", topic=topic, partition=replica.partition, offset=offset,
+                             corrupt_offset=exc.offset if exc.offset is not None else "unknown") from None
     seq_start, seq_end = _seq_span(result.records, result.record_count)
     header = encode_batch_header(topic, replica.partition, acks="1", seq_start=seq_start, seq_end=seq_end,
                                  record_count=result.record_count)
