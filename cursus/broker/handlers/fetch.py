@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import logging
 import struct
+from dataclasses import dataclass
 
 from cursus.broker.core import Broker
 from cursus.broker.handlers.common import check_topic_access, max_bytes_arg, partition_of
@@ -40,39 +41,63 @@ def _isolation(req: Request) -> str:
     return raw
 
 
-async def handle_consume(broker: Broker, req: Request) -> bytes:
-    """CONSUME topic partition offset [batch] [wait_ms] [max_bytes] [isolation] [autoOffsetReset]."""
+@dataclass(frozen=True, slots=True)
+class ReadTarget:
+    """The validated arguments shared by CONSUME and STREAM."""
+
+    topic: str
+    replica: Replica
+    max_records: int
+    max_bytes: int
+    #: Decision 14: max(requested offset, the group's committed offset); without ``offset=``, the committed
+    #: offset, else the log start (or the HWM with ``autoOffsetReset=latest``). Not yet range-checked.
+    start: int
+
+
+def read_target(broker: Broker, req: Request, *, default_batch: int) -> ReadTarget:
+    """Validate topic, partition, isolation, batch and byte limits and resolve the start offset.
+
+    Raises:
+        BrokerError: ``invalid_topic_name`` (also for wildcards), ``topic_not_found``, ``NOT_AUTHORIZED_FOR_TOPIC``,
+            ``invalid_partition``/``partition_not_found``, ``invalid_isolation``, ``invalid_batch``,
+            ``invalid_max_bytes``, ``invalid_offset``.
+    """
     raw_topic = req.get("topic")
     if raw_topic and ("*" in raw_topic or "?" in raw_topic):
         raise BrokerError.of("invalid_topic_name", topic=raw_topic, reason="wildcards belong to group subscriptions")
-    defn = broker.topic(validate_topic_name(raw_topic, command="CONSUME"))
+    defn = broker.topic(validate_topic_name(raw_topic, command=req.command.name))
     check_topic_access(defn, "read")
     replica = partition_of(broker, defn, req.int_field("partition", code="invalid_partition"))
     _isolation(req)  # without transactions both levels read up to the HWM
-    max_records = min(req.int_field("batch", DEFAULT_BATCH_RECORDS, minimum=1, code="invalid_batch"),
-                      MAX_RECORDS_PER_BATCH)
-    wait_ms = min(req.int_field("wait_ms", 0, minimum=0, code="invalid_wait_ms"), MAX_WAIT_MS)
+    max_records = min(req.int_field("batch", default_batch, minimum=1, code="invalid_batch"), MAX_RECORDS_PER_BATCH)
     max_bytes = max_bytes_arg(broker, req)
-    reset = req.get("autoOffsetReset") or req.get("auto_offset_reset") or "earliest"
     committed = broker.coordinator.committed(req.get("group"), defn.name, replica.partition)
     if committed is not None and committed > replica.leo:
         committed = None  # stale (the log was truncated below it): never block the partition
     if req.get("offset") in (None, ""):
-        offset = replica.hwm if reset == "latest" else replica.log_start_offset
-        offset = committed if committed is not None else offset
+        reset = req.get("autoOffsetReset") or req.get("auto_offset_reset") or "earliest"
+        start = replica.hwm if reset == "latest" else replica.log_start_offset
+        start = committed if committed is not None else start
     else:
-        offset = req.int_field("offset", code="invalid_offset")
-        offset = max(offset, committed) if committed is not None else offset  # decision 14
+        start = req.int_field("offset", minimum=0, code="invalid_offset")
+        start = max(start, committed) if committed is not None else start
+    return ReadTarget(defn.name, replica, max_records, max_bytes, start)
 
+
+async def handle_consume(broker: Broker, req: Request) -> bytes:
+    """CONSUME topic partition offset [batch] [wait_ms] [max_bytes] [isolation] [autoOffsetReset] [group]."""
+    target = read_target(broker, req, default_batch=DEFAULT_BATCH_RECORDS)
+    replica, offset = target.replica, target.start
+    wait_ms = min(req.int_field("wait_ms", 0, minimum=0, code="invalid_wait_ms"), MAX_WAIT_MS)
     if offset < replica.log_start_offset or offset > replica.leo:
         raise _out_of_range(replica, offset)
     if offset >= replica.hwm and wait_ms > 0:
         await replica.wait_for_data(offset, wait_ms / 1000.0)
         if replica.deleted:
-            raise BrokerError.of("topic_not_found", topic=defn.name)
+            raise BrokerError.of("topic_not_found", topic=target.topic)
         if offset < replica.log_start_offset:
             raise _out_of_range(replica, offset)
-    return read_batch(replica, defn.name, offset, max_records, max_bytes)[0]
+    return read_batch(replica, target.topic, offset, target.max_records, target.max_bytes)[0]
 
 
 def read_batch(replica: Replica, topic: str, offset: int, max_records: int, max_bytes: int) -> tuple[bytes, int]:

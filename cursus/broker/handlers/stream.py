@@ -28,12 +28,10 @@ import logging
 import time
 
 from cursus.broker.core import Broker
-from cursus.broker.handlers.common import check_topic_access, max_bytes_arg, partition_of
-from cursus.broker.handlers.fetch import _isolation, read_batch
+from cursus.broker.handlers.fetch import read_batch, read_target
 from cursus.broker.replica import Replica
 from cursus.broker.request import Request, StreamReply, StreamSink
-from cursus.broker.topics import validate_topic_name
-from cursus.wire import MAX_RECORDS_PER_BATCH, Status
+from cursus.wire import Status
 from cursus.wire.errors import BrokerError
 
 log = logging.getLogger("cursus.stream")
@@ -51,24 +49,9 @@ def _wall_ms() -> int:
 
 async def handle_stream(broker: Broker, req: Request) -> StreamReply:
     """Validate a STREAM request and return the :class:`PartitionStream` the session drives."""
-    raw_topic = req.get("topic")
-    if raw_topic and ("*" in raw_topic or "?" in raw_topic):
-        raise BrokerError.of("invalid_topic_name", topic=raw_topic, reason="wildcards belong to group subscriptions")
-    defn = broker.topic(validate_topic_name(raw_topic, command="STREAM"))
-    check_topic_access(defn, "read")
-    replica = partition_of(broker, defn, req.int_field("partition", code="invalid_partition"))
-    _isolation(req)
-    batch = min(req.int_field("batch", DEFAULT_STREAM_BATCH, minimum=1, code="invalid_batch"), MAX_RECORDS_PER_BATCH)
-    max_bytes = max_bytes_arg(broker, req)
+    target = read_target(broker, req, default_batch=DEFAULT_STREAM_BATCH)
+    replica, start = target.replica, target.start
     group, member = req.get("group") or None, req.get("member") or None
-    committed = broker.coordinator.committed(group, defn.name, replica.partition)
-    if committed is not None and committed > replica.leo:
-        committed = None  # stale (the log was truncated below it)
-    if req.get("offset") in (None, ""):
-        start = committed if committed is not None else replica.log_start_offset
-    else:
-        start = req.int_field("offset", minimum=0, code="invalid_offset")
-        start = max(start, committed) if committed is not None else start
     if start > replica.leo:
         raise BrokerError.of("OFFSET_OUT_OF_RANGE", requested=start, earliest=replica.log_start_offset,
                              latest=replica.hwm)
@@ -76,7 +59,8 @@ async def handle_stream(broker: Broker, req: Request) -> StreamReply:
     if len(broker.streams) >= limit:
         raise BrokerError.of("too_many_connections", command="STREAM", limit=limit,
                              reason="max_stream_connections_reached")
-    return PartitionStream(broker, replica, start, group=group, member=member, batch=batch, max_bytes=max_bytes)
+    return PartitionStream(broker, replica, start, group=group, member=member, batch=target.max_records,
+                           max_bytes=target.max_bytes)
 
 
 class PartitionStream(StreamReply):
