@@ -18,7 +18,6 @@ from cursus.wire.batch import (
     TRANSACTIONAL_PRESENCE_MASK,
     TXN_CONTROL_MARKER_PAYLOAD,
     Batch,
-    BatchView,
     Presence,
     Record,
     decode_batch,
@@ -28,9 +27,6 @@ from cursus.wire.batch import (
     encode_record,
     is_cbv2,
     iter_record_slices,
-    record_offset_field_position,
-    scan_batch,
-    stamp_offsets,
 )
 from cursus.wire.commands import COMMAND_BY_NAME, INTERNAL_COMMANDS, Command, command_from_id
 from cursus.wire.compression import Compression, compress, decompress
@@ -93,6 +89,7 @@ from cursus.wire.negotiation import (
     select_compression,
 )
 from cursus.wire.responses import json_envelope, ok_text
+from cursus.wire.scan import BatchView, record_offset_field_position, scan_batch, stamp_offsets
 
 __all__ = [
     "ACKS_VALUES",

@@ -12,6 +12,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 import cursus.wire.batch as batch_module
+import cursus.wire.scan as scan_module
 from cursus.wire import (
     MAX_RECORDS_PER_BATCH,
     Batch,
@@ -254,13 +255,13 @@ def sdk_batch(count: int, *, payload_sizes: list[int] | None = None, keys: list[
 @pytest.fixture
 def strict_walks(monkeypatch: pytest.MonkeyPatch) -> list[int]:
     calls: list[int] = []
-    original = batch_module._walk_record
+    original = scan_module._walk_record
 
     def counting(*args, **kwargs):  # noqa: ANN002, ANN003, ANN202
         calls.append(1)
         return original(*args, **kwargs)
 
-    monkeypatch.setattr(batch_module, "_walk_record", counting)
+    monkeypatch.setattr(scan_module, "_walk_record", counting)
     return calls
 
 
