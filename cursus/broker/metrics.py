@@ -6,9 +6,11 @@ Each broker owns its own :class:`prometheus_client.CollectorRegistry`, so severa
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from collections.abc import Callable, Iterator
+from typing import TYPE_CHECKING, Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+from prometheus_client.core import GaugeMetricFamily, Metric
 
 if TYPE_CHECKING:
     from cursus.broker.replica import Replica
@@ -69,3 +71,42 @@ class BrokerMetrics:
                 family.remove(topic, str(partition))
             except KeyError:
                 pass
+
+
+class GroupStateCollector:
+    """Consumer-group and STREAM gauges, computed at scrape time (facts B9 names).
+
+    Prometheus scrapes on the metrics server's thread; group state belongs to the event loop, so
+    ``snapshot()`` hands the work to the loop (``run_coroutine_threadsafe``) and waits briefly for it.
+    ``snapshot`` returns (list of GROUP_STATUS dicts, number of active streams).
+    """
+
+    def __init__(self, snapshot: Callable[[], tuple[list[dict[str, Any]], int]]) -> None:
+        self._snapshot = snapshot
+
+    def describe(self) -> list[Metric]:
+        return []  # unchecked collector: families are produced at collect time
+
+    def collect(self) -> Iterator[Metric]:
+        try:
+            groups, streams = self._snapshot()
+        except Exception:  # the loop is busy or shutting down: skip this scrape's group gauges
+            return
+        members = GaugeMetricFamily("cursus_consumer_group_members", "Members per group.", labels=["group", "topic"])
+        generation = GaugeMetricFamily("cursus_consumer_group_generation", "Group generation.",
+                                       labels=["group", "topic"])
+        committed = GaugeMetricFamily("cursus_consumer_group_committed_offset", "Committed next offset.",
+                                      labels=["group", "topic", "partition"])
+        lag = GaugeMetricFamily("cursus_consumer_group_lag", "HWM minus committed offset.",
+                                labels=["group", "topic", "partition"])
+        for status in groups:
+            name, topic = status["group_name"], status["topic_name"]
+            members.add_metric([name, topic], status["member_count"])
+            generation.add_metric([name, topic], status["generation"])
+            for entry in status["offsets"]:
+                labels = [name, entry["topic"], str(entry["partition"])]
+                if entry["committed_offset"] is not None:
+                    committed.add_metric(labels, entry["committed_offset"])
+                lag.add_metric(labels, entry["lag"])
+        yield from (members, generation, committed, lag)
+        yield GaugeMetricFamily("cursus_streams_active", "Open STREAM requests.", value=streams)

@@ -11,13 +11,14 @@ import asyncio
 import logging
 import signal
 import time
+from typing import Any
 
 from prometheus_client import start_http_server
 
 from cursus.broker.config import BrokerConfig
 from cursus.broker.core import Broker
 from cursus.broker.health import serve_health
-from cursus.broker.metrics import BrokerMetrics
+from cursus.broker.metrics import BrokerMetrics, GroupStateCollector
 from cursus.broker.session import ByteBudget, Session
 from cursus.broker.tls import server_context
 
@@ -37,6 +38,7 @@ class BrokerServer:
         self._health_server: asyncio.Server | None = None
         self._metrics_server: object | None = None
         self._stopping = asyncio.Event()
+        self._loop: asyncio.AbstractEventLoop | None = None
         self._connection_slots = asyncio.Semaphore(config.max_client_connections)
         self._budget = ByteBudget(config.max_inflight_request_bytes)
 
@@ -54,12 +56,14 @@ class BrokerServer:
         if cfg.exporter_port >= 0:
             self._metrics_server = start_http_server(cfg.exporter_port, addr=host, registry=self.metrics.registry)
         ssl_context = server_context(cfg)
+        self._loop = asyncio.get_running_loop()
         self.broker = await Broker.open(cfg, self.metrics)
         self._client_server = await asyncio.start_server(
             self._on_connection, host, cfg.broker_port, limit=1 << 20, backlog=1024, ssl=ssl_context,
             ssl_handshake_timeout=cfg.tls_handshake_timeout_ms / 1000.0 if ssl_context else None,
         )
         self.broker.client_port = self._client_server.sockets[0].getsockname()[1]
+        self.metrics.registry.register(GroupStateCollector(self._group_snapshot))
         self.metrics.topics.set(len(self.broker.catalog.names()))
         self.metrics.partitions.set(len(self.broker.replicas))
         self.metrics.ready.set(1)
@@ -67,6 +71,17 @@ class BrokerServer:
         log.info("listening client=%s:%d tls=%s health=%s metrics=%s advertised=%s", host, self.broker.client_port,
                  "on" if ssl_context else "off", self._port_text(self._health_server), self._metrics_port_text(), self.broker.leader_address())
         log.info("ready")
+
+    def _group_snapshot(self) -> tuple[list[dict[str, Any]], int]:
+        """Group status for the metrics thread, computed on the event loop (see GroupStateCollector)."""
+        broker, loop = self.broker, self._loop
+        assert broker is not None and loop is not None
+
+        async def snapshot() -> tuple[list[dict[str, Any]], int]:
+            coordinator = broker.coordinator
+            return [coordinator.status(name) for name in coordinator.list_groups()], len(broker.streams)
+
+        return asyncio.run_coroutine_threadsafe(snapshot(), loop).result(timeout=2.0)
 
     @staticmethod
     def _port_text(server: asyncio.Server | None) -> str:

@@ -70,6 +70,9 @@ def test_metrics_after_known_workload(broker_factory):
         for _ in range(3):
             ack_of(publish_batch(conn, "metered", 1, [b"m"] * 10))
         error_of(conn.command("METADATA topic=unknown-topic"))
+        joined = ok_fields(conn.command("JOIN_GROUP topic=metered group=g1 member=m"))
+        ok_fields(conn.command(f"COMMIT_OFFSET topic=metered partition=1 group=g1 offset=12 "
+                               f"member={joined['member']} generation={joined['generation']}"))
     bad = socket.create_connection(broker.address)
     bad.sendall(b"\xde\xad" * 40)
     bad.recv(1)
@@ -89,6 +92,10 @@ def test_metrics_after_known_workload(broker_factory):
     assert 'cursus_broker_commands_total{command="PUBLISH",result="ok"} 3.0' in text
     assert 'cursus_broker_command_errors_total{code="topic_not_found",command="METADATA"} 1.0' in text
     assert "cursus_broker_ready 1.0" in text
+    assert 'cursus_consumer_group_members{group="g1",topic="metered"} 1.0' in text
+    assert 'cursus_consumer_group_committed_offset{group="g1",partition="1",topic="metered"} 12.0' in text
+    assert 'cursus_consumer_group_lag{group="g1",partition="1",topic="metered"} 18.0' in text
+    assert "cursus_streams_active 0.0" in text
 
 
 def test_sigterm_during_publish_stream_loses_no_acked_record(broker_factory):
