@@ -9,9 +9,10 @@ from __future__ import annotations
 
 import array
 import json
+import logging
 
 from cursus.broker.core import Broker, now_ms
-from cursus.broker.handlers.common import check_topic_access, parse_acks, partition_of
+from cursus.broker.handlers.common import ACK_MODES, check_topic_access, parse_acks, partition_of
 from cursus.broker.parsing import I32_MAX, U64_MAX
 from cursus.broker.replica import Replica
 from cursus.broker.request import NO_REPLY, Reply, Request
@@ -27,6 +28,7 @@ from cursus.wire import (
 )
 from cursus.wire.errors import BrokerError
 
+log = logging.getLogger("cursus.produce")
 _U32_LEN = 4
 _TXN_FIELDS = ("transactional_id", "transaction_state", "transaction_marker")
 
@@ -38,19 +40,21 @@ async def handle_publish(broker: Broker, req: Request) -> Reply | bytes:
     if req.batch is not None:
         view = scan_batch(req.batch)  # ProtocolError: undecodable batch closes the connection (decision 5)
         acks_raw = view.acks
-    mode = ACKS_SUPPRESSED if (acks_raw or "").strip().lower() in ("0", "none") else None
+    suppressed = ACK_MODES.get((acks_raw or "").strip().lower()) == "none"
     try:
         if view is not None:
             return await _publish_batch(broker, req, view)
         return await _publish_text(broker, req)
-    except BrokerError as exc:
-        if mode is ACKS_SUPPRESSED:
-            broker.metrics.publish_acks_total.labels("none", exc.error.code).inc()
-            return NO_REPLY
-        raise
-
-
-ACKS_SUPPRESSED = object()
+    except Exception as exc:
+        if not suppressed:
+            raise
+        # acks=0: the client never reads a reply, so even a failure sends nothing (a stray frame would
+        # desynchronise its connection).
+        code = exc.error.code if isinstance(exc, BrokerError) else "broker_error"
+        if not isinstance(exc, BrokerError):
+            log.exception("acks=0 PUBLISH failed")
+        broker.metrics.publish_acks_total.labels("none", code).inc()
+        return NO_REPLY
 
 
 def _target(broker: Broker, topic: str) -> TopicDefinition:
