@@ -131,22 +131,31 @@ class Session:
 
     async def run(self) -> None:
         metrics = self.broker.metrics
+        graceful = False  # close (flush what is buffered) only after an orderly end; otherwise abort
         try:
             if await self._negotiate():
                 await self._serve()
+            graceful = True
         except ProtocolError as exc:
             metrics.wire_failures_total.labels(exc.reason).inc()
             log.debug("closing %s: %s", self.info.peer, exc)
-        except (asyncio.IncompleteReadError, ConnectionError, TimeoutError, _CloseConnection):
-            pass
+            graceful = True  # nothing is pending to write: a plain close
+        except (asyncio.IncompleteReadError, _CloseConnection):
+            graceful = True  # EOF, EXIT, or a reply that was written before closing
+        except (ConnectionError, TimeoutError):
+            pass  # includes a client that did not read its reply within the request deadline
         except RuntimeError as exc:  # uvloop: a transport closed under us (client vanished mid-handshake)
             log.debug("closing %s: %s", self.info.peer, exc)
         finally:
-            self.writer.close()
+            if graceful:
+                self.writer.close()
+            else:
+                self.writer.transport.abort()  # drop unsent bytes: a stuck peer must not pin the session
             try:
-                await self.writer.wait_closed()
-            except (ConnectionError, OSError):
-                pass
+                async with asyncio.timeout(self._request_timeout_s()):
+                    await self.writer.wait_closed()
+            except (ConnectionError, OSError, TimeoutError):
+                self.writer.transport.abort()
 
     # -------------------------------------------------------------------------------------- handshake
 

@@ -98,3 +98,27 @@ def test_invalid_utf8_field_is_a_typed_error(shared_broker):
         err = error_of(conn.request(Command.METADATA, bytes(raw)))
         assert err.code == "invalid_payload"
         assert ok_fields(conn.command("LIST"))["count"]  # the connection stays usable
+
+
+def test_client_that_never_reads_its_reply_is_disconnected(broker_factory):
+    broker = broker_factory(settings={"client_request_timeout_ms": 1000, "exporter_port": 0}).start()
+    with connect(broker) as conn:
+        create_topic(conn, "unread")
+        for _ in range(40):
+            ack_of(publish_batch(conn, "unread", 0, [b"z" * 10_000] * 50))  # 20 MB stored
+    reader = connect(broker)
+    reader.sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+    command, payload = parse_command_text("CONSUME topic=unread partition=0 offset=0 batch=100000 max_bytes=16000000")
+    reader.send(command, encode_crq2(payload))  # and never read the ~16 MB reply
+    deadline = time.monotonic() + 20
+    active = None
+    while time.monotonic() < deadline:
+        _, body = broker.http_get("/metrics", port=broker.metrics_port)
+        for line in body.decode().splitlines():
+            if line.startswith("cursus_broker_client_connections_active "):
+                active = float(line.split()[1])
+        if active == 0:
+            break
+        time.sleep(0.1)
+    assert active == 0, "the broker kept a connection whose client never read its reply"
+    reader.close()
