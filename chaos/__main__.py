@@ -389,7 +389,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--duration", type=float, default=60.0, help="workload seconds (default 60)")
     p.add_argument("--faults", default=DEFAULT_FAULTS, help=f"comma-separated fault kinds (default {DEFAULT_FAULTS})")
     p.add_argument("--seed", type=int, default=None, help="schedule seed (default: random, printed)")
-    p.add_argument("--out", type=Path, default=None, help="output dir (default chaos-out/<time>-seed<N>)")
+    p.add_argument("--out", type=Path, default=None, help="output dir (default chaos-out/<time>-run-seed<N>)")
     p.add_argument("--settle", type=float, default=3.0, help="fault-free seconds before the drain (default 3)")
     p.add_argument("--keep-data", action="store_true", help="keep broker data dirs after a valid run")
     p.add_argument("--no-groups", action="store_true", help="do not run the group-consumer workload")
