@@ -237,7 +237,34 @@ def _partition_list(partitions: int | Iterable[int] | None) -> list[int] | None:
 
 
 
-class Consumer:
+class _ConsumerSettings:
+    """Constructor shared by :class:`Consumer` and :class:`AsyncConsumer`; ``_client_type`` picks the
+    transport (blocking or asyncio), everything else lives in the sans-IO :class:`ConsumerCore`."""
+
+    _client_type: Any
+
+    def __init__(self, topic: str, bootstrap: str | Sequence[str] = DEFAULT_ADDRESS, *,
+                 partitions: int | Iterable[int] | None = None, start: StartPosition = "earliest",
+                 auto_offset_reset: str = "earliest", isolation_level: str = "read_committed",
+                 batch_size: int = 1000, max_bytes: int | None = None, wait_ms: int = 500,
+                 group: str | None = None, member: str | None = None,
+                 options: ConnectionOptions | None = None, **overrides: Any) -> None:
+        if wait_ms < 0:
+            raise ValueError("wait_ms must be >= 0")
+        self.topic = topic
+        self.wait_ms = wait_ms
+        self.options = options_from(options, overrides)
+        self._core = ConsumerCore(topic, auto_offset_reset=auto_offset_reset, isolation_level=isolation_level,
+                                  batch_size=batch_size, max_bytes=max_bytes, group=group, member=member)
+        self._client = self._client_type(bootstrap, self.options)
+        self._wanted = _partition_list(partitions)
+        self._start = start
+        self._started = False
+        self._closed = False
+        self._metadata: TopicMetadata | None = None
+
+
+class Consumer(_ConsumerSettings):
     """Blocking partition consumer; iterate it for records (forever), or use :meth:`poll`/:meth:`records`.
 
     Args:
@@ -260,25 +287,7 @@ class Consumer:
     reconnecting exhausts the backoff budget, ``ClientClosedError`` after close.
     """
 
-    def __init__(self, topic: str, bootstrap: str | Sequence[str] = DEFAULT_ADDRESS, *,
-                 partitions: int | Iterable[int] | None = None, start: StartPosition = "earliest",
-                 auto_offset_reset: str = "earliest", isolation_level: str = "read_committed",
-                 batch_size: int = 1000, max_bytes: int | None = None, wait_ms: int = 500,
-                 group: str | None = None, member: str | None = None,
-                 options: ConnectionOptions | None = None, **overrides: Any) -> None:
-        if wait_ms < 0:
-            raise ValueError("wait_ms must be >= 0")
-        self.topic = topic
-        self.wait_ms = wait_ms
-        self.options = options_from(options, overrides)
-        self._core = ConsumerCore(topic, auto_offset_reset=auto_offset_reset, isolation_level=isolation_level,
-                                  batch_size=batch_size, max_bytes=max_bytes, group=group, member=member)
-        self._client = Client(bootstrap, self.options)
-        self._wanted = _partition_list(partitions)
-        self._start = start
-        self._started = False
-        self._closed = False
-        self._metadata: TopicMetadata | None = None
+    _client_type = Client
 
     # ----------------------------------------------------------------------------------------- setup
 
@@ -447,30 +456,12 @@ class Consumer:
         self.close()
 
 
-class AsyncConsumer:
+class AsyncConsumer(_ConsumerSettings):
     """asyncio partition consumer: ``async for record in consumer`` or ``await poll()``. Arguments, units,
     behaviour and errors are those of :class:`Consumer`.
     """
 
-    def __init__(self, topic: str, bootstrap: str | Sequence[str] = DEFAULT_ADDRESS, *,
-                 partitions: int | Iterable[int] | None = None, start: StartPosition = "earliest",
-                 auto_offset_reset: str = "earliest", isolation_level: str = "read_committed",
-                 batch_size: int = 1000, max_bytes: int | None = None, wait_ms: int = 500,
-                 group: str | None = None, member: str | None = None,
-                 options: ConnectionOptions | None = None, **overrides: Any) -> None:
-        if wait_ms < 0:
-            raise ValueError("wait_ms must be >= 0")
-        self.topic = topic
-        self.wait_ms = wait_ms
-        self.options = options_from(options, overrides)
-        self._core = ConsumerCore(topic, auto_offset_reset=auto_offset_reset, isolation_level=isolation_level,
-                                  batch_size=batch_size, max_bytes=max_bytes, group=group, member=member)
-        self._client = AsyncClient(bootstrap, self.options)
-        self._wanted = _partition_list(partitions)
-        self._start = start
-        self._started = False
-        self._closed = False
-        self._metadata: TopicMetadata | None = None
+    _client_type = AsyncClient
 
     async def metadata(self) -> TopicMetadata:
         """The topic's METADATA (cached)."""
