@@ -89,7 +89,7 @@ async def _drive_commits(log_dir: Path, commits: int, groups: int = 50) -> float
     from cursus.broker.config import load_config
     from cursus.broker.core import Broker
     from cursus.broker.metrics import BrokerMetrics
-    from cursus.broker.topics import TopicDefinition
+    from cursus.metadata.topics import TopicDefinition
 
     config = load_config(environ={}, overrides={"log_dir": str(log_dir), "consumer_session_timeout_ms": 3_600_000})
     broker = await Broker.open(config, BrokerMetrics())

@@ -14,5 +14,8 @@ settings.register_profile("dev", deadline=None, max_examples=60)
 settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "dev"))
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
-# The shared folder sits beside the checkout (../shared), in CI as in development.
+#: The project's shared folder, beside the checkout in development and CI; a user's clone has none.
 SHARED_DIR = Path(os.environ.get("CURSUS_SHARED_DIR", REPO_ROOT.parent / "shared"))
+#: The cross-language conformance vectors, committed as test data so a bare clone passes ``make test``;
+#: ``test_wire_conformance`` checks the copy against ``SHARED_DIR`` whenever that folder exists.
+CONFORMANCE_PATH = Path(__file__).resolve().parent / "data" / "conformance" / "wire-v2.json"

@@ -11,7 +11,7 @@ from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Protocol
 
-from cursus.broker.topics import TopicDefinition, load_manifest, save_manifest
+from cursus.metadata.topics import TopicDefinition, load_manifest, save_manifest
 
 
 class Catalog(Protocol):

@@ -21,7 +21,7 @@ from cursus.broker.config import BrokerConfig
 from cursus.broker.metrics import BrokerMetrics
 from cursus.broker.producer_state import SNAPSHOT_NAME, ProducerStateTable, chunk_producer_span
 from cursus.broker.replica import Replica
-from cursus.broker.topics import TopicDefinition, is_internal_topic
+from cursus.metadata.topics import TopicDefinition, is_internal_topic
 from cursus.storage import (
     Completion,
     GroupCommitWriter,

@@ -6,7 +6,7 @@ from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Protocol
 
-from cursus.broker.parsing import I64_MAX, I64_MIN, parse_int
+from cursus.parsing import I64_MAX, I64_MIN, parse_int
 from cursus.wire import Command, Status
 from cursus.wire.errors import BrokerError
 

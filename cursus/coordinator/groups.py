@@ -35,7 +35,7 @@ import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 
-from cursus.broker.topics import is_internal_topic, validate_topic_name
+from cursus.metadata.topics import is_internal_topic, validate_topic_name
 from cursus.wire.errors import BrokerError
 
 #: Spec section 6: "Server session timeout: configurable (default ~30s)".

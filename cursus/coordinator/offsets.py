@@ -55,8 +55,8 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from cursus.broker.replica import Replica
-from cursus.broker.topics import validate_topic_name
 from cursus.coordinator.groups import Selector, TopicPartition
+from cursus.metadata.topics import validate_topic_name
 from cursus.wire import Record, decode_record, encode_record, iter_record_slices
 
 log = logging.getLogger("cursus.coordinator")

@@ -25,7 +25,6 @@ import time
 from typing import TYPE_CHECKING, Any
 
 from cursus.broker.replica import Replica
-from cursus.broker.topics import TopicDefinition, TopicPolicy, is_internal_topic
 from cursus.coordinator.groups import Group, GroupTable, JoinResult, Selector, expansion_for
 from cursus.coordinator.offsets import (
     OFFSETS_TOPIC,
@@ -38,6 +37,7 @@ from cursus.coordinator.offsets import (
     TombstoneRecord,
     utc_timestamp,
 )
+from cursus.metadata.topics import TopicDefinition, TopicPolicy, is_internal_topic
 from cursus.wire.errors import BrokerError
 
 if TYPE_CHECKING:

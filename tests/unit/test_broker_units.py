@@ -9,7 +9,7 @@ import pytest
 from cursus.broker.health import health_response
 from cursus.broker.producer_state import Duplicate, ProducerStateTable
 from cursus.broker.session import ByteBudget
-from cursus.broker.topics import TopicDefinition, apply_create
+from cursus.metadata.topics import TopicDefinition, apply_create
 from cursus.wire.errors import BrokerError
 
 

@@ -1,7 +1,8 @@
 """Every vector of the shared conformance file decodes to its documented values and re-encodes.
 
-The vectors are read from ``SHARED_DIR/conformance/wire-v2.json`` (never copied into the
-repo); the expected values are the ones listed in ``conformance/README.md``.
+The vectors are the committed copy in ``tests/data/conformance/`` (so a clone with nothing beside it
+passes); when the project's shared folder exists, the copy must equal it byte for byte. The expected
+values are the ones listed in the conformance ``README.md``.
 """
 
 from __future__ import annotations
@@ -37,9 +38,8 @@ from cursus.wire import (
     parse_command_text,
     scan_batch,
 )
-from tests.conftest import SHARED_DIR
+from tests.conftest import CONFORMANCE_PATH, SHARED_DIR
 
-CONFORMANCE_PATH = SHARED_DIR / "conformance" / "wire-v2.json"
 APPEND_STREAM_TEXT = (
     'APPEND_STREAM topic=events key=aggregate-7 expectedVersion=3 eventType=Updated schemaVersion=2 '
     'metadata={"trace":"a b"} message={"value":"x y"}'
@@ -50,6 +50,14 @@ COMPRESSED_PAYLOAD = (b"cross-language-compression-" * 4)[:80]
 @cache
 def conformance() -> dict:
     return json.loads(CONFORMANCE_PATH.read_text())
+
+
+def test_committed_vectors_match_shared_folder():
+    shared = SHARED_DIR / "conformance"
+    if not shared.is_dir():
+        pytest.skip("no shared folder beside this checkout (a user's clone): the committed copy is used")
+    for name in ("wire-v2.json", "README.md"):
+        assert (CONFORMANCE_PATH.parent / name).read_bytes() == (shared / name).read_bytes(), name
 
 
 def vector(name: str) -> bytes:

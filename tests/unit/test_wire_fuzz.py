@@ -36,14 +36,14 @@ from cursus.wire import (
     scan_batch,
 )
 from cursus.wire.compression import XERIAL_MAGIC
-from tests.conftest import SHARED_DIR
+from tests.conftest import CONFORMANCE_PATH
 
 Decoder = Callable[[bytes], object]
 
 
 @cache
 def vectors() -> dict[str, bytes]:
-    data = json.loads((SHARED_DIR / "conformance" / "wire-v2.json").read_text())
+    data = json.loads(CONFORMANCE_PATH.read_text())
     return {entry["name"]: bytes.fromhex(entry["hex"]) for entry in data["vectors"]}
 
 

@@ -7,9 +7,9 @@ import json
 
 from cursus.broker.core import Broker
 from cursus.broker.handlers.common import topic_arg
-from cursus.broker.parsing import parse_int
 from cursus.broker.request import Request
-from cursus.broker.topics import AUTH_FIELDS, definition_fields, is_internal_topic, validate_topic_name
+from cursus.metadata.topics import AUTH_FIELDS, definition_fields, is_internal_topic, validate_topic_name
+from cursus.parsing import parse_int
 from cursus.wire.errors import BrokerError
 from cursus.wire.responses import ok_text
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 from cursus.broker.core import Broker
 from cursus.broker.replica import Replica
 from cursus.broker.request import Request
-from cursus.broker.topics import TopicDefinition, validate_topic_name
+from cursus.metadata.topics import TopicDefinition, validate_topic_name
 from cursus.wire.errors import BrokerError
 
 #: acks strings (facts decision 11) -> ack mode label: "none" suppresses the reply.

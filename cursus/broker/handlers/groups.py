@@ -12,8 +12,8 @@ import re
 
 from cursus.broker.core import Broker
 from cursus.broker.request import Request
-from cursus.broker.topics import validate_topic_name
 from cursus.coordinator.groups import Group, Selector, validate_group_name, validate_member_id
+from cursus.metadata.topics import validate_topic_name
 from cursus.wire.errors import BrokerError
 from cursus.wire.responses import json_envelope, ok_text
 

@@ -13,10 +13,10 @@ import logging
 
 from cursus.broker.core import Broker, now_ms
 from cursus.broker.handlers.common import ACK_MODES, check_topic_access, parse_acks, partition_of
-from cursus.broker.parsing import I32_MAX, U64_MAX
 from cursus.broker.replica import Replica
 from cursus.broker.request import NO_REPLY, Reply, Request
-from cursus.broker.topics import TopicDefinition, is_internal_topic, validate_topic_name
+from cursus.metadata.topics import TopicDefinition, is_internal_topic, validate_topic_name
+from cursus.parsing import I32_MAX, U64_MAX
 from cursus.partitioning import partition_for_key
 from cursus.wire import (
     BatchView,

@@ -5,7 +5,7 @@ from __future__ import annotations
 from cursus.broker.core import Broker
 from cursus.broker.handlers.common import partition_of, topic_arg
 from cursus.broker.request import Request
-from cursus.broker.topics import apply_create, definition_fields, is_internal_topic, validate_topic_name
+from cursus.metadata.topics import apply_create, definition_fields, is_internal_topic, validate_topic_name
 from cursus.wire.errors import BrokerError
 from cursus.wire.responses import ok_text
 

@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from cursus.broker.parsing import parse_int
+from cursus.parsing import parse_int
 from cursus.storage.atomic import atomic_write
 from cursus.wire.errors import BrokerError
 
