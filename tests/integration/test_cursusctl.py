@@ -36,11 +36,6 @@ def _fields(line: str) -> dict[str, str]:
     return dict(token.split("=", 1) for token in line.split() if "=" in token)
 
 
-def _skip_unsupported(result: subprocess.CompletedProcess[str]) -> None:
-    if "UNSUPPORTED_FEATURE" in result.stderr + result.stdout:
-        pytest.skip("broker does not serve this command yet")
-
-
 def test_topic_subcommands(shared_broker, topic_name):
     created = ctl(shared_broker, "topic", "create", topic_name, "--partitions", "3", "--retention-hours", "2",
                   broker_flag=True)
@@ -56,19 +51,16 @@ def test_topic_subcommands(shared_broker, topic_name):
     assert topic_name in json.loads(listed_json.stdout)["topics"]
 
     described = ctl(shared_broker, "topic", "describe", topic_name)
-    _skip_unsupported(described)
     assert described.returncode == 0 and "partition=3" in described.stdout
     described_json = json.loads(ctl(shared_broker, "--json", "topic", "describe", topic_name).stdout)
     assert described_json["topic"] == topic_name and len(described_json["partitions"]) == 4
 
     altered = ctl(shared_broker, "--json", "topic", "alter", topic_name, "--min-isr", "default")
-    _skip_unsupported(altered)
     assert altered.returncode == 0 and json.loads(altered.stdout)["min_in_sync_replicas"] is None
     bad_alter = ctl(shared_broker, "topic", "alter", topic_name, "--min-isr", "7")
     assert bad_alter.returncode == 1 and bad_alter.stderr.startswith("ERROR: invalid_min_in_sync_replicas")
 
     deleted = ctl(shared_broker, "topic", "delete", topic_name)
-    _skip_unsupported(deleted)
     assert deleted.returncode == 0 and _fields(deleted.stdout)["deleted"] == "true"
     missing = ctl(shared_broker, "topic", "delete", topic_name)
     assert missing.returncode == 1 and missing.stderr.startswith(ERROR_PREFIX)
