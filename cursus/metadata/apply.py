@@ -116,7 +116,10 @@ def _next_definition(state: MetadataState, command: CreateTopic | PutTopic | Alt
         if current is not None and defn.partitions < current.partitions:
             raise BrokerError.of("invalid_partitions", reason="partition count can only increase",
                                  current=current.partitions, value=defn.partitions)
-        return current if defn == current else defn
+        if current is None or defn == current:
+            return current or defn
+        # a changed definition never moves the revision backwards
+        return dataclasses.replace(defn, revision=max(defn.revision, current.revision + 1))
     if current is None:
         raise BrokerError.of("topic_not_found", topic=command.topic)
     override = command.min_in_sync_replicas

@@ -42,7 +42,7 @@ class CreateTopic:
 class PutTopic:
     """Install a complete definition (broker-owned topics such as ``__consumer_offsets``, manifest restore).
 
-    The partition count may only grow.
+    The partition count may only grow; a changed definition gets at least the current revision + 1.
     """
 
     request_id: str
