@@ -45,7 +45,26 @@ log = logging.getLogger("cursus.broker")
 
 
 def now_ms() -> int:
-    return int(time.time() * 1000)
+    """Wall-clock milliseconds since the epoch (record and producer-state timestamps)."""
+    return time.time_ns() // 1_000_000
+
+
+def monotonic_ms() -> int:
+    """Monotonic milliseconds (deadlines and timeouts; immune to wall-clock jumps)."""
+    return time.monotonic_ns() // 1_000_000
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Clock:
+    """The broker's clocks, injected so tests can drive time.
+
+    ``monotonic_ms`` is for deadlines, timeouts and intervals; ``wall_ms`` only for timestamps that are
+    stored or compared across restarts: record append times, retention by append time, producer-state
+    activity (persisted in the producer snapshot, as Kafka expires producers by batch timestamp).
+    """
+
+    monotonic_ms: Callable[[], int] = monotonic_ms
+    wall_ms: Callable[[], int] = now_ms
 
 
 def default_broker_id(config: BrokerConfig, port: int) -> str:
@@ -66,8 +85,9 @@ class Broker:
     """Domain state of one broker node. Create with :meth:`open`, close with :meth:`close`."""
 
     def __init__(self, config: BrokerConfig, log_dir: LogDir, metrics: BrokerMetrics, *,
-                 client_port: int = 0) -> None:
+                 client_port: int = 0, clock: Clock | None = None) -> None:
         self.config = config
+        self.clock = clock or Clock()
         self.log_dir = log_dir
         self.metrics = metrics
         self.client_port = client_port or config.broker_port
@@ -108,11 +128,13 @@ class Broker:
     # -------------------------------------------------------------------------------------- lifecycle
 
     @classmethod
-    async def open(cls, config: BrokerConfig, metrics: BrokerMetrics, *, client_port: int = 0) -> Broker:
+    async def open(cls, config: BrokerConfig, metrics: BrokerMetrics, *, client_port: int = 0,
+                   clock: Clock | None = None) -> Broker:
         """Open the log dir, recover every local partition in parallel off the loop (the reconciler's
         bounded pool: log recovery and producer-state rebuild), then replay consumer groups.
 
-        ``client_port`` is the bound client port (default: ``broker_port``); it names the broker.
+        ``client_port`` is the bound client port (default: ``broker_port``); it names the broker. ``clock``
+        defaults to the real clocks (:class:`Clock`).
 
         Raises:
             LogDirLockedError, UnsupportedFormatError, CorruptLogError, ManifestError: startup must stop.
@@ -121,7 +143,7 @@ class Broker:
         loop = asyncio.get_running_loop()
         log_dir = await loop.run_in_executor(None, open_log_dir, Path(config.log_dir))
         try:
-            broker = cls(config, log_dir, metrics, client_port=client_port)
+            broker = cls(config, log_dir, metrics, client_port=client_port, clock=clock)
             broker.writer.start()
             count = await broker.reconciler.start(broker.metadata.state)
             await broker.coordinator.open()
@@ -191,7 +213,7 @@ class Broker:
         if snapshot.exists():
             snapshot.unlink()
             fsync_dir(directory)  # a stale snapshot must not reappear after a crash
-        stamp = now_ms()
+        stamp = self.clock.wall_ms()
         for base_offset, record_count, body in plog.iter_chunks(start):
             span = chunk_producer_span(memoryview(body), record_count)
             if span is not None:
@@ -397,7 +419,7 @@ class Broker:
         Time is each segment's last chunk append time. The active segment is never deleted.
         """
         deleted = 0
-        stamp = now_ms()
+        stamp = self.clock.wall_ms()
         for (topic, _), replica in list(self.replicas.items()):
             defn = self.metadata.get(topic)
             if defn is None or replica.fenced is not None or is_internal_topic(topic):
@@ -434,5 +456,6 @@ class Broker:
         return -1 if hours < 0 else hours * 3_600_000
 
     def expire_producers(self) -> int:
-        stamp = now_ms()
+        """Drop idempotent-producer state idle longer than ``producer_state_ttl_ms``; return entries dropped."""
+        stamp = self.clock.wall_ms()
         return sum(table.expire(stamp) for table in self.producers.values())

@@ -12,6 +12,7 @@ keep their assignment. Standalone is a cluster of one, so every partition lands 
 from __future__ import annotations
 
 import bisect
+import functools
 import zlib
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
@@ -127,10 +128,14 @@ class MetadataState:
 APPLIED_REQUESTS_KEPT = 1024
 
 
+@functools.lru_cache(maxsize=16)
+def _ring(brokers: tuple[str, ...]) -> list[tuple[int, str]]:
+    return sorted((zlib.crc32(f"{b}:{i}".encode()), b) for b in brokers for i in range(RING_VIRTUAL_NODES))
+
+
 def ring_replicas(brokers: Iterable[str], key: str, count: int) -> tuple[str, ...]:
     """``count`` distinct brokers for ``key`` on the consistent-hash ring (facts B7), ring order."""
-    points = sorted((zlib.crc32(f"{b}:{i}".encode()), b) for b in sorted(set(brokers))
-                    for i in range(RING_VIRTUAL_NODES))
+    points = _ring(tuple(sorted(set(brokers))))
     if not points or count <= 0:
         return ()
     start = bisect.bisect_left(points, (zlib.crc32(key.encode()), ""))
