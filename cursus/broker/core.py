@@ -25,7 +25,7 @@ from cursus.broker.producer_state import SNAPSHOT_NAME, ProducerStateTable, chun
 from cursus.broker.reconciler import Reconciler
 from cursus.broker.replica import Replica
 from cursus.metadata.apply import ApplyResult
-from cursus.metadata.backend import StandaloneMetadata
+from cursus.metadata.backend import Metadata, StandaloneMetadata
 from cursus.metadata.commands import AlterTopicConfig, Command, CreateTopic, DeleteTopic, PutTopic
 from cursus.metadata.state import BrokerInfo
 from cursus.metadata.topics import AUTH_FIELDS, TopicDefinition, is_internal_topic
@@ -95,8 +95,8 @@ class Broker:
         self.loop = asyncio.get_running_loop()
         self.writer = GroupCommitWriter(self._notify_from_writer_thread)
         #: Authoritative metadata (topics, partition assignment, broker registry).
-        self.metadata = StandaloneMetadata(log_dir.path, self.run_blocking,
-                                           BrokerInfo(self.broker_id, self.leader_address()))
+        self.metadata: Metadata = StandaloneMetadata(log_dir.path, self.run_blocking,
+                                                     BrokerInfo(self.broker_id, self.leader_address()))
         self.reconciler = Reconciler(self, log_dir.path, recovery_threads(config))
         self.metadata.subscribe(self.reconciler.on_metadata)
         self.replicas: dict[tuple[str, int], Replica] = {}
@@ -288,7 +288,7 @@ class Broker:
     # ---------------------------------------------------------------------------------------- lookups
 
     @property
-    def catalog(self) -> StandaloneMetadata:
+    def catalog(self) -> Metadata:
         """Topic definitions (``get(name)``, ``names()``): the metadata backend."""
         return self.metadata
 

@@ -71,7 +71,11 @@ class BrokerServer:
             start_serving=False,
         )
         port = self._client_server.sockets[0].getsockname()[1]
-        broker = self.broker = await Broker.open(cfg, self.metrics, client_port=port)
+        try:
+            broker = self.broker = await Broker.open(cfg, self.metrics, client_port=port)
+        except BaseException:
+            self._client_server.close()
+            raise
         await self._client_server.start_serving()
         self.metrics.registry.register(GroupStateCollector(self._group_snapshot))
         self.metrics.topics.set(len(broker.metadata.names()))

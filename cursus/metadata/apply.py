@@ -146,7 +146,7 @@ def _put(state: MetadataState, command: CreateTopic | PutTopic | AlterTopicConfi
         raise BrokerError.of("cluster_metadata_unavailable", topic=name, reason="no active broker to place on")
     assignments: dict[PartitionKey, PartitionAssignment] = dict(state.assignments)
     for key in added:
-        assignments[key] = place(defn, key[1], active)
+        assignments[key] = place(defn, key[1], active, state.initial_leader_epoch)
     topics = dict(state.topics)
     topics[name] = defn
     new = dataclasses.replace(state, topics=topics, assignments=assignments)

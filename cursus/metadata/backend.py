@@ -62,7 +62,8 @@ class StandaloneMetadata:
 
     Commands are serialized by an internal lock (each commit stages the whole manifest). The partition
     assignment and the broker registry are not persisted: placement is deterministic over the one local
-    broker, so they are rebuilt from the manifest at open. Manifest writes run through ``run_blocking``
+    broker, so they are rebuilt from the manifest at open. Standalone partitions have leader epoch 0
+    (facts B5). Manifest writes run through ``run_blocking``
     (the storage writer thread, so a deletion's commit is ordered after the appends queued before it).
 
     Args:
@@ -79,7 +80,7 @@ class StandaloneMetadata:
         self._run_blocking = run_blocking
         self._lock = asyncio.Lock()
         self._listeners: list[Listener] = []
-        state, _ = apply(MetadataState(), RegisterBroker(f"register-{local.id}", local))
+        state, _ = apply(MetadataState(initial_leader_epoch=0), RegisterBroker(f"register-{local.id}", local))
         for name, defn in sorted(load_manifest(log_dir).items()):
             state, _ = apply(state, PutTopic(f"restore-{name}", defn))
         self._state = state

@@ -6,7 +6,8 @@ never mutates an old one (the mappings are copied on write and must be treated a
 Placement (facts B7 "Partition placement at creation"): replicas are chosen over the *active* registered
 brokers on a consistent-hash ring (CRC-32 IEEE, 150 virtual nodes per broker keyed ``"<broker>:<i>"``,
 ``GetN("<topic>-<p>", RF)``); leader = replicas[0]; ISR = replicas; leader epoch = 1. Existing partitions
-keep their assignment. Standalone is a cluster of one, so every partition lands on the local broker.
+keep their assignment. Standalone is a cluster of one, so every partition lands on the local broker (with
+leader epoch 0, as the reference's standalone mode reports).
 """
 
 from __future__ import annotations
@@ -24,7 +25,8 @@ from cursus.metadata.topics import TopicDefinition
 RING_VIRTUAL_NODES = 150
 #: Version of the ``committed_hwm`` field of a partition assignment (facts B6 FSM snapshot).
 COMMITTED_HWM_VERSION = 1
-#: The first leader epoch of a newly placed partition (facts B7).
+#: The first leader epoch of a newly placed partition in a cluster (facts B7); standalone reports 0
+#: (facts B5 METADATA "Standalone epochs are all 0"), see :attr:`MetadataState.initial_leader_epoch`.
 FIRST_LEADER_EPOCH = 1
 BROKER_STATUSES = ("active", "inactive")
 
@@ -66,7 +68,7 @@ class PartitionAssignment:
     Attributes:
         replicas: broker ids, preferred leader first.
         leader: broker id of the leader, or None when leaderless.
-        leader_epoch: bumped on every leader change (>= 1 once placed).
+        leader_epoch: bumped on every leader change (starts at the state's ``initial_leader_epoch``).
         isr: the in-sync replica set (a subset of ``replicas``).
         committed_hwm: the committed high watermark the metadata log knows (records); standalone keeps it 0
             and the local replica is the source of the live HWM.
@@ -100,6 +102,8 @@ class MetadataState:
         brokers: broker id -> registration.
         applied: request id -> result of recently applied commands (a retried command applies once);
             bounded to :data:`APPLIED_REQUESTS_KEPT` entries, oldest dropped first.
+        initial_leader_epoch: the leader epoch of a newly placed partition: 1 in a cluster (facts B7),
+            0 standalone (facts B5: standalone METADATA reports epochs 0).
     """
 
     revision: int = 0
@@ -107,6 +111,7 @@ class MetadataState:
     assignments: Mapping[PartitionKey, PartitionAssignment] = field(default_factory=dict)
     brokers: Mapping[str, BrokerInfo] = field(default_factory=dict)
     applied: Mapping[str, Any] = field(default_factory=dict)
+    initial_leader_epoch: int = FIRST_LEADER_EPOCH
 
     def topic(self, name: str) -> TopicDefinition | None:
         return self.topics.get(name)
@@ -149,9 +154,9 @@ def ring_replicas(brokers: Iterable[str], key: str, count: int) -> tuple[str, ..
     return tuple(chosen)
 
 
-def place(topic: TopicDefinition, partition: int, active: list[str]) -> PartitionAssignment:
+def place(topic: TopicDefinition, partition: int, active: list[str], leader_epoch: int) -> PartitionAssignment:
     """A fresh assignment for a new partition: RF capped by the active brokers, leader = replicas[0]."""
     replicas = ring_replicas(active, f"{topic.name}-{partition}", min(topic.replication_factor, len(active)))
     return PartitionAssignment(replicas=replicas, leader=replicas[0] if replicas else None,
-                               leader_epoch=FIRST_LEADER_EPOCH, isr=replicas, committed_hwm=0,
+                               leader_epoch=leader_epoch, isr=replicas, committed_hwm=0,
                                lifecycle_epoch=topic.lifecycle_epoch)

@@ -127,7 +127,7 @@ def test_offsets_and_metadata(shared_broker, topic_name):
     metadata = ctl(shared_broker, "metadata", topic_name)
     lines = metadata.stdout.splitlines()
     assert metadata.returncode == 0 and _fields(lines[0])["partitions"] == "2"
-    assert _fields(lines[1]) == {"partition": "0", "leader": _addr(shared_broker), "epoch": "1"}
+    assert _fields(lines[1]) == {"partition": "0", "leader": _addr(shared_broker), "epoch": "0"}
     as_json = json.loads(ctl(shared_broker, "--json", "metadata", topic_name).stdout)
     assert as_json["leaders"] == [_addr(shared_broker)] * 2
     missing = ctl(shared_broker, "offsets", "missing-topic-ctl")

@@ -113,10 +113,10 @@ def test_broker_id_and_describe_come_from_the_metadata_registry(broker_factory):
         create_topic(conn, "t", partitions=2)
         doc = json.loads(conn.command("DESCRIBE topic=t").payload)
         for p in doc["partitions"]:
-            assert p["replicas"] == ["node-a"] and p["isr"] == ["node-a"] and p["leader_epoch"] == 1
+            assert p["replicas"] == ["node-a"] and p["isr"] == ["node-a"] and p["leader_epoch"] == 0
             assert p["leader"] == f"127.0.0.1:{broker.port}"
         meta = ok_fields(conn.command("METADATA topic=t"))
-        assert meta["leaders"] == f"127.0.0.1:{broker.port},127.0.0.1:{broker.port}" and meta["epochs"] == "1,1"
+        assert meta["leaders"] == f"127.0.0.1:{broker.port},127.0.0.1:{broker.port}" and meta["epochs"] == "0,0"
         assert ok_fields(conn.command("FIND_COORDINATOR group=g"))["coordinator_id"] == "node-a"
 
 

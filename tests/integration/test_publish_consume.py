@@ -52,7 +52,7 @@ def test_create_reply_and_patch_semantics(shared_broker, topic_name):
         meta = ok_fields(conn.command(f"METADATA topic={topic_name}"))
         host, port = shared_broker.address
         assert meta["leaders"] == ",".join([f"{host}:{port}"] * 3)
-        assert meta["epochs"] == "1,1,1" and meta["revision"] == "2"
+        assert meta["epochs"] == "0,0,0" and meta["revision"] == "2"
 
 
 def test_ten_thousand_records_over_four_partitions(shared_broker, topic_name):

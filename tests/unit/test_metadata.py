@@ -109,7 +109,7 @@ def test_apply_invariants(commands):
         assert set(after.assignments) == {(n, p) for n, d in after.topics.items() for p in range(d.partitions)}
         for a in after.assignments.values():
             assert a.leader == (a.replicas[0] if a.replicas else None) and set(a.isr) <= set(a.replicas)
-            assert a.leader_epoch >= 1 and a.committed_hwm == 0
+            assert a.leader_epoch == after.initial_leader_epoch == 1 and a.committed_hwm == 0
         for defn in after.topics.values():
             if defn.min_in_sync_replicas is not None:
                 assert 1 <= defn.min_in_sync_replicas <= defn.replication_factor
