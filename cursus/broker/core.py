@@ -97,7 +97,7 @@ class Broker:
         #: Authoritative metadata (topics, partition assignment, broker registry).
         self.metadata: Metadata = StandaloneMetadata(log_dir.path, self.run_blocking,
                                                      BrokerInfo(self.broker_id, self.leader_address()))
-        self.reconciler = Reconciler(self, log_dir.path, recovery_threads(config))
+        self.reconciler = Reconciler(self, log_dir.path, recovery_threads(config), metrics.orphan_topics.set)
         self.metadata.subscribe(self.reconciler.on_metadata)
         self.replicas: dict[tuple[str, int], Replica] = {}
         self.producers: dict[tuple[str, int], ProducerStateTable] = {}

@@ -20,7 +20,7 @@ import logging
 import os
 import shutil
 import uuid
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any, Protocol
@@ -91,9 +91,11 @@ class Reconciler:
         host: the broker (see :class:`ReplicaHost`).
         log_dir: the data directory (``topics/`` and ``trash/`` live in it).
         threads: size of the partition-open pool (at least 1).
+        on_orphans: called with the number of orphaned topic names whenever it may have changed.
     """
 
-    def __init__(self, host: ReplicaHost, log_dir: Path, threads: int) -> None:
+    def __init__(self, host: ReplicaHost, log_dir: Path, threads: int,
+                 on_orphans: Callable[[int], None] = lambda count: None) -> None:
         self._host = host
         self._topics_dir = log_dir / "topics"
         self._trash_dir = log_dir / TRASH_DIR_NAME
@@ -103,6 +105,7 @@ class Reconciler:
         self._removing: dict[str, asyncio.Task[bool]] = {}
         #: Topic names whose old storage could not be moved away; CREATE of them is refused.
         self.orphans: set[str] = set()
+        self._on_orphans = on_orphans
 
     # ----------------------------------------------------------------------------------------- plan
 
@@ -148,6 +151,7 @@ class Reconciler:
         loop = asyncio.get_running_loop()
         known = set(state.topics)
         self.orphans = set(await loop.run_in_executor(self._pool, self._clear_unknown_storage, known))
+        self._on_orphans(len(self.orphans))
         self._open_missing(state)
         keys = list(self._opening)
         await self.wait_open(keys)
@@ -196,8 +200,10 @@ class Reconciler:
         except OSError as exc:
             log.warning("storage cleanup of deleted topic %s pending: %s", name, exc)
             self.orphans.add(name)
+            self._on_orphans(len(self.orphans))
             return True
         self.orphans.discard(name)
+        self._on_orphans(len(self.orphans))
         await asyncio.get_running_loop().run_in_executor(self._pool, empty_trash, self._trash_dir)
         return False
 

@@ -48,13 +48,19 @@ def immutable(tmp_path):
 def test_deleted_data_never_comes_back_while_cleanup_is_pending(broker_factory, immutable):
     """Regression: DELETE committed the manifest, rmtree failed (cleanup_pending), and a CREATE of the same
     name reopened the old folder, so recovery served the deleted records again."""
-    broker = broker_factory().start()
+    broker = broker_factory(settings={"exporter_port": 0}).start()
     topics = broker.log_dir / "topics"
+
+    def orphans_metric() -> str:
+        text = broker.http_get("/metrics", port=broker.metrics_port)[1].decode()
+        return next(line for line in text.splitlines() if line.startswith("cursus_topic_metadata_orphan_topics "))
+
     with connect(broker) as conn:
         create_topic(conn, "t", partitions=1)
         ack_of(publish_batch(conn, "t", 0, [b"old"] * 5))
         immutable(topics)  # nothing under topics/ can be renamed or removed now
         assert ok_fields(conn.command("DELETE topic=t")) == {"topic": "t", "deleted": "true", "cleanup_pending": "true"}
+        assert orphans_metric().endswith(" 1.0")
         err = error_of(conn.command("CREATE topic=t partitions=1"))
         assert err.code == "create_topic_failed" and err.fields.get("cleanup_pending") == "true"
         assert error_of(publish_batch(conn, "t", 0, [b"x"])).code == "topic_not_found"
@@ -67,6 +73,7 @@ def test_deleted_data_never_comes_back_while_cleanup_is_pending(broker_factory, 
             {"topic": "t", "deleted": "false", "cleanup_pending": "true"}
         immutable.release(topics)  # type: ignore[attr-defined]
         assert ok_fields(conn.command("DELETE topic=t if_exists=true")) == {"topic": "t", "deleted": "false"}
+        assert orphans_metric().endswith(" 0.0")
         fresh = create_topic(conn, "t", partitions=1)
         assert fresh["revision"] == "1"
         assert consume_all(conn, "t", 0) == []
