@@ -139,7 +139,9 @@ class Reconciler:
         self._host.install_replica(key[0], key[1], opened)
 
     async def wait_open(self, keys: Iterable[PartitionKey]) -> None:
-        """Wait until every key in ``keys`` that is being opened is open. Raises the open's error."""
+        """Wait until every key in ``keys`` that is assigned here is open; a partition whose earlier open
+        failed is opened again. Raises the open's error (CorruptLogError, OSError)."""
+        self._open_missing(self._state)
         tasks = [self._opening[k] for k in keys if k in self._opening]
         if tasks:
             await asyncio.gather(*[asyncio.shield(t) for t in tasks])

@@ -171,3 +171,20 @@ def test_live_answers_while_recovery_runs_and_ready_waits_for_it(broker_factory)
     assert all(live == 200 for live, _ in statuses)
     assert (200, 503) in statuses, statuses  # observed recovery in progress
     assert max(latencies) < 2.0, max(latencies)  # the loop is never blocked by partition recovery
+
+
+def test_a_partition_that_failed_to_open_is_retryable_and_opens_on_the_next_create(broker_factory, immutable):
+    broker = broker_factory().start()
+    topics = broker.log_dir / "topics"
+    with connect(broker) as conn:
+        immutable(topics)  # the partition folder cannot be created
+        err = error_of(conn.command("CREATE topic=u partitions=1"))
+        assert err.code == "create_topic_failed"
+        # committed but not served here: a retryable typed error, and the connection stays usable
+        publish_err = error_of(publish_batch(conn, "u", 0, [b"x"]))
+        assert publish_err.code == "leader_not_available" and publish_err.retryable
+        assert ok_fields(conn.command("METADATA topic=u"))["leaders"] == f"127.0.0.1:{broker.port}"
+        immutable.release(topics)  # type: ignore[attr-defined]
+        create_topic(conn, "u", partitions=1)
+        ack_of(publish_batch(conn, "u", 0, [b"x"]))
+        assert [r.payload for r in consume_all(conn, "u", 0)] == [b"x"]
