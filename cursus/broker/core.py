@@ -1,7 +1,9 @@
-"""The broker's domain state: catalog, replicas, producer state and the storage writer.
+"""The broker's domain state: metadata, replicas, producer state and the storage writer.
 
 :class:`Broker` owns everything a request handler needs and nothing about sockets (see
-:mod:`cursus.broker.server` for listeners and :mod:`cursus.broker.session` for connections).
+:mod:`cursus.broker.server` for listeners and :mod:`cursus.broker.session` for connections). Authoritative
+state lives behind the :class:`~cursus.metadata.backend.Metadata` seam; topic commands are submitted to it,
+and the :class:`~cursus.broker.reconciler.Reconciler` turns what it commits into local replicas.
 """
 
 from __future__ import annotations
@@ -10,18 +12,23 @@ import asyncio
 import dataclasses
 import functools
 import logging
-import shutil
+import os
 import time
-from collections.abc import Callable
+import uuid
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
-from cursus.broker.catalog import StandaloneCatalog
 from cursus.broker.config import BrokerConfig
 from cursus.broker.metrics import BrokerMetrics
 from cursus.broker.producer_state import SNAPSHOT_NAME, ProducerStateTable, chunk_producer_span
+from cursus.broker.reconciler import Reconciler
 from cursus.broker.replica import Replica
-from cursus.metadata.topics import TopicDefinition, is_internal_topic
+from cursus.metadata.apply import ApplyResult
+from cursus.metadata.backend import Metadata, StandaloneMetadata
+from cursus.metadata.commands import AlterTopicConfig, Command, CreateTopic, DeleteTopic, PutTopic
+from cursus.metadata.state import BrokerInfo
+from cursus.metadata.topics import AUTH_FIELDS, TopicDefinition, is_internal_topic
 from cursus.storage import (
     Completion,
     GroupCommitWriter,
@@ -38,26 +45,65 @@ log = logging.getLogger("cursus.broker")
 
 
 def now_ms() -> int:
-    return int(time.time() * 1000)
+    """Wall-clock milliseconds since the epoch (record and producer-state timestamps)."""
+    return time.time_ns() // 1_000_000
+
+
+def monotonic_ms() -> int:
+    """Monotonic milliseconds (deadlines and timeouts; immune to wall-clock jumps)."""
+    return time.monotonic_ns() // 1_000_000
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Clock:
+    """The broker's clocks, injected so tests can drive time.
+
+    ``monotonic_ms`` is for deadlines, timeouts and intervals; ``wall_ms`` only for timestamps that are
+    stored or compared across restarts: record append times, retention by append time, producer-state
+    activity (persisted in the producer snapshot, as Kafka expires producers by batch timestamp).
+    """
+
+    monotonic_ms: Callable[[], int] = monotonic_ms
+    wall_ms: Callable[[], int] = now_ms
+
+
+def default_broker_id(config: BrokerConfig, port: int) -> str:
+    """``broker_id`` when set, else ``<advertised_host>-<port>`` (facts B7 "Broker identity")."""
+    return str(config.broker_id) or f"{config.advertised}-{port}"
+
+
+def recovery_threads(config: BrokerConfig) -> int:
+    """Size of the partition-open pool: ``recovery_threads``, or min(4, CPUs) when 0."""
+    return int(config.recovery_threads) or min(4, os.cpu_count() or 1)
+
+
+#: The blocking result of opening one partition: its recovered log and rebuilt producer state.
+OpenedPartition = tuple[PartitionLog, ProducerStateTable]
 
 
 class Broker:
     """Domain state of one broker node. Create with :meth:`open`, close with :meth:`close`."""
 
-    def __init__(self, config: BrokerConfig, log_dir: LogDir, metrics: BrokerMetrics) -> None:
+    def __init__(self, config: BrokerConfig, log_dir: LogDir, metrics: BrokerMetrics, *,
+                 client_port: int = 0, clock: Clock | None = None) -> None:
         self.config = config
+        self.clock = clock or Clock()
         self.log_dir = log_dir
         self.metrics = metrics
-        self.broker_id = "standalone"
+        self.client_port = client_port or config.broker_port
+        self.broker_id = default_broker_id(config, self.client_port)
         self.loop = asyncio.get_running_loop()
         self.writer = GroupCommitWriter(self._notify_from_writer_thread)
-        self.catalog = StandaloneCatalog(log_dir.path, self.run_blocking)
+        #: Authoritative metadata (topics, partition assignment, broker registry).
+        self.metadata: Metadata = StandaloneMetadata(log_dir.path, self.run_blocking,
+                                                     BrokerInfo(self.broker_id, self.leader_address()))
+        self.reconciler = Reconciler(self, log_dir.path, recovery_threads(config), metrics.orphan_topics.set)
+        self.metadata.subscribe(self.reconciler.on_metadata)
         self.replicas: dict[tuple[str, int], Replica] = {}
         self.producers: dict[tuple[str, int], ProducerStateTable] = {}
         self.round_robin: dict[str, int] = {}
-        #: Serializes topic-definition changes (read-modify-write of the catalog).
-        self.admin_lock = asyncio.Lock()
-        self.client_port = 0
+        #: Serializes the consumer-group follow-up of topic changes (groups take new partitions in order).
+        self._group_sync = asyncio.Lock()
         self.ready = False
         self.not_ready_reasons: dict[str, str] = {"recovery": "not started"}
         self.log_config = LogConfig(
@@ -82,25 +128,24 @@ class Broker:
     # -------------------------------------------------------------------------------------- lifecycle
 
     @classmethod
-    async def open(cls, config: BrokerConfig, metrics: BrokerMetrics) -> Broker:
-        """Open the log dir, recover every partition and rebuild producer state.
+    async def open(cls, config: BrokerConfig, metrics: BrokerMetrics, *, client_port: int = 0,
+                   clock: Clock | None = None) -> Broker:
+        """Open the log dir, recover every local partition in parallel off the loop (the reconciler's
+        bounded pool: log recovery and producer-state rebuild), then replay consumer groups.
+
+        ``client_port`` is the bound client port (default: ``broker_port``); it names the broker. ``clock``
+        defaults to the real clocks (:class:`Clock`).
 
         Raises:
             LogDirLockedError, UnsupportedFormatError, CorruptLogError, ManifestError: startup must stop.
         """
         started = time.monotonic()
-        log_dir = open_log_dir(Path(config.log_dir))
+        loop = asyncio.get_running_loop()
+        log_dir = await loop.run_in_executor(None, open_log_dir, Path(config.log_dir))
         try:
-            broker = cls(config, log_dir, metrics)
+            broker = cls(config, log_dir, metrics, client_port=client_port, clock=clock)
             broker.writer.start()
-            broker._remove_orphan_topic_dirs()
-            count = 0
-            for name in broker.catalog.names():
-                defn = broker.catalog.get(name)
-                assert defn is not None
-                for p in range(defn.partitions):
-                    broker._open_replica(name, p)
-                    count += 1
+            count = await broker.reconciler.start(broker.metadata.state)
             await broker.coordinator.open()
         except BaseException:
             log_dir.close()
@@ -111,28 +156,42 @@ class Broker:
         broker.not_ready_reasons.pop("recovery", None)
         return broker
 
-    def _remove_orphan_topic_dirs(self) -> None:
-        """Delete topic folders the manifest no longer names (a deletion whose cleanup did not finish)."""
-        topics_dir = self.log_dir.topics_dir
-        if not topics_dir.exists():
-            return
-        known = set(self.catalog.names())
-        for entry in topics_dir.iterdir():
-            if entry.is_dir() and entry.name not in known:
-                log.warning("removing storage of deleted topic %s", entry.name)
-                shutil.rmtree(entry)
+    # ------------------------------------------------------------------- local replicas (reconciler)
 
-    def _open_replica(self, topic: str, partition: int) -> Replica:
+    def open_partition(self, topic: str, partition: int) -> OpenedPartition:
+        """Blocking (the reconciler's pool, never the loop): recover one partition's log and rebuild its
+        producer state. Raises CorruptLogError / OSError."""
         directory = self.log_dir.partition_dir(topic, partition)
         directory.mkdir(parents=True, exist_ok=True)
         config = self.internal_log_config if is_internal_topic(topic) else self.log_config
         plog = PartitionLog.open(directory, config, clean_shutdown=self.log_dir.clean_shutdown)
+        return plog, self._rebuild_producer_state(directory, plog)
+
+    def install_replica(self, topic: str, partition: int, opened: OpenedPartition) -> None:
+        """Loop: serve an opened partition as a local replica."""
+        plog, producers = opened
         replica = Replica(topic, partition, plog, self.writer, broker_id=self.broker_id)
         replica.on_hwm_change = self.metrics.observe_replica
         self.replicas[(topic, partition)] = replica
-        self.producers[(topic, partition)] = self._rebuild_producer_state(directory, plog)
+        self.producers[(topic, partition)] = producers
         self.metrics.observe_replica(replica)
-        return replica
+        self.metrics.partitions.set(len(self.replicas))
+
+    @staticmethod
+    def discard_opened(opened: OpenedPartition) -> None:
+        """Blocking: close a partition opened for a topic that was deleted meanwhile."""
+        opened[0].close()
+
+    def detach_topic(self, name: str) -> list[Replica]:
+        """Loop: drop the topic's local replicas (appends refused, waiters failed, long polls woken)."""
+        replicas = [r for (topic, _), r in self.replicas.items() if topic == name]
+        for replica in replicas:
+            del self.replicas[(name, replica.partition)]
+            self.producers.pop((name, replica.partition), None)
+            replica.on_deleted()
+            self.metrics.forget_partition(name, replica.partition)
+        self.metrics.partitions.set(len(self.replicas))
+        return replicas
 
     def _rebuild_producer_state(self, directory: Path, plog: PartitionLog) -> ProducerStateTable:
         """Producer state from the clean-shutdown snapshot (if it matches the log) plus the chunks after it.
@@ -154,7 +213,7 @@ class Broker:
         if snapshot.exists():
             snapshot.unlink()
             fsync_dir(directory)  # a stale snapshot must not reappear after a crash
-        stamp = now_ms()
+        stamp = self.clock.wall_ms()
         for base_offset, record_count, body in plog.iter_chunks(start):
             span = chunk_producer_span(memoryview(body), record_count)
             if span is not None:
@@ -181,6 +240,7 @@ class Broker:
         """Drain the writer (every pending append fsynced), checkpoint and close every log."""
         self.begin_shutdown()
         await self.coordinator.close()
+        await self.reconciler.close()
         await self.loop.run_in_executor(None, self.writer.close)
         for (topic, partition), replica in self.replicas.items():
             replica.log.close()
@@ -227,81 +287,129 @@ class Broker:
 
     # ---------------------------------------------------------------------------------------- lookups
 
+    @property
+    def catalog(self) -> Metadata:
+        """Topic definitions (``get(name)``, ``names()``): the metadata backend."""
+        return self.metadata
+
     def topic(self, name: str) -> TopicDefinition:
         """The definition of ``name``. Raises BrokerError ``topic_not_found``."""
-        defn = self.catalog.get(name)
+        defn = self.metadata.get(name)
         if defn is None:
             raise BrokerError.of("topic_not_found", topic=name)
         return defn
 
     def replica(self, topic: str, partition: int) -> Replica:
-        """The local replica. Raises BrokerError ``partition_not_found``."""
+        """The local replica.
+
+        Raises:
+            BrokerError: ``partition_not_found`` when the metadata has no such partition;
+                ``leader_not_available`` (retryable) when it is assigned but no local replica serves it
+                (still opening, or placed on another broker).
+        """
         replica = self.replicas.get((topic, partition))
         if replica is None:
-            raise BrokerError.of("partition_not_found", topic=topic, partition=partition)
+            if self.metadata.state.assignment(topic, partition) is None:
+                raise BrokerError.of("partition_not_found", topic=topic, partition=partition)
+            raise BrokerError.of("leader_not_available", topic=topic, partition=partition,
+                                 reason="no local replica of this partition is open")
         return replica
 
     def producer_table(self, topic: str, partition: int) -> ProducerStateTable:
         return self.producers[(topic, partition)]
 
     def leader_address(self) -> str:
+        """This broker's advertised client address ``host:port``."""
         return f"{self.config.advertised}:{self.client_port}"
+
+    def broker_address(self, broker_id: str | None) -> str:
+        """The client address of a registered broker (empty when unknown or None)."""
+        info = self.metadata.state.brokers.get(broker_id) if broker_id is not None else None
+        return info.client_address if info is not None else ""
 
     # --------------------------------------------------------------------------------- topic changes
 
-    async def apply_definition(self, defn: TopicDefinition) -> None:
-        """Persist ``defn``, open any partitions it adds, then let consumer groups subscribed to it take the
-        new partitions (durably; they rebalance). Caller holds :attr:`admin_lock`."""
-        await self.catalog.put(defn)
-        for p in range(defn.partitions):
-            if (defn.name, p) not in self.replicas:
-                self._open_replica(defn.name, p)
-        await self.coordinator.on_topic_changed(defn)
+    async def _submit(self, command: Command) -> ApplyResult:
+        """Commit ``command`` and wait until every local partition of its topic is open."""
+        result = await self.metadata.submit(command)
+        if result.topic is not None:
+            defn = result.topic
+            await self.reconciler.wait_open((defn.name, p) for p in range(defn.partitions))
+        self.metrics.topics.set(len(self.metadata.names()))
+        return result
 
-    async def delete_topic(self, name: str) -> bool:
-        """Remove ``name``: manifest first (raises OSError, topic stays), then replicas and storage.
+    async def _topic_changed(self, defn: TopicDefinition) -> None:
+        async with self._group_sync:
+            await self.coordinator.on_topic_changed(defn)
 
-        Returns True when storage cleanup failed after the manifest commit (``cleanup_pending``); startup
-        removes such orphaned folders. Caller holds :attr:`admin_lock`.
+    async def create_topic(self, name: str, fields: Mapping[str, str]) -> TopicDefinition:
+        """CREATE (new topic or presence-aware patch): committed, local partitions open, groups updated.
 
         Raises:
-            BrokerError: ``topic_delete_blocked`` while a consumer group with members subscribes to the topic
-                (checked before anything changes); after the manifest commit inactive groups lose the topic
-                (one-topic groups get a tombstone, their offsets go).
+            BrokerError: CREATE validation errors; ``create_topic_failed`` when the commit or a partition
+                open fails, or while storage of a deleted topic of that name could not be removed yet.
+        """
+        if self.metadata.get(name) is None and await self.reconciler.retry_cleanup(name):
+            raise BrokerError.of("create_topic_failed", topic=name, cleanup_pending=True,
+                                 reason="storage of a deleted topic of this name is not removed yet")
+        command = CreateTopic(uuid.uuid4().hex, name, {k: v for k, v in fields.items() if k not in AUTH_FIELDS},
+                              self.config.default_partitions, self.config.log_cleanup_policy)
+        try:
+            result = await self._submit(command)
+        except OSError as exc:
+            raise BrokerError.of("create_topic_failed", topic=name, reason=str(exc)) from exc
+        assert result.topic is not None
+        if result.changed:
+            await self._topic_changed(result.topic)
+        return result.topic
+
+    async def alter_min_isr(self, name: str, override: int | None) -> TopicDefinition:
+        """ALTER_TOPIC_CONFIG: set (or clear, None) the min-ISR override.
+
+        Raises:
+            BrokerError: ``topic_not_found``, ``invalid_min_in_sync_replicas``, ``alter_topic_config_failed``.
+        """
+        try:
+            result = await self._submit(AlterTopicConfig(uuid.uuid4().hex, name, override))
+        except OSError as exc:
+            raise BrokerError.of("alter_topic_config_failed", topic=name, reason=str(exc)) from exc
+        assert result.topic is not None
+        return result.topic
+
+    async def apply_definition(self, defn: TopicDefinition) -> None:
+        """Commit ``defn`` (a broker-owned topic), open its local partitions, then let consumer groups
+        subscribed to it take new partitions (durably; they rebalance). Raises OSError, BrokerError."""
+        result = await self._submit(PutTopic(uuid.uuid4().hex, defn))
+        if result.changed:
+            await self._topic_changed(defn)
+
+    async def delete_topic(self, name: str) -> bool:
+        """Remove ``name``: the metadata commit first (raises OSError, topic stays), then groups, replicas
+        and storage (the reconciler moves the folder to the trash).
+
+        Returns True when storage cleanup failed after the commit (``cleanup_pending``): CREATE of the name
+        is refused until a retry succeeds.
+
+        Raises:
+            BrokerError: ``topic_not_found``; ``topic_delete_blocked`` while a consumer group with members
+                subscribes to the topic (checked before anything changes); after the commit inactive groups
+                lose the topic (one-topic groups get a tombstone, their offsets go).
         """
         self.coordinator.check_topic_deletable(name)
         try:
-            await self.catalog.remove(name)
+            await self.metadata.submit(DeleteTopic(uuid.uuid4().hex, name))
         except BaseException:
             self.coordinator.topic_delete_aborted(name)
             raise
         try:
-            await self.coordinator.on_topic_deleted(name)
+            async with self._group_sync:
+                await self.coordinator.on_topic_deleted(name)
         except BrokerError as exc:
             log.warning("group cleanup of deleted topic %s pending: %s", name, exc.error.code)
-        replicas = [r for (topic, _), r in self.replicas.items() if topic == name]
-        for replica in replicas:
-            del self.replicas[(name, replica.partition)]
-            self.producers.pop((name, replica.partition), None)
-            replica.on_deleted()
-            self.metrics.forget_partition(name, replica.partition)
-        topic_dir = self.log_dir.topics_dir / name
-
-        def remove_storage() -> None:
-            # Runs on the writer thread after every append queued for these logs.
-            for replica in replicas:
-                replica.log.close()
-            shutil.rmtree(topic_dir, ignore_errors=False)
-
         try:
-            await self.run_blocking(remove_storage)
-        except OSError as exc:
-            log.warning("storage cleanup of deleted topic %s pending: %s", name, exc)
-            return True
+            return await self.reconciler.removal(name)
         finally:
-            self.metrics.topics.set(len(self.catalog.names()))
-            self.metrics.partitions.set(len(self.replicas))
-        return False
+            self.metrics.topics.set(len(self.metadata.names()))
 
     async def enforce_retention(self) -> int:
         """Delete whole closed segments past time or size retention; return segments deleted.
@@ -311,9 +419,9 @@ class Broker:
         Time is each segment's last chunk append time. The active segment is never deleted.
         """
         deleted = 0
-        stamp = now_ms()
+        stamp = self.clock.wall_ms()
         for (topic, _), replica in list(self.replicas.items()):
-            defn = self.catalog.get(topic)
+            defn = self.metadata.get(topic)
             if defn is None or replica.fenced is not None or is_internal_topic(topic):
                 continue  # broker-owned topics have unlimited retention (compaction bounds them)
             retention_ms = self._retention_ms(defn)
@@ -348,5 +456,6 @@ class Broker:
         return -1 if hours < 0 else hours * 3_600_000
 
     def expire_producers(self) -> int:
-        stamp = now_ms()
+        """Drop idempotent-producer state idle longer than ``producer_state_ttl_ms``; return entries dropped."""
+        stamp = self.clock.wall_ms()
         return sum(table.expire(stamp) for table in self.producers.values())

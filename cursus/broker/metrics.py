@@ -52,6 +52,10 @@ class BrokerMetrics:
         self.ready = Gauge("cursus_broker_ready", "1 when the broker is ready to serve.", registry=r)
         self.topics = Gauge("cursus_broker_topics", "Topics known to the broker.", registry=r)
         self.partitions = Gauge("cursus_broker_partitions", "Partition replicas hosted.", registry=r)
+        self.orphan_topics = Gauge(
+            "cursus_topic_metadata_orphan_topics",
+            "Deleted topics whose storage could not be moved away yet (CREATE of their names is refused).",
+            registry=r)
         self.log_start = Gauge(
             "cursus_partition_log_start_offset", "First retained offset.", ["topic", "partition"], registry=r)
         self.log_end = Gauge(

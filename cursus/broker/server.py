@@ -45,10 +45,17 @@ class BrokerServer:
     def not_ready(self) -> dict[str, str]:
         if self.broker is None:
             return {"recovery": "in progress"}
-        return dict(self.broker.not_ready_reasons)
+        reasons = dict(self.broker.not_ready_reasons)
+        if self._client_server is None or not self._client_server.is_serving():
+            reasons.setdefault("listener", "not accepting yet")
+        return reasons
 
     async def start(self) -> None:
-        """Recover storage, then open the listeners. Raises on any startup failure."""
+        """Start the health listener, bind the client listener, recover storage off the loop, then serve.
+
+        ``/live`` answers throughout recovery; ``/ready`` turns 200 once recovery and group replay are done
+        and the client listener accepts. Raises on any startup failure.
+        """
         cfg = self.config
         host = cfg.host
         if cfg.health_check_port >= 0:
@@ -57,19 +64,27 @@ class BrokerServer:
             self._metrics_server = start_http_server(cfg.exporter_port, addr=host, registry=self.metrics.registry)
         ssl_context = server_context(cfg)
         self._loop = asyncio.get_running_loop()
-        self.broker = await Broker.open(cfg, self.metrics)
+        # Bound (not yet accepting) first: the bound port names the broker (``<advertised_host>-<port>``).
         self._client_server = await asyncio.start_server(
             self._on_connection, host, cfg.broker_port, limit=1 << 20, backlog=1024, ssl=ssl_context,
             ssl_handshake_timeout=cfg.tls_handshake_timeout_ms / 1000.0 if ssl_context else None,
+            start_serving=False,
         )
-        self.broker.client_port = self._client_server.sockets[0].getsockname()[1]
+        port = self._client_server.sockets[0].getsockname()[1]
+        try:
+            broker = self.broker = await Broker.open(cfg, self.metrics, client_port=port)
+        except BaseException:
+            self._client_server.close()
+            raise
+        await self._client_server.start_serving()
         self.metrics.registry.register(GroupStateCollector(self._group_snapshot))
-        self.metrics.topics.set(len(self.broker.catalog.names()))
-        self.metrics.partitions.set(len(self.broker.replicas))
+        self.metrics.topics.set(len(broker.metadata.names()))
+        self.metrics.partitions.set(len(broker.replicas))
         self.metrics.ready.set(1)
-        self.broker.ready = True
-        log.info("listening client=%s:%d tls=%s health=%s metrics=%s advertised=%s", host, self.broker.client_port,
-                 "on" if ssl_context else "off", self._port_text(self._health_server), self._metrics_port_text(), self.broker.leader_address())
+        broker.ready = True
+        log.info("listening client=%s:%d tls=%s health=%s metrics=%s advertised=%s broker_id=%s", host,
+                 broker.client_port, "on" if ssl_context else "off", self._port_text(self._health_server),
+                 self._metrics_port_text(), broker.leader_address(), broker.broker_id)
         log.info("ready")
 
     def _group_snapshot(self) -> tuple[list[dict[str, Any]], int]:

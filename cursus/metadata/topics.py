@@ -206,11 +206,14 @@ def apply_create(
     *,
     default_partitions: int,
     default_cleanup_policy: str,
+    max_replication_factor: int = 1,
 ) -> TopicDefinition:
     """Build a new definition, or patch ``current``, from CREATE fields (spec "CREATE", facts B5).
 
-    Standalone rules (facts decision 11): the replication factor is always recorded as 1, and restating any
-    value is not a change. Returns ``current`` itself when nothing effectively changes.
+    A new topic records the requested replication factor capped at ``max_replication_factor`` (the active
+    brokers; standalone 1, facts decision 11), and a min-ISR override must not exceed the *stored*
+    replication factor (so acks=all stays writable). Restating any value is not a change. Returns
+    ``current`` itself when nothing effectively changes.
 
     Raises:
         BrokerError: the typed validation errors of facts B5 (``invalid_partitions``, ``invalid_topic_policy``,
@@ -232,19 +235,13 @@ def apply_create(
     retention_bytes = _int_field(fields, "retention_bytes", "invalid_retention_bytes", minimum=0)
     read_acl = _acl_field(fields, "read_acl")
     write_acl = _acl_field(fields, "write_acl")
+    # The replication factor that will be stored: a new topic gets the requested value capped by the
+    # brokers available for placement (standalone: 1, facts decision 11); an existing topic keeps its own.
+    stored_rf = current.replication_factor if current else min(requested_rf or 1, max(1, max_replication_factor))
     min_isr_raw = fields.get("min_in_sync_replicas")
     min_isr: int | None | str = None
     if min_isr_raw is not None:
-        if min_isr_raw == "default":
-            min_isr = "default"
-        else:
-            min_isr = parse_int(min_isr_raw, minimum=1)
-            if min_isr is None:
-                raise BrokerError.of("invalid_min_in_sync_replicas", value=min_isr_raw)
-            rf_bound = max(requested_rf or 1, current.replication_factor if current else 1)
-            if not 1 <= min_isr <= rf_bound:
-                raise BrokerError.of("invalid_min_in_sync_replicas", value=min_isr_raw,
-                                     reason=f"must be between 1 and the replication factor {rf_bound}")
+        min_isr = "default" if min_isr_raw == "default" else parse_min_isr(min_isr_raw, stored_rf)
 
     # Policies that are stored but not yet enforced are refused rather than silently ignored.
     if cleanup is not None and cleanup != "delete":
@@ -268,7 +265,7 @@ def apply_create(
             name=name,
             partitions=partitions or default_partitions,
             revision=1,
-            replication_factor=1,
+            replication_factor=stored_rf,
             lifecycle_epoch=0,
             idempotent=bool(idempotent),
             event_sourcing=bool(event_sourcing),
@@ -307,6 +304,21 @@ def apply_create(
     if patched == current:
         return current
     return dataclasses.replace(patched, revision=current.revision + 1)
+
+
+def parse_min_isr(raw: str, replication_factor: int) -> int:
+    """A min-ISR override: an integer in ``1..replication_factor`` (the topic's stored replication factor).
+
+    Raises:
+        BrokerError: ``invalid_min_in_sync_replicas``.
+    """
+    value = parse_int(raw, minimum=1)
+    if value is None:
+        raise BrokerError.of("invalid_min_in_sync_replicas", value=raw)
+    if value > replication_factor:
+        raise BrokerError.of("invalid_min_in_sync_replicas", value=raw,
+                             reason=f"must be between 1 and the replication factor {replication_factor}")
+    return value
 
 
 def definition_fields(defn: TopicDefinition, broker_min_isr: int) -> list[tuple[str, object]]:

@@ -30,16 +30,30 @@ def test_describe_and_help(shared_broker, topic_name):
 
 def test_alter_topic_config_min_isr(shared_broker, topic_name):
     with connect(shared_broker) as conn:
-        create_topic(conn, topic_name, replication_factor="3", min_in_sync_replicas="2")
-        # Standalone: one replica, so acks=all is refused before append when the override says 2.
-        err = error_of(publish_batch(conn, topic_name, 0, [b"x"], acks="all"))
-        assert err.code == "insufficient_in_sync_replicas"
+        create_topic(conn, topic_name, replication_factor="3", min_in_sync_replicas="1")
         fields = ok_fields(conn.command(f"ALTER_TOPIC_CONFIG topic={topic_name} min_in_sync_replicas=default"))
         assert fields["min_in_sync_replicas"] == "default" and fields["effective_min_in_sync_replicas"] == "1"
         ack_of(publish_batch(conn, topic_name, 0, [b"x"], acks="all"))
         assert error_of(conn.command(f"ALTER_TOPIC_CONFIG topic={topic_name} min_in_sync_replicas=5")).code == \
             "invalid_min_in_sync_replicas"
         assert error_of(conn.command(f"ALTER_TOPIC_CONFIG topic={topic_name} partitions=9")).code == "invalid_field"
+
+
+def test_min_isr_is_checked_against_the_stored_replication_factor(shared_broker, topic_name):
+    """Regression: CREATE replication_factor=3 min_in_sync_replicas=2 used to store RF 1 with an effective
+    min ISR of 2 (no acks=all producer could write) while ALTER refused the same value."""
+    with connect(shared_broker) as conn:
+        err = error_of(conn.command(f"CREATE topic={topic_name} replication_factor=3 min_in_sync_replicas=2"))
+        assert err.code == "invalid_min_in_sync_replicas" and "replication factor 1" in err.fields["reason"]
+        assert error_of(conn.command(f"DESCRIBE topic={topic_name}")).code == "topic_not_found"
+        fields = create_topic(conn, topic_name, replication_factor="3")
+        assert fields["replication_factor"] == "1"
+        for raw in ("2", "3"):  # CREATE patch and ALTER agree
+            assert error_of(conn.command(f"CREATE topic={topic_name} min_in_sync_replicas={raw}")).code == \
+                "invalid_min_in_sync_replicas"
+            assert error_of(conn.command(f"ALTER_TOPIC_CONFIG topic={topic_name} min_in_sync_replicas={raw}")
+                            ).code == "invalid_min_in_sync_replicas"
+        ack_of(publish_batch(conn, topic_name, 0, [b"x"], acks="all"))
 
 
 def test_delete_and_recreate_starts_fresh(shared_broker, topic_name):

@@ -86,7 +86,7 @@ def test_join_sync_heartbeat_and_discovery(gbroker, conn, topic_name, group):
         {"member": member, "generation": "1"}
     assert ok_fields(conn.command(f"HEARTBEAT topic={topic_name} group={group} member={member} generation=1"))
     found = ok_fields(conn.command(f"FIND_COORDINATOR group={group}"))
-    assert found == {"coordinator_id": "standalone", "coordinator_type": "group", "host": "127.0.0.1",
+    assert found == {"coordinator_id": f"127.0.0.1-{gbroker.port}", "coordinator_type": "group", "host": "127.0.0.1",
                      "port": str(gbroker.port)}
     assert ok_fields(conn.command("FIND_COORDINATOR transactional_id=x"))["coordinator_type"] == "transaction"
     assert group in ok_fields(conn.command("LIST_GROUPS"))["groups"].split(",")

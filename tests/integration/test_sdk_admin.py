@@ -66,9 +66,12 @@ def test_describe(shared_broker, topic_name):
 
 def test_alter_topic_config(shared_broker, topic_name):
     with Admin(_addr(shared_broker)) as admin:
-        admin.create_topic(topic_name, 1)
-        config = admin.alter_topic_config(topic_name, min_in_sync_replicas=1)
-        assert config.min_in_sync_replicas == 1 and config.revision == 2
+        with pytest.raises(ValidationError):  # min ISR above the stored replication factor (1 standalone)
+            admin.create_topic(topic_name, 1, replication_factor=3, min_in_sync_replicas=2)
+        admin.create_topic(topic_name, 1, replication_factor=3, min_in_sync_replicas=1)
+        with Producer(_addr(shared_broker), acks="all") as producer:
+            producer.send(topic_name, b"x")
+            producer.flush()
         config = admin.alter_topic_config(topic_name, min_in_sync_replicas="default")
         assert config.min_in_sync_replicas is None and config.effective_min_in_sync_replicas == 1
         with pytest.raises(ValidationError):

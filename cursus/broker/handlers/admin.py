@@ -2,34 +2,44 @@
 
 from __future__ import annotations
 
-import dataclasses
 import json
 
 from cursus.broker.core import Broker
 from cursus.broker.handlers.common import topic_arg
 from cursus.broker.request import Request
-from cursus.metadata.topics import AUTH_FIELDS, definition_fields, is_internal_topic, validate_topic_name
-from cursus.parsing import parse_int
+from cursus.metadata.topics import (
+    AUTH_FIELDS,
+    definition_fields,
+    is_internal_topic,
+    parse_min_isr,
+    validate_topic_name,
+)
 from cursus.wire.errors import BrokerError
 from cursus.wire.responses import ok_text
 
 
 async def handle_describe(broker: Broker, req: Request) -> bytes:
-    """DESCRIBE: the definition plus per-partition leader, replicas, ISR, LEO and HWM as JSON."""
+    """DESCRIBE: the definition plus per-partition leader, replicas, ISR and leader epoch (from the metadata
+    assignment) and, where a local replica serves the partition, its log start, LEO and HWM as JSON (else
+    the committed HWM the metadata knows)."""
     defn = topic_arg(broker, req)
-    partitions = []
+    state = broker.metadata.state
+    partitions: list[dict[str, object]] = []
     for p in range(defn.partitions):
-        r = broker.replica(defn.name, p)
-        partitions.append({
+        a = state.assignment(defn.name, p)
+        entry: dict[str, object] = {
             "id": p,
-            "leader": broker.leader_address(),
-            "replicas": [broker.broker_id],
-            "isr": list(r.isr),
-            "leader_epoch": r.leader_epoch,
-            "log_start_offset": r.log_start_offset,
-            "leo": r.leo,
-            "hwm": r.hwm,
-        })
+            "leader": broker.broker_address(a.leader if a else None),
+            "replicas": list(a.replicas) if a else [],
+            "isr": list(a.isr) if a else [],
+            "leader_epoch": a.leader_epoch if a else 0,
+        }
+        r = broker.replicas.get((defn.name, p))
+        if r is not None:
+            entry.update(log_start_offset=r.log_start_offset, leo=r.leo, hwm=r.hwm)
+        else:
+            entry.update(hwm=a.committed_hwm if a else 0)
+        partitions.append(entry)
     definition = defn.to_manifest()
     doc = {
         "status": "OK",
@@ -48,21 +58,9 @@ async def handle_alter_topic_config(broker: Broker, req: Request) -> bytes:
         raise BrokerError.of("invalid_field", command="ALTER_TOPIC_CONFIG", field=unknown[0],
                              reason="unknown ALTER_TOPIC_CONFIG field")
     raw = req.require("min_in_sync_replicas")
-    async with broker.admin_lock:
-        defn = topic_arg(broker, req)
-        if raw == "default":
-            override = None
-        else:
-            override = parse_int(raw, minimum=1)
-            if override is None or override > defn.replication_factor:
-                raise BrokerError.of("invalid_min_in_sync_replicas", value=raw,
-                                     reason=f"must be between 1 and the replication factor {defn.replication_factor}")
-        if override != defn.min_in_sync_replicas:
-            defn = dataclasses.replace(defn, min_in_sync_replicas=override, revision=defn.revision + 1)
-            try:
-                await broker.apply_definition(defn)
-            except OSError as exc:
-                raise BrokerError.of("alter_topic_config_failed", topic=defn.name, reason=str(exc)) from exc
+    defn = topic_arg(broker, req)
+    override = None if raw == "default" else parse_min_isr(raw, defn.replication_factor)
+    defn = await broker.alter_min_isr(defn.name, override)
     return ok_text(*definition_fields(defn, broker.config.min_insync_replicas))
 
 
@@ -74,13 +72,14 @@ async def handle_delete(broker: Broker, req: Request) -> bytes:
         raise BrokerError.of("invalid_if_exists", value=req.get("if_exists"))
     if is_internal_topic(name):
         raise BrokerError.of("internal_topic_delete_forbidden", topic=name)
-    async with broker.admin_lock:
-        if broker.catalog.get(name) is None:
-            if raw_if_exists == "true":
-                return ok_text(("topic", name), ("deleted", False))
-            raise BrokerError.of("topic_not_found", topic=name)
-        try:
-            cleanup_pending = await broker.delete_topic(name)
-        except OSError as exc:
-            raise BrokerError.of("delete_topic_failed", topic=name, reason=str(exc)) from exc
+    if broker.metadata.get(name) is None:
+        if raw_if_exists == "true":
+            # a retry also retries the storage cleanup of an earlier deletion of this name
+            pending = await broker.reconciler.retry_cleanup(name)
+            return ok_text(("topic", name), ("deleted", False), ("cleanup_pending", True if pending else None))
+        raise BrokerError.of("topic_not_found", topic=name)
+    try:
+        cleanup_pending = await broker.delete_topic(name)
+    except OSError as exc:
+        raise BrokerError.of("delete_topic_failed", topic=name, reason=str(exc)) from exc
     return ok_text(("topic", name), ("deleted", True), ("cleanup_pending", True if cleanup_pending else None))

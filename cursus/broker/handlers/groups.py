@@ -225,12 +225,12 @@ async def handle_list_groups(broker: Broker, req: Request) -> bytes:
 
 async def handle_find_coordinator(broker: Broker, req: Request) -> bytes:
     """FIND_COORDINATOR group= | transactional_id= (txn=, transaction=) ->
-    ``OK coordinator_id=standalone coordinator_type=group|transaction host=H port=P`` (advertised address)."""
+    ``OK coordinator_id=<broker_id> coordinator_type=group|transaction host=H port=P`` (its registered address)."""
     if req.get("group"):
         kind = "group"
     elif any(req.get(k) for k in ("transactional_id", "txn", "transaction")):
         kind = "transaction"
     else:
         raise BrokerError.of("missing_coordinator_key", command="FIND_COORDINATOR")
-    return ok_text(("coordinator_id", broker.broker_id), ("coordinator_type", kind),
-                   ("host", broker.config.advertised), ("port", broker.client_port))
+    host, _, port = broker.broker_address(broker.broker_id).rpartition(":")
+    return ok_text(("coordinator_id", broker.broker_id), ("coordinator_type", kind), ("host", host), ("port", port))

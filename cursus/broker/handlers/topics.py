@@ -5,50 +5,41 @@ from __future__ import annotations
 from cursus.broker.core import Broker
 from cursus.broker.handlers.common import partition_of, topic_arg
 from cursus.broker.request import Request
-from cursus.metadata.topics import apply_create, definition_fields, is_internal_topic, validate_topic_name
+from cursus.metadata.topics import definition_fields, is_internal_topic, validate_topic_name
 from cursus.wire.errors import BrokerError
 from cursus.wire.responses import ok_text
 
 
 async def handle_create(broker: Broker, req: Request) -> bytes:
-    """CREATE: new topic or presence-aware patch; durable in the manifest before it is visible."""
+    """CREATE: new topic or presence-aware patch; committed to the metadata before it is visible, and the
+    local partitions are open when the reply is sent."""
     name = validate_topic_name(req.get("topic"), command="CREATE")
     if is_internal_topic(name):
         raise BrokerError.of("invalid_topic_name", topic=name, reason="names starting with __ are broker-owned")
-    async with broker.admin_lock:
-        current = broker.catalog.get(name)
-        defn = apply_create(
-            current, name, req.fields,
-            default_partitions=broker.config.default_partitions,
-            default_cleanup_policy=broker.config.log_cleanup_policy,
-        )
-        if defn is not current:
-            try:
-                await broker.apply_definition(defn)
-            except OSError as exc:
-                raise BrokerError.of("create_topic_failed", topic=name, reason=str(exc)) from exc
-            broker.metrics.topics.set(len(broker.catalog.names()))
-            broker.metrics.partitions.set(len(broker.replicas))
+    defn = await broker.create_topic(name, req.fields)
     return ok_text(*definition_fields(defn, broker.config.min_insync_replicas))
 
 
 async def handle_list(broker: Broker, req: Request) -> bytes:
     """LIST: ``OK count=N topics=a,b`` (internal topics hidden)."""
-    names = [n for n in broker.catalog.names() if not is_internal_topic(n)]
+    names = [n for n in broker.metadata.names() if not is_internal_topic(n)]
     return ok_text(("count", len(names)), ("topics", ",".join(names)))
 
 
 async def handle_metadata(broker: Broker, req: Request) -> bytes:
-    """METADATA: leaders (advertised client address) and epochs per partition plus the topic policy."""
+    """METADATA: per partition the leader's client address and leader epoch, from the metadata assignment
+    (no local replica needed), plus the topic policy."""
     defn = topic_arg(broker, req)
-    replicas = [broker.replica(defn.name, p) for p in range(defn.partitions)]
-    leader = broker.leader_address()
+    state = broker.metadata.state
+    assignments = [state.assignment(defn.name, p) for p in range(defn.partitions)]
+    leaders = [broker.broker_address(a.leader if a else None) for a in assignments]
+    epochs = [str(a.leader_epoch if a else 0) for a in assignments]
     pol = defn.policy
     return ok_text(
         ("topic", defn.name),
         ("partitions", defn.partitions),
-        ("leaders", ",".join(leader for _ in replicas)),
-        ("epochs", ",".join(str(r.leader_epoch) for r in replicas)),
+        ("leaders", ",".join(leaders)),
+        ("epochs", ",".join(epochs)),
         ("revision", defn.revision),
         ("replication_factor", defn.replication_factor),
         ("idempotent", defn.idempotent),

@@ -1,0 +1,173 @@
+"""Versioned, deterministic metadata commands and their byte encoding.
+
+A command is everything :func:`cursus.metadata.apply.apply` needs to compute the next state, including the
+broker defaults that CREATE falls back to, so applying the same bytes to the same state always gives the
+same result (the Raft FSM applies exactly these bytes). The encoding is sorted-key compact JSON with a
+``v`` (format version) and a ``type`` field; decoding is strict (unknown or missing fields raise).
+
+Every command has a ``request_id`` (a retried command applies once) and topic commands an optional
+``expected_revision``: compare-and-set on the topic's revision (0 = the topic must not exist).
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from cursus.metadata.state import BrokerInfo
+from cursus.metadata.topics import TopicDefinition
+
+COMMAND_VERSION = 1
+
+
+@dataclass(frozen=True, slots=True)
+class CreateTopic:
+    """CREATE: a new topic, or a presence-aware patch of an existing one (spec "CREATE").
+
+    ``fields`` are the request's CREATE fields (strings, authentication fields removed); the defaults are
+    the broker's ``default_partitions`` and ``log_cleanup_policy``.
+    """
+
+    request_id: str
+    topic: str
+    fields: Mapping[str, str] = field(default_factory=dict)
+    default_partitions: int = 1
+    default_cleanup_policy: str = "delete"
+    expected_revision: int | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class PutTopic:
+    """Install a complete definition (broker-owned topics such as ``__consumer_offsets``, manifest restore).
+
+    The partition count may only grow; a changed definition gets at least the current revision + 1.
+    """
+
+    request_id: str
+    definition: TopicDefinition
+    expected_revision: int | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class AlterTopicConfig:
+    """ALTER_TOPIC_CONFIG: replace the min-ISR override (None = the broker default)."""
+
+    request_id: str
+    topic: str
+    min_in_sync_replicas: int | None
+    expected_revision: int | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class DeleteTopic:
+    """DELETE: remove the topic and its partition assignments."""
+
+    request_id: str
+    topic: str
+    expected_revision: int | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class RegisterBroker:
+    """Add or update a broker registration (id, addresses, status)."""
+
+    request_id: str
+    broker: BrokerInfo
+
+
+Command = CreateTopic | PutTopic | AlterTopicConfig | DeleteTopic | RegisterBroker
+
+_TYPES: dict[str, type] = {
+    "create_topic": CreateTopic,
+    "put_topic": PutTopic,
+    "alter_topic_config": AlterTopicConfig,
+    "delete_topic": DeleteTopic,
+    "register_broker": RegisterBroker,
+}
+_NAMES = {cls: name for name, cls in _TYPES.items()}
+
+
+def _body(command: Command) -> dict[str, Any]:
+    if isinstance(command, CreateTopic):
+        return {"topic": command.topic, "fields": dict(command.fields),
+                "default_partitions": command.default_partitions,
+                "default_cleanup_policy": command.default_cleanup_policy,
+                "expected_revision": command.expected_revision}
+    if isinstance(command, PutTopic):
+        return {"definition": command.definition.to_manifest(), "expected_revision": command.expected_revision}
+    if isinstance(command, AlterTopicConfig):
+        return {"topic": command.topic, "min_in_sync_replicas": command.min_in_sync_replicas,
+                "expected_revision": command.expected_revision}
+    if isinstance(command, DeleteTopic):
+        return {"topic": command.topic, "expected_revision": command.expected_revision}
+    return {"broker": command.broker.to_dict()}
+
+
+def encode(command: Command) -> bytes:
+    """The canonical bytes of ``command`` (sorted-key compact JSON, UTF-8)."""
+    doc = {"v": COMMAND_VERSION, "type": _NAMES[type(command)], "request_id": command.request_id,
+           **_body(command)}
+    return json.dumps(doc, sort_keys=True, separators=(",", ":"), ensure_ascii=False).encode("utf-8")
+
+
+def _opt_int(value: Any) -> int | None:
+    if value is not None and type(value) is not int:
+        raise ValueError(f"expected an integer or null, got {value!r}")
+    return value
+
+
+def _int(value: Any) -> int:
+    if type(value) is not int:
+        raise ValueError(f"expected an integer, got {value!r}")
+    return value
+
+
+def _str(value: Any) -> str:
+    if not isinstance(value, str):
+        raise ValueError(f"expected a string, got {value!r}")
+    return value
+
+
+_FIELDS = {
+    "create_topic": {"topic", "fields", "default_partitions", "default_cleanup_policy", "expected_revision"},
+    "put_topic": {"definition", "expected_revision"},
+    "alter_topic_config": {"topic", "min_in_sync_replicas", "expected_revision"},
+    "delete_topic": {"topic", "expected_revision"},
+    "register_broker": {"broker"},
+}
+
+
+def decode(data: bytes) -> Command:
+    """Parse command bytes strictly. Raises ValueError (bad JSON, version, type, fields or value types)."""
+    try:
+        doc = json.loads(data)
+    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise ValueError(f"bad metadata command: {exc}") from None
+    if not isinstance(doc, dict) or doc.get("v") != COMMAND_VERSION:
+        raise ValueError("bad metadata command version")
+    kind = doc.get("type")
+    if kind not in _TYPES or set(doc) != _FIELDS[kind] | {"v", "type", "request_id"}:
+        raise ValueError(f"bad metadata command fields for {kind!r}")
+    request_id = _str(doc["request_id"])
+    try:
+        if kind == "create_topic":
+            fields = doc["fields"]
+            if not isinstance(fields, dict) or not all(isinstance(v, str) for v in fields.values()):
+                raise ValueError("fields must map strings to strings")
+            return CreateTopic(request_id, _str(doc["topic"]), dict(fields), _int(doc["default_partitions"]),
+                               _str(doc["default_cleanup_policy"]), _opt_int(doc["expected_revision"]))
+        if kind == "put_topic":
+            return PutTopic(request_id, TopicDefinition.from_manifest(doc["definition"]),
+                            _opt_int(doc["expected_revision"]))
+        if kind == "alter_topic_config":
+            return AlterTopicConfig(request_id, _str(doc["topic"]), _opt_int(doc["min_in_sync_replicas"]),
+                                    _opt_int(doc["expected_revision"]))
+        if kind == "delete_topic":
+            return DeleteTopic(request_id, _str(doc["topic"]), _opt_int(doc["expected_revision"]))
+        if not isinstance(doc["broker"], dict):
+            raise ValueError("broker must be an object")
+        return RegisterBroker(request_id, BrokerInfo.from_dict(doc["broker"]))
+    except (KeyError, TypeError) as exc:
+        raise ValueError(f"bad metadata command: {exc}") from None
