@@ -40,7 +40,7 @@ import heapq
 import random
 import re
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 
 from cursus.metadata.topics import is_internal_topic, validate_topic_name
 from cursus.wire.errors import BrokerError
@@ -272,9 +272,10 @@ class Group:
 
     def copy(self) -> Group:
         """An independent copy (members too): what readers see while the original keeps changing."""
-        return Group(self.name, self.selector, dict(self.partitions), self.epoch, self.generation,
-                     {m: replace(member) for m, member in self.members.items()}, dict(self.owners),
-                     dict(self.offsets), self.last_rebalance_ms, dict(self.last_commit_ms))
+        members = {m: Member(x.member_id, x.joined_ms, x.last_heartbeat_ms, x.deadline_ms, x.assignment,
+                             x.unconfirmed_client, x.origin) for m, x in self.members.items()}
+        return Group(self.name, self.selector, dict(self.partitions), self.epoch, self.generation, members,
+                     dict(self.owners), dict(self.offsets), self.last_rebalance_ms, dict(self.last_commit_ms))
 
     def rebalance(self, now_ms: int) -> None:
         """Start a new generation: bump it and recompute every member's assignment (round-robin)."""
