@@ -55,7 +55,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from cursus.coordinator.groups import Selector, TopicPartition
+from cursus.coordinator.groups import Group, GroupTable, Selector, TopicPartition
 from cursus.metadata.topics import validate_topic_name
 
 OFFSETS_TOPIC = "__consumer_offsets"
@@ -426,3 +426,22 @@ def build_snapshot(latest: list[LatestRecords]) -> Snapshot:
             del part.records[key]  # superseded by a tombstone or a newer registration
             snap.stale += 1
     return snap
+
+
+def restore_snapshot(table: GroupTable, snapshot: Snapshot, now_ms: int) -> None:
+    """Load replayed state into an empty ``table`` (pure): registrations, tombstones, offsets inside each
+    expansion, and memberships whose members get a fresh session from ``now_ms`` (monotonic)."""
+    for name, reg in snapshot.registrations.items():
+        table.groups[name] = Group(name, reg.selector, dict(reg.partitions), reg.epoch)
+    for name, tomb in snapshot.tombstones.items():
+        table.tombstones[name] = tomb.epoch
+    for (name, topic), snap in snapshot.offsets.items():
+        group = table.groups[name]
+        count = group.partitions.get(topic, 0)
+        for partition, offset in snap.offsets.items():
+            if partition < count:
+                group.offsets[(topic, partition)] = offset
+    for name, membership in snapshot.memberships.items():
+        group = table.groups[name]
+        table.restore_membership(group, membership.generation, dict(membership.members), now_ms)
+        group.last_rebalance_ms = now_ms

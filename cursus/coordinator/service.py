@@ -54,6 +54,7 @@ from cursus.coordinator.offsets import (
     ReplayError,
     Snapshot,
     TombstoneRecord,
+    restore_snapshot,
     utc_timestamp,
 )
 from cursus.coordinator.ports import (
@@ -146,24 +147,9 @@ class GroupCoordinator:
                  snapshot.records, snapshot.stale, len(self.table.groups), self._clock() - started)
 
     def _restore(self, snapshot: Snapshot) -> None:
-        now = self._clock()
-        table = self.table
-        for name, reg in snapshot.registrations.items():
-            table.groups[name] = Group(name, reg.selector, dict(reg.partitions), reg.epoch)
-        for name, tomb in snapshot.tombstones.items():
-            table.tombstones[name] = tomb.epoch
-        for (name, topic), snap in snapshot.offsets.items():
-            group = table.groups[name]
-            count = group.partitions.get(topic, 0)
-            for partition, offset in snap.offsets.items():
-                if partition < count:
-                    group.offsets[(topic, partition)] = offset
-        for name, membership in snapshot.memberships.items():
-            group = table.groups[name]
-            table.restore_membership(group, membership.generation, dict(membership.members), now)
-            group.last_rebalance_ms = now
-        self.visible = {name: group.copy() for name, group in table.groups.items()}
-        self.visible_tombstones = dict(table.tombstones)
+        restore_snapshot(self.table, snapshot, self._clock())
+        self.visible = {name: group.copy() for name, group in self.table.groups.items()}
+        self.visible_tombstones = dict(self.table.tombstones)
 
     async def close(self) -> None:
         """Stop the session timer and let the log finish background work."""
