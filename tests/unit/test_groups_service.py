@@ -5,7 +5,8 @@ controls, a fake timer and fake clocks. Deterministic: nothing waits on real tim
 * a failed append leaves memory as it was and the command gets the log's typed error;
 * concurrent commits to one partition apply in log order;
 * a retried JOIN_GROUP gets the same member;
-* session expiry runs on the injected monotonic clock, not the wall clock.
+* session expiry runs on the injected monotonic clock, not the wall clock;
+* a hypothesis state machine over random commits, log commits and log failures.
 """
 
 from __future__ import annotations
@@ -15,6 +16,9 @@ import random
 from collections.abc import Callable, Sequence
 
 import pytest
+from hypothesis import settings
+from hypothesis import strategies as st
+from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
 from cursus.coordinator.offsets import GroupRecord, MembershipRecord, OffsetSnapshotRecord, Snapshot
 from cursus.coordinator.ports import PartitionOffsets
@@ -241,3 +245,72 @@ async def test_session_expiry_follows_the_monotonic_clock_not_the_wall_clock():
     env.mono += 1
     env.fire_timers()
     assert coord.status("g")["member_count"] == 0
+
+
+class DurabilityMachine(RuleBasedStateMachine):
+    """Random commits, log commits and log failures: readers only ever see the latest durable offsets, every
+    acknowledged commit is durable, and after a failure memory equals the durable state."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.loop = asyncio.new_event_loop()
+        self.env = Env()
+        self.loop.run_until_complete(self.env.coord.open())
+        self.member = self.loop.run_until_complete(
+            self.env.coord.join("g", "c", topic="t", generation=None)).member_id
+        self.env.log.auto = False
+        self.tasks: list[tuple[asyncio.Task, dict[int, int]]] = []
+        self.durable: dict[int, int] = {}  # partition -> offset, from resolved offset snapshots only
+        self.snapshots: list[dict[int, int]] = []  # appended, not yet resolved, in log order
+        self.seen = 0
+
+    def _step(self) -> None:
+        self.loop.run_until_complete(asyncio.sleep(0))
+        appended = [r for _, recs in self.env.log.appended for r in recs if isinstance(r, OffsetSnapshotRecord)]
+        self.snapshots += [dict(r.offsets) for r in appended[self.seen:]]
+        self.seen = len(appended)
+
+    @rule(partition=st.integers(0, 1), offset=st.integers(0, 20))
+    def commit(self, partition, offset):
+        if self.env.log.refuse:
+            return
+        task = self.loop.create_task(self.env.coord.commit("g", "t", self.member, 1, {partition: offset}))
+        self.tasks.append((task, {partition: offset}))
+        self._step()
+
+    @precondition(lambda self: self.env.log.pending)
+    @rule()
+    def log_commits_one(self):
+        self.env.log.commit_next()
+        self.durable = self.snapshots.pop(0)
+        self._step()
+
+    @precondition(lambda self: self.env.log.pending)
+    @rule()
+    def log_fails(self):
+        self.env.log.fail_all()
+        self.snapshots.clear()
+        self._step()
+
+    @invariant()
+    def readers_see_exactly_the_durable_state(self):
+        coord = self.env.coord
+        for p in (0, 1):
+            assert coord.committed("g", "t", p) == self.durable.get(p)
+            assert coord.fetch_offset("g", "t", p) == self.durable.get(p, 0)
+        if not self.env.log.pending:
+            assert coord.table.groups["g"].offsets == coord.visible["g"].offsets
+        for task, offsets in self.tasks:
+            if task.done() and task.exception() is None:
+                assert all(self.durable.get(p, -1) >= o for p, o in offsets.items())
+
+    def teardown(self):
+        for task, _ in self.tasks:
+            if not task.done():
+                task.cancel()
+        self.loop.run_until_complete(asyncio.sleep(0))
+        self.loop.close()
+
+
+TestDurabilityMachine = DurabilityMachine.TestCase
+TestDurabilityMachine.settings = settings(max_examples=40, stateful_step_count=25, deadline=None)
