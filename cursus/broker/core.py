@@ -19,11 +19,13 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
+from cursus.broker import group_log
 from cursus.broker.config import BrokerConfig
 from cursus.broker.metrics import BrokerMetrics
 from cursus.broker.producer_state import SNAPSHOT_NAME, ProducerStateTable, chunk_producer_span
 from cursus.broker.reconciler import Reconciler
 from cursus.broker.replica import Replica
+from cursus.coordinator.service import GroupCoordinator
 from cursus.metadata.apply import ApplyResult
 from cursus.metadata.backend import Metadata, StandaloneMetadata
 from cursus.metadata.commands import AlterTopicConfig, Command, CreateTopic, DeleteTopic, PutTopic
@@ -115,10 +117,14 @@ class Broker:
         #: Broker-owned topics (``__consumer_offsets``) use small segments so compaction can free them.
         self.internal_log_config = dataclasses.replace(
             self.log_config, segment_bytes=min(config.log_segment_bytes, config.offsets_topic_segment_bytes))
-        from cursus.coordinator.service import GroupCoordinator
-
         #: Consumer groups and committed offsets (ready once ``__consumer_offsets`` is replayed).
-        self.coordinator = GroupCoordinator(self)
+        self.coordinator = GroupCoordinator(
+            open_log=functools.partial(group_log.open_offsets_log, self),
+            topic=self.metadata.get, topic_names=self.metadata.names,
+            partition_offsets=functools.partial(group_log.partition_offsets, self),
+            report=group_log.readiness_reporter(self.not_ready_reasons, "coordinator"),
+            call_later=self.loop.call_later, clock_ms=self.clock.monotonic_ms, wall_ms=self.clock.wall_ms,
+            session_timeout_ms=config.consumer_session_timeout_ms)
         #: Active STREAM requests; each has ``stop(reason)`` (see cursus.broker.handlers.stream).
         self.streams: set[Any] = set()
         #: Callbacks run once by :meth:`begin_shutdown`, before client connections are closed.
@@ -286,11 +292,6 @@ class Broker:
         return await fut
 
     # ---------------------------------------------------------------------------------------- lookups
-
-    @property
-    def catalog(self) -> Metadata:
-        """Topic definitions (``get(name)``, ``names()``): the metadata backend."""
-        return self.metadata
 
     def topic(self, name: str) -> TopicDefinition:
         """The definition of ``name``. Raises BrokerError ``topic_not_found``."""

@@ -1,9 +1,12 @@
 """The consumer-group state machine (spec "Consumer Group Coordination" and section 6; facts B5, decision 9).
 
 Pure data: no sockets, no event loop, no clock, no persistence. Every operation takes the time as ``now_ms``
-and either raises :class:`~cursus.wire.errors.BrokerError` (the typed error the command answers) without
-changing anything, or applies the whole change and returns what changed. The coordinator service persists
-those changes before it acknowledges them (:mod:`cursus.coordinator.service`).
+(a monotonic clock in milliseconds; the service converts to wall time only for display) and either raises
+:class:`~cursus.wire.errors.BrokerError` (the typed error the command answers) without changing anything, or
+applies the whole change and returns what changed. The same inputs always give the same state (member-id
+suffixes come from the injected ``rng``), so this is what a replicated state machine applies. The coordinator
+service runs it as the *staged* state (the end of the group log) and publishes a copy to readers once the
+records of a change are durable (:mod:`cursus.coordinator.service`).
 
 Model:
 
@@ -24,6 +27,10 @@ Model:
   call it next (one timer for the whole table, armed by the service).
 * **Commits** are fenced (member, generation, ownership) and monotonic per partition: a lower offset is
   ``offset_regression``, the same offset is accepted without change.
+* **Join retries.** A member that joined with a client id and has not been heard from under its full id since
+  (no SYNC_GROUP, HEARTBEAT, commit or rejoin with that id) is *unconfirmed*: its client may never have seen
+  the reply. A JOIN_GROUP with the same client id from the same origin (client host) without ``generation=``
+  is taken as a retry of that join and answers the same member, instead of adding a ghost member.
 """
 
 from __future__ import annotations
@@ -185,9 +192,12 @@ class Member:
 
     Attributes:
         member_id: the full id (client id + ``-NNNN``).
-        joined_ms, last_heartbeat_ms: wall-clock ms of the join and of the latest heartbeat (or join).
-        deadline_ms: the session expires when ``now_ms >= deadline_ms``.
+        joined_ms, last_heartbeat_ms: monotonic ms of the join and of the latest heartbeat (or join).
+        deadline_ms: the session expires when ``now_ms >= deadline_ms`` (monotonic ms).
         assignment: topic-partitions owned in the current generation, sorted.
+        unconfirmed_client: the client id it joined with, until it is first heard from under its full id
+            (None afterwards, and for restored or resumed members); see "Join retries".
+        origin: where the join came from (the client host), for recognising a retry of it.
     """
 
     member_id: str
@@ -195,6 +205,8 @@ class Member:
     last_heartbeat_ms: int
     deadline_ms: int
     assignment: tuple[TopicPartition, ...] = ()
+    unconfirmed_client: str | None = None
+    origin: str | None = None
 
 
 @dataclass(slots=True)
@@ -210,8 +222,8 @@ class Group:
         members: live members by id (insertion order = join order).
         owners: ``(topic, partition) -> member id`` for the current generation.
         offsets: committed next offsets ``(topic, partition) -> offset``.
-        last_rebalance_ms: wall-clock ms of the latest rebalance (0: never).
-        last_commit_ms: wall-clock ms of the latest successful commit per topic.
+        last_rebalance_ms: monotonic ms of the latest rebalance (0: never).
+        last_commit_ms: monotonic ms of the latest successful commit per topic.
     """
 
     name: str
@@ -257,6 +269,13 @@ class Group:
         if member is None:
             return []
         return [p for t, p in member.assignment if t == topic]
+
+    def copy(self) -> Group:
+        """An independent copy (members too): what readers see while the original keeps changing."""
+        members = {m: Member(x.member_id, x.joined_ms, x.last_heartbeat_ms, x.deadline_ms, x.assignment,
+                             x.unconfirmed_client, x.origin) for m, x in self.members.items()}
+        return Group(self.name, self.selector, dict(self.partitions), self.epoch, self.generation, members,
+                     dict(self.owners), dict(self.offsets), self.last_rebalance_ms, dict(self.last_commit_ms))
 
     def rebalance(self, now_ms: int) -> None:
         """Start a new generation: bump it and recompute every member's assignment (round-robin)."""
@@ -317,7 +336,8 @@ class GroupTable:
             raise BrokerError.of("group_not_found", group=name)
         return group
 
-    def member(self, group: Group, member_id: str) -> Member:
+    @staticmethod
+    def member(group: Group, member_id: str) -> Member:
         """A live member of ``group``. Raises BrokerError ``member_not_found``."""
         member = group.members.get(member_id)
         if member is None:
@@ -400,17 +420,21 @@ class GroupTable:
         raise BrokerError.of("coordinator_not_available", group=group.name,
                              reason="could not allocate a unique member id")
 
-    def _touch(self, group: Group, member: Member, now_ms: int) -> None:
+    def _touch(self, group: Group, member: Member, now_ms: int, *, confirm: bool = True) -> None:
+        if confirm:
+            member.unconfirmed_client = None
         member.last_heartbeat_ms = now_ms
         member.deadline_ms = now_ms + self.session_timeout_ms
         self._seq += 1
         heapq.heappush(self._deadlines, (member.deadline_ms, self._seq, group.name, member.member_id))
 
     def join(self, name: str, requested_id: str, now_ms: int, *, topic: str | None = None,
-             generation: int | None = None) -> JoinResult:
+             generation: int | None = None, origin: str | None = None) -> JoinResult:
         """JOIN_GROUP: add or refresh a member and return its generation and assignment.
 
         * ``requested_id`` is a current member's full id: the member is refreshed; no rebalance.
+        * no ``generation``, and an unconfirmed member joined with client id ``requested_id`` from the same
+          ``origin`` (not None): a retry of that join; the same member, refreshed; no rebalance.
         * ``generation`` is given and ``requested_id`` looks like a full id (``<client>-NNNN``): the id is kept
           (a member resuming after its session expired or the broker restarted); rebalance.
         * otherwise: a new member ``<requested_id>-NNNN`` (random, unique in the group); rebalance.
@@ -426,11 +450,17 @@ class GroupTable:
         if existing is not None:
             self._touch(group, existing, now_ms)
             return JoinResult(group, requested_id, rebalanced=False, resumed=generation is not None)
+        if generation is None and origin is not None:
+            for candidate in group.members.values():
+                if candidate.unconfirmed_client == requested_id and candidate.origin == origin:
+                    self._touch(group, candidate, now_ms, confirm=False)
+                    return JoinResult(group, candidate.member_id, rebalanced=False, resumed=False)
         resumed = generation is not None and FULL_MEMBER_ID.fullmatch(requested_id) is not None
         member_id = requested_id if resumed else self._new_member_id(group, requested_id)
-        member = Member(member_id, now_ms, now_ms, now_ms + self.session_timeout_ms)
+        member = Member(member_id, now_ms, now_ms, now_ms + self.session_timeout_ms,
+                        unconfirmed_client=None if resumed else requested_id, origin=origin)
         group.members[member_id] = member
-        self._touch(group, member, now_ms)
+        self._touch(group, member, now_ms, confirm=False)
         group.rebalance(now_ms)
         return JoinResult(group, member_id, rebalanced=True, resumed=resumed)
 
@@ -451,6 +481,38 @@ class GroupTable:
         self.check_generation(group, member_id, generation)
         self._touch(group, member, now_ms)
         return group
+
+    def touch(self, name: str, member_id: str, now_ms: int) -> None:
+        """Extend ``member_id``'s session and mark it confirmed, if it is a member (else nothing)."""
+        group = self.groups.get(name)
+        member = group.members.get(member_id) if group is not None else None
+        if group is not None and member is not None:
+            self._touch(group, member, now_ms)
+
+    def confirm(self, name: str, member_id: str) -> None:
+        """The member was heard from under its full id (a commit): a later join is not a retry."""
+        group = self.groups.get(name)
+        member = group.members.get(member_id) if group is not None else None
+        if member is not None:
+            member.unconfirmed_client = None
+
+    def restore(self, name: str, group: Group | None, tombstone_epoch: int | None) -> None:
+        """Put back ``name``'s state as given (a durable copy after a failed append): the group (None: not
+        registered) and its tombstone epoch. Members still present keep their current session."""
+        current = self.groups.get(name)
+        if group is None:
+            self.groups.pop(name, None)
+        else:
+            for member_id, member in group.members.items():
+                live = current.members.get(member_id) if current is not None else None
+                if live is not None:
+                    member.last_heartbeat_ms, member.deadline_ms = live.last_heartbeat_ms, live.deadline_ms
+                    member.unconfirmed_client, member.origin = live.unconfirmed_client, live.origin
+            self.groups[name] = group
+        if tombstone_epoch is None:
+            self.tombstones.pop(name, None)
+        else:
+            self.tombstones[name] = tombstone_epoch
 
     def leave(self, name: str, member_id: str, generation: int | None, now_ms: int) -> Group:
         """LEAVE_GROUP: remove the member and rebalance the rest. Raises ``group_not_found``,

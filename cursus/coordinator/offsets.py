@@ -1,5 +1,9 @@
 """Durable group records in the internal ``__consumer_offsets`` topic: codec, replay, compaction.
 
+This module is pure (no I/O): the record codec and the latest-record bookkeeping replay uses. The standalone
+:class:`~cursus.coordinator.ports.GroupLog` that writes these records to the internal topic, replays it and
+compacts it is :class:`cursus.broker.group_log.OffsetsTopicLog`.
+
 Spec "Offset Lifecycle and Delivery Guarantees", facts B6 ``__consumer_offsets``, decision 16 (formats ours).
 
 **Records.** Each record is an ordinary CBV2 record of the internal topic whose ``key`` names what it is about
@@ -42,28 +46,19 @@ task skips internal topics).
 
 from __future__ import annotations
 
-import asyncio
 import datetime
 import hashlib
 import json
-import logging
 import re
-import time
 import zlib
-from collections.abc import Awaitable, Callable, Iterator, Mapping
-from dataclasses import dataclass, field, replace
+from collections.abc import Mapping
+from dataclasses import dataclass, field
 from typing import Any
 
-from cursus.broker.replica import Replica
-from cursus.coordinator.groups import Selector, TopicPartition
+from cursus.coordinator.groups import Group, GroupTable, Selector, TopicPartition
 from cursus.metadata.topics import validate_topic_name
-from cursus.wire import Record, decode_record, encode_record, iter_record_slices
-
-log = logging.getLogger("cursus.coordinator")
 
 OFFSETS_TOPIC = "__consumer_offsets"
-#: Records per appended chunk when compaction copies many keys.
-COPY_CHUNK_RECORDS = 2048
 _TIMESTAMP = re.compile(r"[0-9]{4}-[0-9]{2}-[0-9]{2}T[0-9]{2}:[0-9]{2}:[0-9]{2}(\.[0-9]{1,9})?Z")
 
 
@@ -371,7 +366,7 @@ class Snapshot:
     stale: int = 0
 
 
-class _Latest:
+class LatestRecords:
     """Latest record (and its payload bytes) per key of one internal partition, with ordering checks."""
 
     def __init__(self, partition: int) -> None:
@@ -395,7 +390,7 @@ class _Latest:
         self.records[rec.key] = (rec, payload)
 
 
-def build_snapshot(latest: list[_Latest]) -> Snapshot:
+def build_snapshot(latest: list[LatestRecords]) -> Snapshot:
     """Cross-check the latest records of every partition and drop superseded ones (mutates ``latest``).
 
     Raises:
@@ -433,195 +428,20 @@ def build_snapshot(latest: list[_Latest]) -> Snapshot:
     return snap
 
 
-# ----------------------------------------------------------------------------------------------- store
-
-
-class OffsetStore:
-    """The ``__consumer_offsets`` partitions as the coordinator's durable log.
-
-    Args:
-        replicas: the internal topic's replicas, index = partition.
-        run_blocking: runs a callable on the storage writer thread and awaits it (segment deletion).
-        compaction_min_records: appended records (per partition) that trigger compaction at the least.
-        clock_ms: wall clock in ms (record timestamps).
-
-    Thread-safety: event-loop thread only. :meth:`write` appends synchronously, so records reach the log in
-    the order the coordinator changed its state.
-    """
-
-    def __init__(self, replicas: list[Replica], run_blocking: Callable[[Callable[[], Any]], Awaitable[Any]],
-                 *, compaction_min_records: int = 20_000,
-                 clock_ms: Callable[[], int] = lambda: int(time.time() * 1000)) -> None:
-        assert replicas, "the internal topic needs at least one partition"
-        self.replicas = replicas
-        self.run_blocking = run_blocking
-        self.compaction_min_records = compaction_min_records
-        self.clock_ms = clock_ms
-        self._latest = [_Latest(p) for p in range(len(replicas))]
-        self._since_compaction = [0] * len(replicas)
-        self._compacting: set[int] = set()
-        self._tasks: set[asyncio.Task[None]] = set()
-        #: Completed compactions (for tests and logs).
-        self.compactions = 0
-
-    @property
-    def partitions(self) -> int:
-        """Partitions of the internal topic."""
-        return len(self.replicas)
-
-    def partition_of(self, group: str) -> int:
-        """The partition holding ``group``'s records."""
-        return partition_for(group, len(self.replicas))
-
-    # ------------------------------------------------------------------------------------------ replay
-
-    def replay(self) -> Snapshot:
-        """Read every retained record of every partition (up to its durable end) into the latest-record maps.
-
-        Raises:
-            ReplayError: see the module docstring; the message is the broker's not-ready reason.
-        """
-        records = 0
-        for p, replica in enumerate(self.replicas):
-            latest = self._latest[p]
-            count = 0
-            for offset, key, payload in self._iter_records(replica):
-                where = f"{OFFSETS_TOPIC}/{p} offset {offset}"
-                try:
-                    rec = decode_payload(key, payload)
-                except RecordError as exc:
-                    raise ReplayError(f"{where}: {exc}") from None
-                if partition_for(rec.group, len(self.replicas)) != p:
-                    raise ReplayError(f"{where}: record of group {rec.group!r} is in the wrong partition")
-                latest.put(rec, payload, where)
-                count += 1
-            records += count
-            self._since_compaction[p] = max(0, count - len(latest.records))
-        snap = build_snapshot(self._latest)
-        snap.records = records
-        return snap
-
-    @staticmethod
-    def _iter_records(replica: Replica) -> Iterator[tuple[int, str | None, bytes]]:
-        """(offset, key, payload) of every durable record below the HWM."""
-        plog = replica.log
-        end = replica.hwm
-        try:
-            for base, count, body in plog.iter_chunks(plog.log_start_offset):
-                if base >= end:
-                    return
-                for index, raw in enumerate(iter_record_slices(body, count)):
-                    if base + index >= end:
-                        return
-                    record = decode_record(raw)
-                    yield record.offset, record.key, record.payload
-        except ReplayError:
-            raise
-        except Exception as exc:  # CorruptLogError, InvalidFrame, OSError: all mean "cannot trust this"
-            raise ReplayError(f"{OFFSETS_TOPIC}/{replica.partition}: unreadable: {exc}") from None
-
-    # ------------------------------------------------------------------------------------------ writes
-
-    def latest(self, key: str, group: str) -> GroupRecord | None:
-        """The latest record of ``key`` (in ``group``'s partition), or None."""
-        entry = self._latest[self.partition_of(group)].records.get(key)
-        return entry[0] if entry is not None else None
-
-    def check_writable(self, group: str) -> Replica:
-        """The replica holding ``group``; raises ``storage_unavailable`` if it is fenced."""
-        replica = self.replicas[self.partition_of(group)]
-        replica.check_writable()
-        return replica
-
-    def write(self, group: str, records: list[GroupRecord]) -> tuple[Replica, int]:
-        """Append ``records`` (all of ``group``) now, as one chunk; returns (replica, end offset).
-
-        Each record gets the next revision of its key and the current timestamp. The caller awaits
-        ``replica.wait_hwm(end)`` before acknowledging. Superseded keys are forgotten: a tombstone drops the
-        group's offset and membership keys.
-
-        Raises:
-            BrokerError: ``storage_unavailable`` when the partition is fenced (nothing is appended).
-        """
-        p = self.partition_of(group)
-        replica = self.check_writable(group)
-        latest = self._latest[p]
-        stamp = self.clock_ms()
-        timestamp = utc_timestamp(stamp)
-        staged: list[tuple[GroupRecord, bytes]] = []
-        revisions: dict[str, int] = {}
-        for rec in records:
-            assert rec.group == group
-            previous = latest.records.get(rec.key)
-            last = revisions.get(rec.key, previous[0].revision if previous is not None else 0)
-            revisions[rec.key] = last + 1
-            rec = replace(rec, revision=last + 1, timestamp=timestamp)
-            staged.append((rec, encode_payload(rec)))
-        base = replica.leo
-        body = _chunk(p, base, [(rec.key, payload) for rec, payload in staged], stamp)
-        replica.append(body, len(staged))
-        for rec, payload in staged:
-            if isinstance(rec, TombstoneRecord):
-                for key, (old, _) in list(latest.records.items()):
-                    if old.group == group and key != rec.key:
-                        del latest.records[key]
-            latest.records[rec.key] = (rec, payload)
-        self._since_compaction[p] += len(staged)
-        self._maybe_compact(p)
-        return replica, base + len(staged)
-
-    # -------------------------------------------------------------------------------------- compaction
-
-    def _maybe_compact(self, p: int) -> None:
-        if p in self._compacting:
-            return
-        if self._since_compaction[p] < max(self.compaction_min_records, len(self._latest[p].records)):
-            return
-        self._compacting.add(p)
-        task = asyncio.get_running_loop().create_task(self._compact(p))
-        self._tasks.add(task)
-        task.add_done_callback(self._tasks.discard)
-
-    async def _compact(self, p: int) -> None:
-        replica = self.replicas[p]
-        try:
-            live = list(self._latest[p].records.items())
-            base = replica.leo
-            stamp = self.clock_ms()
-            end = base
-            for start in range(0, len(live), COPY_CHUNK_RECORDS):
-                part = [(key, payload) for key, (_, payload) in live[start:start + COPY_CHUNK_RECORDS]]
-                replica.append(_chunk(p, end, part, stamp), len(part))
-                end += len(part)
-            self._since_compaction[p] = 0
-            await replica.wait_hwm(end)
-            plog = replica.log
-            deleted = await self.run_blocking(lambda: plog.delete_segments_before(base))
-            self.compactions += 1
-            log.info("compacted %s/%d: %d live keys copied at offset %d, %s segments deleted, log start %d",
-                     OFFSETS_TOPIC, p, len(live), base, deleted, replica.log_start_offset)
-        except Exception:
-            log.exception("compaction of %s/%d failed", OFFSETS_TOPIC, p)
-        finally:
-            self._compacting.discard(p)
-
-    async def close(self) -> None:
-        """Wait for running compactions (their copies are already queued)."""
-        if self._tasks:
-            await asyncio.gather(*list(self._tasks), return_exceptions=True)
-
-    def stats(self) -> dict[str, int]:
-        """Live keys and records since the last compaction, summed over partitions."""
-        return {"live_keys": sum(len(part.records) for part in self._latest),
-                "records_since_compaction": sum(self._since_compaction), "compactions": self.compactions}
-
-
-def _chunk(partition: int, base_offset: int, entries: list[tuple[str, bytes]], stamp_ms: int) -> bytes:
-    """A records section of CBV2 records (key, JSON payload) with offsets from ``base_offset``."""
-    parts = []
-    for index, (key, payload) in enumerate(entries):
-        encoded = encode_record(Record(topic=OFFSETS_TOPIC, partition=partition, payload=payload,
-                                       offset=base_offset + index, timestamp=stamp_ms, key=key))
-        parts.append(len(encoded).to_bytes(4, "big"))
-        parts.append(encoded)
-    return b"".join(parts)
+def restore_snapshot(table: GroupTable, snapshot: Snapshot, now_ms: int) -> None:
+    """Load replayed state into an empty ``table`` (pure): registrations, tombstones, offsets inside each
+    expansion, and memberships whose members get a fresh session from ``now_ms`` (monotonic)."""
+    for name, reg in snapshot.registrations.items():
+        table.groups[name] = Group(name, reg.selector, dict(reg.partitions), reg.epoch)
+    for name, tomb in snapshot.tombstones.items():
+        table.tombstones[name] = tomb.epoch
+    for (name, topic), snap in snapshot.offsets.items():
+        group = table.groups[name]
+        count = group.partitions.get(topic, 0)
+        for partition, offset in snap.offsets.items():
+            if partition < count:
+                group.offsets[(topic, partition)] = offset
+    for name, membership in snapshot.memberships.items():
+        group = table.groups[name]
+        table.restore_membership(group, membership.generation, dict(membership.members), now_ms)
+        group.last_rebalance_ms = now_ms

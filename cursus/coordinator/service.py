@@ -1,14 +1,25 @@
-"""The group coordinator service: the state machine, made durable and timed, inside one broker.
+"""The group coordinator service: the state machine, made durable and timed.
 
-:class:`GroupCoordinator` owns a :class:`~cursus.coordinator.groups.GroupTable` and an
-:class:`~cursus.coordinator.offsets.OffsetStore`. Every mutating command validates and applies its change to
-the table and appends the matching records to ``__consumer_offsets`` in one synchronous step (no await in
-between, so log order is state order), then awaits the partition's HWM (fsynced) before the handler answers
-OK. Read commands answer from memory.
+:class:`GroupCoordinator` runs a :class:`~cursus.coordinator.groups.GroupTable` over a
+:class:`~cursus.coordinator.ports.GroupLog`. It keeps two views of every group:
 
-Session expiry is event driven: one ``loop.call_later`` timer armed for the earliest member deadline
-(:meth:`GroupTable.next_deadline_ms`); when it fires, expired members are removed, their groups rebalance and
-the new memberships are appended. No polling loop.
+* the **staged** state (:attr:`GroupCoordinator.table`): the state at the end of the log, including records
+  appended but not yet durable. Mutating commands validate against it and change it, and append the matching
+  records in the same synchronous step (no await in between), so log order is state order, and two concurrent
+  commits to one partition are checked in the order they will be applied.
+* the **durable** state (:attr:`GroupCoordinator.visible`): a copy of each group published when the records of
+  its latest change are durable. Everything a reader can observe answers from it: FETCH_OFFSET, CONSUME and
+  STREAM resume (:meth:`committed`), GROUP_STATUS, LIST_GROUPS, SYNC_GROUP and HEARTBEAT. A command answers
+  OK (and a JOIN its generation) only once its records are durable; a validation error computed from staged
+  state is answered once the state it saw is durable.
+
+A failed append (the log refuses it, or it fails to become durable) puts the staged group back to its durable
+copy, so memory never keeps a change the log lost, and the command gets the log's typed error. The log
+fails every later record of the group too, so the rollback never undoes a change that did become durable.
+
+Session expiry is event driven: one timer (``call_later``) armed for the earliest member deadline
+(:meth:`GroupTable.next_deadline_ms`) on the injected monotonic clock, so a wall-clock jump expires nobody;
+when it fires, expired members are removed, their groups rebalance and the new memberships are appended.
 
 Topic lifecycle: :meth:`on_topic_changed` (CREATE of a new topic or added partitions) updates every matching
 group's expansion durably and rebalances it; :meth:`check_topic_deletable` / :meth:`on_topic_deleted` implement
@@ -20,126 +31,139 @@ manifest commit and the group records).
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
-import time
-from typing import TYPE_CHECKING, Any
+import random
+from collections.abc import Sequence
+from dataclasses import replace
+from typing import Any
 
-from cursus.broker.replica import Replica
-from cursus.coordinator.groups import Group, GroupTable, JoinResult, Selector, expansion_for
+from cursus.coordinator.groups import (
+    DEFAULT_SESSION_TIMEOUT_MS,
+    Group,
+    GroupTable,
+    JoinResult,
+    Selector,
+    expansion_for,
+)
 from cursus.coordinator.offsets import (
-    OFFSETS_TOPIC,
     GroupRecord,
     MembershipRecord,
     OffsetSnapshotRecord,
-    OffsetStore,
     RegistrationRecord,
     ReplayError,
+    Snapshot,
     TombstoneRecord,
+    restore_snapshot,
     utc_timestamp,
 )
-from cursus.metadata.topics import TopicDefinition, TopicPolicy, is_internal_topic
+from cursus.coordinator.ports import (
+    CallLater,
+    Clock,
+    GroupLog,
+    OpenLog,
+    PartitionOffsetsLookup,
+    ReadinessReport,
+    TimerHandle,
+    TopicLookup,
+    TopicNames,
+)
+from cursus.metadata.topics import TopicDefinition, is_internal_topic
 from cursus.wire.errors import BrokerError
-
-if TYPE_CHECKING:
-    from cursus.broker.core import Broker
 
 log = logging.getLogger("cursus.coordinator")
 
-#: The readiness check this service owns in ``broker.not_ready_reasons``.
-READINESS_CHECK = "coordinator"
-
-
-def wall_ms() -> int:
-    """Wall-clock milliseconds (session deadlines, heartbeat and rebalance times)."""
-    return int(time.time() * 1000)
-
 
 class GroupCoordinator:
-    """Consumer groups and committed offsets of one broker (spec "Consumer Group Coordination", section 6).
+    """Consumer groups and committed offsets (spec "Consumer Group Coordination", section 6).
 
     Create it, then ``await open()`` before the broker reports ready. Until :attr:`ready`, group commands
-    raise ``coordinator_not_available`` (retryable) and the broker's ``/ready`` lists the reason.
+    raise ``coordinator_not_available`` (retryable) and ``report`` carries the reason.
+
+    Args:
+        open_log: creates (if needed) and opens the group log; awaited by :meth:`open`.
+        topic, topic_names: topic definitions (partition counts of subscribed topics).
+        partition_offsets: a partition's log start, HWM and LEO (commit validation, GROUP_STATUS lag).
+        report: readiness reporting (a reason while not ready, None once ready).
+        call_later: the event loop's timer (session expiry).
+        clock_ms: monotonic ms (session deadlines, activity times).
+        wall_ms: wall-clock ms, only to display times (GROUP_STATUS ``last_heartbeat``, ``last_rebalance``).
+        session_timeout_ms: ``consumer_session_timeout_ms``.
+        rng: member-id suffixes (default: the system's secure source).
     """
 
-    def __init__(self, broker: Broker) -> None:
-        self.broker = broker
-        cfg = broker.config
-        self.table = GroupTable(cfg.consumer_session_timeout_ms)
-        self.store: OffsetStore | None = None
+    def __init__(self, *, open_log: OpenLog, topic: TopicLookup, topic_names: TopicNames,
+                 partition_offsets: PartitionOffsetsLookup, report: ReadinessReport, call_later: CallLater,
+                 clock_ms: Clock, wall_ms: Clock, session_timeout_ms: int = DEFAULT_SESSION_TIMEOUT_MS,
+                 rng: random.Random | None = None) -> None:
+        self._open_log = open_log
+        self._topic = topic
+        self._topic_names = topic_names
+        self._partition_offsets = partition_offsets
+        self._report = report
+        self._call_later = call_later
+        self._clock = clock_ms
+        self._wall = wall_ms
+        #: The staged state: the end of the group log (appended, maybe not durable yet).
+        self.table = GroupTable(session_timeout_ms, rng)
+        #: The durable state readers see: a copy of each group as of its latest durable records.
+        self.visible: dict[str, Group] = {}
+        #: Durable tombstone epochs (deleted group names).
+        self.visible_tombstones: dict[str, int] = {}
+        self.log: GroupLog | None = None
         self.ready = False
         #: Topics whose DELETE is in progress: no new group may subscribe to them meanwhile.
         self.deleting: set[str] = set()
-        self._timer: asyncio.TimerHandle | None = None
+        self._timer: TimerHandle | None = None
         self._timer_at_ms: int | None = None
-        #: group -> (replica, end offset) of its latest appended records.
-        self._last_write: dict[str, tuple[Replica, int]] = {}
-        broker.not_ready_reasons[READINESS_CHECK] = "replay not started"
+        #: group -> the future of its latest appended records, until they are durable (or failed).
+        self._pending: dict[str, asyncio.Future[None]] = {}
+        self._reason = "replay not started"
+        report(self._reason)
 
     # -------------------------------------------------------------------------------------- lifecycle
 
     async def open(self) -> None:
-        """Create ``__consumer_offsets`` if missing, replay it, repair groups against the catalog, arm the
-        session timer. A replay failure leaves the coordinator unavailable with the reason in
-        ``broker.not_ready_reasons["coordinator"]`` (never an empty coordinator)."""
-        broker = self.broker
-        started = time.monotonic()
+        """Open and replay the group log, repair groups against the topic definitions, arm the session timer.
+
+        A replay failure leaves the coordinator unavailable with the reason reported (never an empty
+        coordinator).
+        """
+        started = self._clock()
         try:
-            defn = broker.catalog.get(OFFSETS_TOPIC)
-            if defn is None:
-                defn = TopicDefinition(OFFSETS_TOPIC, broker.config.offsets_topic_num_partitions,
-                                       policy=TopicPolicy(cleanup_policy="compact"))
-                await broker.apply_definition(defn)
-            replicas = [broker.replica(OFFSETS_TOPIC, p) for p in range(defn.partitions)]
-            self.store = OffsetStore(replicas, broker.run_blocking,
-                                     compaction_min_records=broker.config.offsets_compaction_min_records,
-                                     clock_ms=wall_ms)
-            snapshot = self.store.replay()
+            self.log = await self._open_log()
+            snapshot = await self.log.replay()
         except ReplayError as exc:
-            broker.not_ready_reasons[READINESS_CHECK] = f"__consumer_offsets replay failed: {exc}"
+            self._reason = f"__consumer_offsets replay failed: {exc}"
+            self._report(self._reason)
             log.error("group coordinator not ready: %s", exc)
             return
-        self._restore(snapshot.registrations, snapshot.tombstones, snapshot.offsets, snapshot.memberships)
+        self._restore(snapshot)
         self.ready = True
         await self._reconcile(list(self.table.groups))
-        broker.not_ready_reasons.pop(READINESS_CHECK, None)
+        self._report(None)
         self._arm_timer()
-        log.info("group coordinator: replayed %d records (%d stale) into %d groups in %.0f ms",
-                 snapshot.records, snapshot.stale, len(self.table.groups), (time.monotonic() - started) * 1000)
+        log.info("group coordinator: replayed %d records (%d stale) into %d groups in %d ms",
+                 snapshot.records, snapshot.stale, len(self.table.groups), self._clock() - started)
 
-    def _restore(self, registrations: dict[str, RegistrationRecord], tombstones: dict[str, TombstoneRecord],
-                 offsets: dict[tuple[str, str], OffsetSnapshotRecord],
-                 memberships: dict[str, MembershipRecord]) -> None:
-        now = wall_ms()
-        table = self.table
-        for name, reg in registrations.items():
-            table.groups[name] = Group(name, reg.selector, dict(reg.partitions), reg.epoch)
-        for name, tomb in tombstones.items():
-            table.tombstones[name] = tomb.epoch
-        for (name, topic), snap in offsets.items():
-            group = table.groups[name]
-            count = group.partitions.get(topic, 0)
-            for partition, offset in snap.offsets.items():
-                if partition < count:
-                    group.offsets[(topic, partition)] = offset
-        for name, membership in memberships.items():
-            group = table.groups[name]
-            table.restore_membership(group, membership.generation, dict(membership.members), now)
-            group.last_rebalance_ms = now
+    def _restore(self, snapshot: Snapshot) -> None:
+        restore_snapshot(self.table, snapshot, self._clock())
+        self.visible = {name: group.copy() for name, group in self.table.groups.items()}
+        self.visible_tombstones = dict(self.table.tombstones)
 
     async def close(self) -> None:
-        """Stop the session timer and wait for running compactions."""
+        """Stop the session timer and let the log finish background work."""
         if self._timer is not None:
             self._timer.cancel()
             self._timer = None
-        if self.store is not None:
-            await self.store.close()
+        if self.log is not None:
+            await self.log.close()
 
-    def check_ready(self) -> OffsetStore:
-        """The store; raises ``coordinator_not_available`` (retryable) until replay succeeded."""
-        if not self.ready or self.store is None:
-            reason = self.broker.not_ready_reasons.get(READINESS_CHECK, "not ready")
-            raise BrokerError.of("coordinator_not_available", reason=reason.replace(" ", "_")[:200])
-        return self.store
+    def check_ready(self) -> GroupLog:
+        """The log; raises ``coordinator_not_available`` (retryable) until replay succeeded."""
+        if not self.ready or self.log is None:
+            raise BrokerError.of("coordinator_not_available", reason=self._reason.replace(" ", "_")[:200])
+        return self.log
 
     # -------------------------------------------------------------------------------------- persistence
 
@@ -156,19 +180,82 @@ class GroupCoordinator:
     def _offsets(group: Group, topic: str) -> OffsetSnapshotRecord:
         return OffsetSnapshotRecord(group.name, topic, group.topic_offsets(topic), group.epoch)
 
-    def _append(self, name: str, records: list[GroupRecord]) -> tuple[Replica, int]:
-        """Append now (synchronously, right after the state change)."""
-        store = self.check_ready()
-        replica, end = store.write(name, records)
-        self._last_write[name] = (replica, end)
-        return replica, end
+    def _append(self, name: str, records: Sequence[GroupRecord]) -> tuple[asyncio.Future[None], Group | None]:
+        """Append ``records`` for the staged change just made to ``name`` (synchronously after it).
 
-    async def _durable(self, name: str) -> None:
-        """Wait until ``name``'s latest appended records are fsynced (HWM past them)."""
-        last = self._last_write.get(name)
-        if last is not None:
-            replica, end = last
-            await replica.wait_hwm(end)
+        Returns the durability future and the copy of the group that is published when it resolves (None:
+        the change deleted the group). On any failure the staged group is rolled back to its durable copy.
+
+        Raises:
+            BrokerError: the log refused the records (rolled back already).
+        """
+        group_log = self.check_ready()
+        group = self.table.groups.get(name)
+        published = group.copy() if group is not None else None
+        tombstone = self.table.tombstones.get(name)
+        try:
+            fut = group_log.append(name, records)
+        except BrokerError:
+            self._rollback(name)
+            raise
+        self._pending[name] = fut
+        settled = functools.partial(self._on_appended, name, published, tombstone)
+        if fut.done():
+            settled(fut)  # publish now: awaiting a done future does not yield to its callbacks
+        else:
+            fut.add_done_callback(settled)
+        return fut, published
+
+    def _on_appended(self, name: str, published: Group | None, tombstone: int | None,
+                     fut: asyncio.Future[None]) -> None:
+        if self._pending.get(name) is fut:
+            del self._pending[name]
+        if fut.cancelled() or fut.exception() is not None:
+            self._rollback(name)
+            return
+        if published is None:
+            self.visible.pop(name, None)
+        else:
+            self.visible[name] = published
+        if tombstone is None:
+            self.visible_tombstones.pop(name, None)
+        else:
+            self.visible_tombstones[name] = tombstone
+
+    def _rollback(self, name: str) -> None:
+        """Put the staged ``name`` back to its durable copy (an append failed; later ones fail too)."""
+        durable = self.visible.get(name)
+        self.table.restore(name, durable.copy() if durable is not None else None,
+                           self.visible_tombstones.get(name))
+        log.warning("group %s: change not durable; state rolled back to the durable one", name)
+
+    async def _persist(self, name: str, records: Sequence[GroupRecord]) -> Group | None:
+        """:meth:`_append`, then wait until durable; returns the published copy. Raises the log's error."""
+        fut, published = self._append(name, records)
+        await asyncio.shield(fut)
+        return published
+
+    async def _settle(self, name: str) -> None:
+        """Wait until every record already appended for ``name`` is durable (raises the log's error)."""
+        fut = self._pending.get(name)
+        if fut is not None:
+            await asyncio.shield(fut)
+
+    async def _refuse(self, name: str, error: BrokerError) -> BrokerError:
+        """The error to raise for a command refused against staged state: once that state is durable."""
+        await self._settle(name)
+        return error
+
+    def _durable_group(self, name: str) -> Group:
+        """The durable copy of ``name``. Raises ``group_not_found``."""
+        group = self.visible.get(name)
+        if group is None:
+            raise BrokerError.of("group_not_found", group=name)
+        return group
+
+    def _display_ms(self, monotonic_ms: int) -> int:
+        """Wall-clock ms of a monotonic instant (for display only)."""
+        return self._wall() - (self._clock() - monotonic_ms)
 
     # -------------------------------------------------------------------------------------- timer
 
@@ -180,14 +267,14 @@ class GroupCoordinator:
             if self._timer_at_ms is not None and self._timer_at_ms <= deadline:
                 return
             self._timer.cancel()
-        delay_s = max(0.0, (deadline - wall_ms()) / 1000.0)
+        delay_s = max(0.0, (deadline - self._clock()) / 1000.0)
         self._timer_at_ms = deadline
-        self._timer = self.broker.loop.call_later(delay_s, self._on_timer)
+        self._timer = self._call_later(delay_s, self._on_timer)
 
     def _on_timer(self) -> None:
         self._timer = None
         self._timer_at_ms = None
-        for group, expired in self.table.expire(wall_ms()):
+        for group, expired in self.table.expire(self._clock()):
             log.info("group %s: session expired for %s; generation %d", group.name, ",".join(expired),
                      group.generation)
             try:
@@ -199,114 +286,171 @@ class GroupCoordinator:
     # -------------------------------------------------------------------------------------- commands
 
     async def register(self, name: str, selector: Selector) -> Group:
-        """REGISTER_GROUP: create or re-subscribe ``name``; durable before returning.
+        """REGISTER_GROUP: create or re-subscribe ``name``; durable before returning (the durable group).
 
         Raises:
             BrokerError: ``topic_not_found`` for a named topic that does not exist, ``coordinator_not_available``,
                 ``storage_unavailable``.
         """
-        store = self.check_ready()
+        self.check_ready()
         counts = self._partition_counts()
         for topic in selector.topics:
             if topic not in counts or topic in self.deleting:
                 raise BrokerError.of("topic_not_found", topic=topic)
-        store.check_writable(name)
-        group, changed = self.table.register(name, selector, expansion_for(selector, counts), wall_ms())
+        group, changed = self.table.register(name, selector, expansion_for(selector, counts), self._clock())
         if changed:
             records: list[GroupRecord] = [self._registration(group)]
             if group.members:
                 records.append(self._membership(group))
-            self._append(name, records)
-        await self._durable(name)
-        return group
+            published = await self._persist(name, records)
+            assert published is not None
+            return published
+        await self._settle(name)
+        return self._durable_group(name)
 
-    async def join(self, name: str, member: str, *, topic: str | None, generation: int | None) -> JoinResult:
+    async def join(self, name: str, member: str, *, topic: str | None, generation: int | None,
+                   origin: str | None = None) -> JoinResult:
         """JOIN_GROUP: a missing group is registered for ``topic`` (which must exist); durable before
-        returning. See :meth:`GroupTable.join` for ids and rebalancing."""
-        store = self.check_ready()
-        now = wall_ms()
+        returning; ``result.group`` is the durable group. ``origin`` (the client host) lets a retried join
+        get the same member (see :meth:`GroupTable.join` for ids, retries and rebalancing).
+
+        Raises:
+            BrokerError: ``topic_not_found``, ``group_not_found`` (no topic and no group),
+                ``topic_not_assigned_to_group``, ``coordinator_not_available``, ``storage_unavailable``.
+        """
+        self.check_ready()
+        now = self._clock()
         records: list[GroupRecord] = []
+        tombstone = self.table.tombstones.get(name)
         if name not in self.table.groups:
             if topic is None:
-                raise BrokerError.of("group_not_found", group=name)
-            defn = self.broker.topic(topic)
+                raise await self._refuse(name, BrokerError.of("group_not_found", group=name))
+            defn = self._existing_topic(topic)
             if topic in self.deleting:
                 raise BrokerError.of("topic_not_found", topic=topic)
-            store.check_writable(name)
             group, _ = self.table.register(name, Selector.single(topic), {topic: defn.partitions}, now)
             records.append(self._registration(group))
-        else:
-            if topic is not None:
-                self.broker.topic(topic)
-            store.check_writable(name)
-        result = self.table.join(name, member, now, topic=topic, generation=generation)
+        elif topic is not None:
+            self._existing_topic(topic)
+        try:
+            result = self.table.join(name, member, now, topic=topic, generation=generation, origin=origin)
+        except BrokerError as exc:
+            if records:  # nothing appended yet: forget the group this join registered
+                self.table.restore(name, None, tombstone)
+            raise await self._refuse(name, exc) from None
+        self._arm_timer()
         if result.rebalanced:
             records.append(self._membership(result.group))
         if records:
-            self._append(name, records)
-        self._arm_timer()
-        await self._durable(name)
-        return result
+            published = await self._persist(name, records)
+            assert published is not None
+            return replace(result, group=published)
+        await self._settle(name)
+        return replace(result, group=self._durable_group(name))
 
-    def sync(self, name: str, member: str, generation: int) -> Group:
-        """SYNC_GROUP: raises ``group_not_found``/``member_not_found``/``GEN_MISMATCH``; returns the group."""
+    def sync(self, name: str, member: str, generation: int, topic: str | None = None) -> Group:
+        """SYNC_GROUP against the durable state; refreshes the session. Returns the durable group.
+
+        Raises:
+            BrokerError: ``group_not_found``, ``member_not_found``, ``GEN_MISMATCH``,
+                ``topic_not_assigned_to_group`` (``topic`` given and not subscribed).
+        """
+        return self.heartbeat(name, member, generation, topic)
+
+    def heartbeat(self, name: str, member: str, generation: int | None, topic: str | None = None) -> Group:
+        """HEARTBEAT against the durable state (``generation`` optional); extends the session.
+
+        Raises:
+            BrokerError: ``group_not_found``, ``member_not_found``, ``GEN_MISMATCH`` (stale generation: rejoin),
+                ``topic_not_assigned_to_group``.
+        """
         self.check_ready()
-        self.table.sync(name, member, generation, wall_ms())
-        return self.table.groups[name]
-
-    def heartbeat(self, name: str, member: str, generation: int | None) -> Group:
-        """HEARTBEAT: extends the session (see :meth:`GroupTable.heartbeat`)."""
-        self.check_ready()
-        return self.table.heartbeat(name, member, generation, wall_ms())
-
-    async def leave(self, name: str, member: str, generation: int | None) -> Group:
-        """LEAVE_GROUP: remove the member, rebalance, durable before returning."""
-        store = self.check_ready()
-        store.check_writable(name)
-        group = self.table.leave(name, member, generation, wall_ms())
-        self._append(name, [self._membership(group)])
-        await self._durable(name)
+        group = self._durable_group(name)
+        GroupTable.member(group, member)
+        GroupTable.check_generation(group, member, generation)
+        if topic is not None:
+            GroupTable.check_topic(group, topic)
+        self.table.touch(name, member, self._clock())
         return group
 
-    async def commit(self, name: str, topic: str, member: str, generation: int, offsets: dict[int, int]) -> int:
-        """COMMIT_OFFSET / BATCH_COMMIT: validate everything (all-or-nothing), store, fsync; returns the number
-        of partitions in the request. Re-committing the same offsets waits for their earlier write.
+    async def leave(self, name: str, member: str, generation: int | None) -> Group:
+        """LEAVE_GROUP: remove the member, rebalance, durable before returning (the durable group).
 
-        Raises the fencing and regression errors of :meth:`GroupTable.check_commit`, then ``invalid_offset``
-        for an offset past the partition's log end (it could never be consumed from).
+        Raises:
+            BrokerError: ``group_not_found``, ``member_not_found``, ``GEN_MISMATCH``, ``storage_unavailable``.
         """
-        store = self.check_ready()
+        self.check_ready()
+        try:
+            group = self.table.leave(name, member, generation, self._clock())
+        except BrokerError as exc:
+            raise await self._refuse(name, exc) from None
+        published = await self._persist(name, [self._membership(group)])
+        assert published is not None
+        return published
+
+    def _check_commit(self, name: str, topic: str, member: str, generation: int,
+                      offsets: dict[int, int]) -> tuple[Group, dict[int, int]]:
         group, changed = self.table.check_commit(name, topic, member, generation, offsets)
         for partition, offset in changed.items():
-            replica = self.broker.replicas.get((topic, partition))
-            if replica is not None and offset > replica.leo:
+            found = self._partition_offsets(topic, partition)
+            if found is not None and offset > found.leo:
                 raise BrokerError.of("invalid_offset", command="COMMIT_OFFSET", topic=topic, partition=partition,
-                                     value=offset, reason="beyond_log_end", log_end_offset=replica.leo)
+                                     value=offset, reason="beyond_log_end", log_end_offset=found.leo)
+        return group, changed
+
+    async def validate_commit(self, name: str, topic: str, member: str, generation: int,
+                              offsets: dict[int, int]) -> None:
+        """COMMIT_OFFSET ``validate_only``: the checks of :meth:`commit` without storing; answered once the
+        state checked against is durable. Raises as :meth:`commit`."""
+        self.check_ready()
+        try:
+            self._check_commit(name, topic, member, generation, offsets)
+        except BrokerError as exc:
+            raise await self._refuse(name, exc) from None
+        await self._settle(name)
+
+    async def commit(self, name: str, topic: str, member: str, generation: int, offsets: dict[int, int]) -> int:
+        """COMMIT_OFFSET / BATCH_COMMIT: validate everything (all-or-nothing) against the staged state, append,
+        and return once durable (the number of partitions in the request). Readers see the new offsets only
+        then. Re-committing the same offsets waits until the earlier write is durable.
+
+        Raises the fencing and regression errors of :meth:`GroupTable.check_commit`, ``invalid_offset`` for an
+        offset past the partition's log end (it could never be consumed from), ``storage_unavailable`` (the
+        offsets stay as they were).
+        """
+        self.check_ready()
+        try:
+            group, changed = self._check_commit(name, topic, member, generation, offsets)
+        except BrokerError as exc:
+            raise await self._refuse(name, exc) from None
+        self.table.confirm(name, member)
         if changed:
-            store.check_writable(name)
-            self.table.apply_commit(group, topic, changed, wall_ms())
-            self._append(name, [self._offsets(group, topic)])
-        await self._durable(name)
+            self.table.apply_commit(group, topic, changed, self._clock())
+            await self._persist(name, [self._offsets(group, topic)])
+        else:
+            await self._settle(name)
         return len(offsets)
 
+    # -------------------------------------------------------------------------------------- reads (durable)
+
     def fetch_offset(self, name: str, topic: str, partition: int) -> int:
-        """FETCH_OFFSET: the committed next offset, 0 when none (decision 9).
+        """FETCH_OFFSET: the durable committed next offset, 0 when none (decision 9).
 
         Raises ``group_not_found``, ``topic_not_assigned_to_group``, ``partition_not_found``.
         """
         self.check_ready()
-        group = self.table.get(name)
-        self.table.check_topic(group, topic)
+        group = self._durable_group(name)
+        GroupTable.check_topic(group, topic)
         if not 0 <= partition < group.partitions.get(topic, 0):
             raise BrokerError.of("partition_not_found", topic=topic, partition=partition, group=name)
         return group.offsets.get((topic, partition), 0)
 
     def committed(self, name: str | None, topic: str, partition: int) -> int | None:
-        """The committed offset for CONSUME/STREAM resume, or None (unknown group, nothing committed, or the
-        coordinator not ready). Never raises."""
+        """The durable committed offset for CONSUME/STREAM resume, or None (unknown group, nothing committed,
+        or the coordinator not ready). Never raises."""
         if not name or not self.ready:
             return None
-        group = self.table.groups.get(name)
+        group = self.visible.get(name)
         return group.offsets.get((topic, partition)) if group is not None else None
 
     def last_activity_ms(self, name: str | None, member: str | None, topic: str) -> int:
@@ -315,37 +459,43 @@ class GroupCoordinator:
         group = self.table.groups.get(name or "")
         if group is None:
             return 0
-        stamps = [group.last_commit_ms.get(topic, 0)]
+        stamps = []
+        if topic in group.last_commit_ms:
+            stamps.append(group.last_commit_ms[topic])
         found = group.members.get(member or "")
         if found is not None:
             stamps.append(found.last_heartbeat_ms)
-        return max(stamps)
+        return self._display_ms(max(stamps)) if stamps else 0
 
     def list_groups(self) -> list[str]:
-        """Registered group names, sorted."""
+        """Durably registered group names, sorted."""
         self.check_ready()
-        return sorted(self.table.groups)
+        return sorted(self.visible)
 
     def status(self, name: str) -> dict[str, Any]:
-        """GROUP_STATUS as a JSON-ready dict (spec shape plus subscription, epoch and per-partition offsets
-        with lag = HWM - committed, or HWM - log start when nothing is committed)."""
+        """GROUP_STATUS of the durable group as a JSON-ready dict (spec shape plus subscription, epoch and
+        per-partition offsets with lag = HWM - committed, or HWM - log start when nothing is committed).
+        ``last_heartbeat`` is the session's latest heartbeat."""
         self.check_ready()
-        group = self.table.get(name)
+        group = self._durable_group(name)
+        staged = self.table.groups.get(name)
         topics = list(group.partitions)
         first = group.selector.topics[0] if group.selector.kind == "topic" else (topics[0] if topics else "")
         members = []
         for m in group.members.values():
+            session = staged.members.get(m.member_id) if staged is not None else None
+            heartbeat = (session or m).last_heartbeat_ms
             members.append({
                 "member_id": m.member_id,
-                "last_heartbeat": utc_timestamp(m.last_heartbeat_ms),
+                "last_heartbeat": utc_timestamp(self._display_ms(heartbeat)),
                 "assignments": [p for t, p in m.assignment if t == first],
                 "topic_assignments": [f"{t}:P{p}" for t, p in m.assignment],
             })
         offsets = []
         for topic, partition in group.topic_partitions():
-            replica = self.broker.replicas.get((topic, partition))
-            hwm = replica.hwm if replica is not None else 0
-            start = replica.log_start_offset if replica is not None else 0
+            found = self._partition_offsets(topic, partition)
+            hwm = found.hwm if found is not None else 0
+            start = found.log_start_offset if found is not None else 0
             committed = group.offsets.get((topic, partition))
             offsets.append({
                 "topic": topic, "partition": partition, "committed_offset": committed,
@@ -357,6 +507,7 @@ class GroupCoordinator:
             subscription["pattern"] = group.selector.pattern
         else:
             subscription["topics"] = list(group.selector.topics)
+        last_rebalance = group.last_rebalance_ms
         return {
             "status": "OK",
             "group_name": group.name,
@@ -369,28 +520,35 @@ class GroupCoordinator:
             "member_count": len(group.members),
             "partition_count": group.partition_count,
             "members": members,
-            "last_rebalance": utc_timestamp(group.last_rebalance_ms) if group.last_rebalance_ms else None,
+            "last_rebalance": utc_timestamp(self._display_ms(last_rebalance)) if last_rebalance else None,
             "offsets": offsets,
         }
 
     # -------------------------------------------------------------------------------------- topic lifecycle
 
+    def _existing_topic(self, name: str) -> TopicDefinition:
+        defn = self._topic(name)
+        if defn is None:
+            raise BrokerError.of("topic_not_found", topic=name)
+        return defn
+
     def _partition_counts(self) -> dict[str, int]:
-        catalog = self.broker.catalog
         counts = {}
-        for name in catalog.names():
-            defn = catalog.get(name)
+        for name in self._topic_names():
+            defn = self._topic(name)
             if defn is not None and not is_internal_topic(name) and name not in self.deleting:
                 counts[name] = defn.partitions
         return counts
 
     async def _reconcile(self, names: list[str]) -> None:
-        """Bring each group's expansion in line with the catalog, durably: rebalance on change, an empty
-        offset snapshot for each topic that left it, a tombstone for a one-topic group whose topic is gone."""
+        """Bring each group's expansion in line with the topic definitions, durably: rebalance on change, an
+        empty offset snapshot for each topic that left it, a tombstone for a one-topic group whose topic is
+        gone. Raises the first log error after every group was tried."""
         if not self.ready:
             return
         counts = self._partition_counts()
-        now = wall_ms()
+        now = self._clock()
+        waits: list[asyncio.Future[None]] = []
         for name in names:
             group = self.table.groups.get(name)
             if group is None:
@@ -398,29 +556,31 @@ class GroupCoordinator:
             wanted = expansion_for(group.selector, counts)
             if wanted == group.partitions:
                 continue
-            try:
-                self.check_ready().check_writable(name)
-            except BrokerError as exc:
-                log.warning("group %s not reconciled: %s", name, exc.error.code)
-                continue
             removed = [t for t in group.partitions if t not in wanted]
             if group.selector.kind == "topic" and not wanted:
                 group.members.clear()
                 epoch = self.table.tombstone(name)
-                self._append(name, [TombstoneRecord(name, epoch)])
-                log.info("group %s deleted with its topic %s", name, group.selector.topics[0])
+                records: list[GroupRecord] = [TombstoneRecord(name, epoch)]
+                what = f"deleted with its topic {group.selector.topics[0]}"
             else:
                 had_members = bool(group.members)
                 self.table.set_expansion(group, wanted, now)
-                records: list[GroupRecord] = [self._registration(group)]
+                records = [self._registration(group)]
                 records += [OffsetSnapshotRecord(name, t, {}, group.epoch) for t in removed]
                 if had_members:
                     records.append(self._membership(group))
-                self._append(name, records)
-                log.info("group %s: expansion now %s (generation %d)", name, group.partitions, group.generation)
-        for name in names:
-            await self._durable(name)
+                what = f"expansion now {group.partitions} (generation {group.generation})"
+            try:
+                waits.append(self._append(name, records)[0])
+            except BrokerError as exc:
+                log.warning("group %s not reconciled: %s", name, exc.error.code)
+                continue
+            log.info("group %s %s", name, what)
         self._arm_timer()
+        results = await asyncio.gather(*(asyncio.shield(w) for w in waits), return_exceptions=True)
+        for outcome in results:
+            if isinstance(outcome, BaseException):
+                raise outcome
 
     async def on_topic_changed(self, defn: TopicDefinition) -> None:
         """After CREATE made ``defn`` durable: groups subscribed to it (or matching it) get the new expansion

@@ -5,7 +5,8 @@ from __future__ import annotations
 
 import json
 
-from cursus.coordinator.offsets import OFFSETS_TOPIC, _chunk, group_key
+from cursus.broker.group_log import _chunk
+from cursus.coordinator.offsets import OFFSETS_TOPIC, group_key
 from cursus.storage import LogConfig, PartitionLog
 from tests.integration.conftest import connect
 from tests.integration.helpers import create_topic, error_of, ok_fields, publish_batch

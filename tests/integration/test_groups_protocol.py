@@ -14,6 +14,7 @@ from collections.abc import Iterator
 import pytest
 
 from cursus.client.connection import Connection
+from cursus.wire import Command, CommandPayload, encode_crq2
 from tests.brokerproc import BrokerProcess
 from tests.integration.conftest import connect
 from tests.integration.helpers import consume, create_topic, error_of, ok_fields, publish_batch, render
@@ -72,6 +73,31 @@ def commit(conn: Connection, topic: str, group: str, member: str, generation: ob
            offset: int):
     return conn.command(f"COMMIT_OFFSET topic={topic} partition={partition} group={group} offset={offset} "
                         f"member={member} generation={generation}")
+
+
+def test_join_retried_after_its_reply_was_lost_is_one_member(gbroker, conn, topic_name, group):
+    """A client that times out on JOIN_GROUP and retries with its client id must not leave a ghost member
+    holding partitions until its session expires (issue 10)."""
+    create_topic(conn, topic_name, partitions=2)
+    with connect(gbroker) as lost:  # the reply to this join is never read: the socket closes right away
+        lost.send(Command.JOIN_GROUP, encode_crq2(CommandPayload((), {"topic": topic_name, "group": group,
+                                                                       "member": "c1"})))
+    first = wait_for(lambda: _status_or_none(conn, group), what="the lost join applied")
+    assert first["member_count"] == 1
+    ghost = first["members"][0]["member_id"]
+    retry = join(conn, topic_name, group, "c1")
+    assert (retry["member"], retry["generation"], parts(retry["assignments"])) == (ghost, "1", [0, 1])
+    doc = status(conn, group)
+    assert (doc["member_count"], doc["generation"]) == (1, 1)
+    # once the member has been heard from under its full id, the same client id joining is a new member
+    assert ok_fields(conn.command(f"HEARTBEAT topic={topic_name} group={group} member={ghost}"))
+    other = join(conn, topic_name, group, "c1")
+    assert other["member"] != ghost and other["generation"] == "2"
+
+
+def _status_or_none(conn: Connection, group: str) -> dict | None:
+    payload = conn.command(f"GROUP_STATUS group={group}").payload
+    return json.loads(payload) if payload.startswith(b"{") else None
 
 
 def test_join_sync_heartbeat_and_discovery(gbroker, conn, topic_name, group):

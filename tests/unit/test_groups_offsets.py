@@ -1,4 +1,5 @@
-"""Durable group records (cursus.coordinator.offsets): strict codec, replay, consistency checks, compaction."""
+"""Durable group records (cursus.coordinator.offsets) and the standalone group log over them
+(cursus.broker.group_log): strict codec, replay, consistency checks, compaction."""
 
 from __future__ import annotations
 
@@ -8,13 +9,13 @@ from pathlib import Path
 
 import pytest
 
+from cursus.broker.group_log import OffsetsTopicLog, _chunk, wall_ms
 from cursus.broker.replica import Replica
 from cursus.coordinator.groups import Selector
 from cursus.coordinator.offsets import (
     OFFSETS_TOPIC,
     MembershipRecord,
     OffsetSnapshotRecord,
-    OffsetStore,
     RecordError,
     RegistrationRecord,
     ReplayError,
@@ -109,8 +110,8 @@ class Harness:
         self.writer.submit_call(fn, fut)
         return await fut
 
-    def store(self, **kwargs) -> OffsetStore:
-        return OffsetStore(self.replicas, self.run_blocking, **kwargs)
+    def store(self, **kwargs) -> OffsetsTopicLog:
+        return OffsetsTopicLog(self.replicas, self.run_blocking, wall_ms=wall_ms, **kwargs)
 
     async def close(self) -> None:
         await self.loop.run_in_executor(None, self.writer.close)
@@ -118,9 +119,8 @@ class Harness:
             r.log.close()
 
 
-async def write(store: OffsetStore, group: str, records) -> None:
-    replica, end = store.write(group, records)
-    await replica.wait_hwm(end)
+async def write(store: OffsetsTopicLog, group: str, records) -> None:
+    await store.append(group, records)
 
 
 async def test_replay_restores_latest_records(tmp_path):
@@ -135,7 +135,7 @@ async def test_replay_restores_latest_records(tmp_path):
     await h.close()
 
     h2 = Harness(tmp_path, partitions=3)
-    snap = h2.store().replay()
+    snap = await h2.store().replay()
     assert snap.registrations["g"].partitions == {"t": 2} and snap.registrations["g"].revision == 1
     assert snap.offsets[("g", "t")].offsets == {0: 5, 1: 10} and snap.offsets[("g", "t")].revision == 5
     assert snap.memberships["g"].generation == 1
@@ -146,8 +146,6 @@ async def test_replay_restores_latest_records(tmp_path):
 
 
 async def _append_raw(h: Harness, group: str, payload: bytes, key: str) -> None:
-    from cursus.coordinator.offsets import _chunk
-
     replica = h.replicas[partition_for(group, h.partitions)]
     replica.append(_chunk(replica.partition, replica.leo, [(key, payload)], 0), 1)
     await replica.wait_hwm(replica.leo)
@@ -175,7 +173,7 @@ async def test_replay_refuses_corrupt_or_inconsistent_logs(tmp_path, case):
     await h.close()
     h2 = Harness(tmp_path)
     with pytest.raises(ReplayError):
-        h2.store().replay()
+        await h2.store().replay()
     await h2.close()
 
 
@@ -188,7 +186,7 @@ async def test_stale_epochs_are_dropped_not_errors(tmp_path):
     await write(store, "g", [RegistrationRecord("g", Selector.single("t"), {"t": 1}, 2)])
     await h.close()
     h2 = Harness(tmp_path)
-    snap = h2.store().replay()
+    snap = await h2.store().replay()
     assert snap.registrations["g"].epoch == 2 and ("g", "t") not in snap.offsets and snap.stale == 1
     await h2.close()
 
@@ -211,7 +209,7 @@ async def test_compaction_bounds_replay(tmp_path):
     assert replica.log_start_offset > 0 and retained < 1200, (replica.log_start_offset, replica.leo)
     await h.close()
     h2 = Harness(tmp_path, segment_bytes=16 * 1024)
-    snap = h2.store().replay()
+    snap = await h2.store().replay()
     assert snap.records == retained
     last = {g: max(n for n in range(commits) if groups[n % len(groups)] == g) for g in groups}
     assert {g: snap.offsets[(g, "t")].offsets[0] for g in groups} == last

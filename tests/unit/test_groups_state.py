@@ -172,6 +172,35 @@ def test_tombstone_then_new_epoch():
     assert created and group.epoch == 2
 
 
+def test_a_join_retry_gets_the_unconfirmed_member_back():
+    table = table_with()
+    first = table.join("g", "c", 0, origin="h1")
+    retry = table.join("g", "c", 5, origin="h1")
+    assert (retry.member_id, retry.rebalanced, retry.group.generation) == (first.member_id, False, 1)
+    assert table.join("g", "c", 6, origin="h2").member_id != first.member_id  # another host: another member
+    assert table.join("g", "c", 7).group.generation == 3  # no origin: never a retry
+    table.touch("g", first.member_id, 8)  # heard from under its full id: confirmed
+    assert table.join("g", "c", 9, origin="h1").member_id != first.member_id
+    member = table.join("g", "d", 10, origin="h1").member_id
+    table.confirm("g", member)
+    assert table.join("g", "d", 11, origin="h1").member_id != member
+
+
+def test_copies_are_independent_and_restore_keeps_sessions():
+    table = table_with()
+    a = table.join("g", "a", 0).member_id
+    durable = table.get("g").copy()
+    table.join("g", "b", 10)
+    table.heartbeat("g", a, None, 500)
+    assert durable.generation == 1 and list(durable.members) == [a] and durable.members[a].deadline_ms == TIMEOUT
+    table.restore("g", durable.copy(), None)
+    group = table.get("g")
+    assert group.generation == 1 and list(group.members) == [a] and group.owners == {("t", p): a for p in range(6)}
+    assert group.members[a].deadline_ms == 500 + TIMEOUT and table.next_deadline_ms() == 500 + TIMEOUT
+    table.restore("g", None, 4)
+    assert "g" not in table.groups and table.next_epoch("g") == 5
+
+
 class GroupMachine(RuleBasedStateMachine):
     """Random joins, leaves, heartbeats, expiry and partition changes never break the invariants."""
 
@@ -182,9 +211,9 @@ class GroupMachine(RuleBasedStateMachine):
         self.now = 0
         self.last_generation = 0
 
-    @rule(client=st.sampled_from(["a", "b", "c", "d"]))
-    def join_new(self, client):
-        self.table.join("g", client, self.now)
+    @rule(client=st.sampled_from(["a", "b", "c", "d"]), origin=st.sampled_from([None, "h1", "h2"]))
+    def join_new(self, client, origin):
+        self.table.join("g", client, self.now, origin=origin)
 
     @rule(data=st.data())
     def rejoin_existing(self, data):

@@ -48,6 +48,11 @@ def _generation(req: Request, *, required: bool) -> int | None:
     return req.int_field("generation", minimum=0, code="invalid_generation")
 
 
+def _client_host(req: Request) -> str:
+    """The client's host (``peer`` without the port): where a JOIN_GROUP came from, to recognise its retry."""
+    return req.session.peer.rsplit(":", 1)[0]
+
+
 def _assignment_fields(group: Group, member_id: str, topic: str | None) -> list[tuple[str, object]]:
     """``assignments=[0,1,2]`` (decision 9) for one-topic groups or the requested topic, and
     ``topic_assignments=t:P0,t:P1`` for multi-topic groups."""
@@ -120,12 +125,15 @@ async def handle_register_group(broker: Broker, req: Request) -> bytes:
 async def handle_join_group(broker: Broker, req: Request) -> bytes:
     """JOIN_GROUP [topic=] group= member= [generation=] ->
     ``OK generation=N member=<id>-NNNN assignments=[0,1,2]`` (``topic_assignments=`` for multi-topic groups,
-    ``resumed=true`` when a full id with ``generation=`` was kept). Creates a missing group for ``topic``."""
+    ``resumed=true`` when a full id with ``generation=`` was kept). Creates a missing group for ``topic``. A retry
+    of a join whose reply was lost (same client id and host, the member not heard from since) answers the same
+    member."""
     name = _group(req)
     member = _member(req)
     topic = _optional_topic(req)
     generation = _generation(req, required=False)
-    result = await broker.coordinator.join(name, member, topic=topic, generation=generation)
+    result = await broker.coordinator.join(name, member, topic=topic, generation=generation,
+                                           origin=_client_host(req))
     group = result.group
     return ok_text(("generation", group.generation), ("member", result.member_id),
                    *_assignment_fields(group, result.member_id, topic),
@@ -139,9 +147,7 @@ async def handle_sync_group(broker: Broker, req: Request) -> bytes:
     topic = _optional_topic(req)
     generation = _generation(req, required=True)
     assert generation is not None
-    group = broker.coordinator.sync(name, member, generation)
-    if topic is not None:
-        broker.coordinator.table.check_topic(group, topic)
+    group = broker.coordinator.sync(name, member, generation, topic)
     return ok_text(("generation", group.generation), ("member", member), *_assignment_fields(group, member, topic))
 
 
@@ -152,9 +158,7 @@ async def handle_heartbeat(broker: Broker, req: Request) -> bytes:
     member = _member(req)
     topic = _optional_topic(req)
     generation = _generation(req, required=False)
-    group = broker.coordinator.heartbeat(name, member, generation)
-    if topic is not None:
-        broker.coordinator.table.check_topic(group, topic)
+    group = broker.coordinator.heartbeat(name, member, generation, topic)
     return ok_text(("member", member), ("generation", group.generation))
 
 
@@ -189,8 +193,7 @@ async def handle_commit_offset(broker: Broker, req: Request) -> bytes:
     offset = req.int_field("offset", minimum=0, code="invalid_offset")
     name, topic, member, generation = _commit_target(broker, req)
     if any((req.get(k) or "").lower() in _TRUE for k in ("validate_only", "ownership_only")):
-        broker.coordinator.check_ready()
-        broker.coordinator.table.check_commit(name, topic, member, generation, {partition: offset})
+        await broker.coordinator.validate_commit(name, topic, member, generation, {partition: offset})
         return ok_text(("validated", True))
     await broker.coordinator.commit(name, topic, member, generation, {partition: offset})
     return ok_text()

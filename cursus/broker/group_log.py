@@ -1,0 +1,259 @@
+"""The standalone group log: the coordinator's records in the ``__consumer_offsets`` replicas.
+
+:class:`OffsetsTopicLog` implements :class:`cursus.coordinator.ports.GroupLog` (record shapes, placement,
+replay and compaction rules: :mod:`cursus.coordinator.offsets`, docs/groups.md). :func:`open_offsets_log`
+creates the internal topic at startup when it is missing and opens the log over its replicas.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Awaitable, Callable, Iterator, Sequence
+from dataclasses import replace
+from typing import TYPE_CHECKING, Any
+
+from cursus.broker.replica import Replica
+from cursus.coordinator.offsets import (
+    OFFSETS_TOPIC,
+    GroupRecord,
+    LatestRecords,
+    RecordError,
+    ReplayError,
+    Snapshot,
+    TombstoneRecord,
+    build_snapshot,
+    decode_payload,
+    encode_payload,
+    partition_for,
+    utc_timestamp,
+)
+from cursus.coordinator.ports import PartitionOffsets
+from cursus.metadata.topics import TopicDefinition, TopicPolicy
+from cursus.wire import Record, decode_record, encode_record, iter_record_slices
+
+if TYPE_CHECKING:
+    from cursus.broker.core import Broker
+
+log = logging.getLogger("cursus.coordinator")
+
+#: Records per appended chunk when compaction copies many keys.
+COPY_CHUNK_RECORDS = 2048
+
+
+class OffsetsTopicLog:
+    """The ``__consumer_offsets`` partitions as the coordinator's :class:`~cursus.coordinator.ports.GroupLog`.
+
+    Args:
+        replicas: the internal topic's replicas, index = partition.
+        run_blocking: runs a callable on the storage writer thread and awaits it (segment deletion).
+        compaction_min_records: appended records (per partition) that trigger compaction at the least.
+        wall_ms: wall clock in ms (record timestamps; user-visible, so wall time).
+
+    Thread-safety: event-loop thread only. :meth:`append` hands the chunk to the writer synchronously, so
+    records reach the log in the order the coordinator staged them; a future resolves when the partition's
+    HWM (standalone: fsynced) passes the chunk.
+    """
+
+    def __init__(self, replicas: list[Replica], run_blocking: Callable[[Callable[[], Any]], Awaitable[Any]],
+                 *, compaction_min_records: int = 20_000, wall_ms: Callable[[], int]) -> None:
+        assert replicas, "the internal topic needs at least one partition"
+        self.replicas = replicas
+        self.run_blocking = run_blocking
+        self.compaction_min_records = compaction_min_records
+        self.wall_ms = wall_ms
+        self._latest = [LatestRecords(p) for p in range(len(replicas))]
+        self._since_compaction = [0] * len(replicas)
+        self._compacting: set[int] = set()
+        self._tasks: set[asyncio.Task[None]] = set()
+        #: Completed compactions (for tests and logs).
+        self.compactions = 0
+
+    @property
+    def partitions(self) -> int:
+        """Partitions of the internal topic."""
+        return len(self.replicas)
+
+    def partition_of(self, group: str) -> int:
+        """The partition holding ``group``'s records."""
+        return partition_for(group, len(self.replicas))
+
+    # ------------------------------------------------------------------------------------------ replay
+
+    async def replay(self) -> Snapshot:
+        """Read every retained record of every partition (up to its HWM) into the latest-record maps.
+
+        Raises:
+            ReplayError: see :mod:`cursus.coordinator.offsets`; the message is the broker's not-ready reason.
+        """
+        records = 0
+        for p, replica in enumerate(self.replicas):
+            latest = self._latest[p]
+            count = 0
+            for offset, key, payload in self._iter_records(replica):
+                where = f"{OFFSETS_TOPIC}/{p} offset {offset}"
+                try:
+                    rec = decode_payload(key, payload)
+                except RecordError as exc:
+                    raise ReplayError(f"{where}: {exc}") from None
+                if partition_for(rec.group, len(self.replicas)) != p:
+                    raise ReplayError(f"{where}: record of group {rec.group!r} is in the wrong partition")
+                latest.put(rec, payload, where)
+                count += 1
+            records += count
+            self._since_compaction[p] = max(0, count - len(latest.records))
+        snap = build_snapshot(self._latest)
+        snap.records = records
+        return snap
+
+    @staticmethod
+    def _iter_records(replica: Replica) -> Iterator[tuple[int, str | None, bytes]]:
+        """(offset, key, payload) of every durable record below the HWM."""
+        plog = replica.log
+        end = replica.hwm
+        try:
+            for base, count, body in plog.iter_chunks(plog.log_start_offset):
+                if base >= end:
+                    return
+                for index, raw in enumerate(iter_record_slices(body, count)):
+                    if base + index >= end:
+                        return
+                    record = decode_record(raw)
+                    yield record.offset, record.key, record.payload
+        except ReplayError:
+            raise
+        except Exception as exc:  # CorruptLogError, InvalidFrame, OSError: all mean "cannot trust this"
+            raise ReplayError(f"{OFFSETS_TOPIC}/{replica.partition}: unreadable: {exc}") from None
+
+    # ------------------------------------------------------------------------------------------ writes
+
+    def append(self, group: str, records: Sequence[GroupRecord]) -> asyncio.Future[None]:
+        """Append ``records`` (all of ``group``) now, as one chunk; the future resolves once they are fsynced.
+
+        Each record gets the next revision of its key and the current timestamp. Superseded keys are
+        forgotten: a tombstone drops the group's offset and membership keys.
+
+        Raises:
+            BrokerError: ``storage_unavailable`` when the partition is fenced (nothing is appended). The future
+                fails with ``storage_unavailable`` when the write or fsync fails (outcome unknown).
+        """
+        p = self.partition_of(group)
+        replica = self.replicas[p]
+        replica.check_writable()
+        latest = self._latest[p]
+        stamp = self.wall_ms()
+        timestamp = utc_timestamp(stamp)
+        staged: list[tuple[GroupRecord, bytes]] = []
+        revisions: dict[str, int] = {}
+        for rec in records:
+            assert rec.group == group
+            previous = latest.records.get(rec.key)
+            last = revisions.get(rec.key, previous[0].revision if previous is not None else 0)
+            revisions[rec.key] = last + 1
+            rec = replace(rec, revision=last + 1, timestamp=timestamp)
+            staged.append((rec, encode_payload(rec)))
+        base = replica.leo
+        body = _chunk(p, base, [(rec.key, payload) for rec, payload in staged], stamp)
+        replica.append(body, len(staged))
+        for rec, payload in staged:
+            if isinstance(rec, TombstoneRecord):
+                for key, (old, _) in list(latest.records.items()):
+                    if old.group == group and key != rec.key:
+                        del latest.records[key]
+            latest.records[rec.key] = (rec, payload)
+        self._since_compaction[p] += len(staged)
+        self._maybe_compact(p)
+        return replica.wait_hwm(base + len(staged))
+
+    # -------------------------------------------------------------------------------------- compaction
+
+    def _maybe_compact(self, p: int) -> None:
+        if p in self._compacting:
+            return
+        if self._since_compaction[p] < max(self.compaction_min_records, len(self._latest[p].records)):
+            return
+        self._compacting.add(p)
+        task = asyncio.get_running_loop().create_task(self._compact(p))
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    async def _compact(self, p: int) -> None:
+        replica = self.replicas[p]
+        try:
+            live = list(self._latest[p].records.items())
+            base = replica.leo
+            stamp = self.wall_ms()
+            end = base
+            for start in range(0, len(live), COPY_CHUNK_RECORDS):
+                part = [(key, payload) for key, (_, payload) in live[start:start + COPY_CHUNK_RECORDS]]
+                replica.append(_chunk(p, end, part, stamp), len(part))
+                end += len(part)
+            self._since_compaction[p] = 0
+            await replica.wait_hwm(end)
+            plog = replica.log
+            deleted = await self.run_blocking(lambda: plog.delete_segments_before(base))
+            self.compactions += 1
+            log.info("compacted %s/%d: %d live keys copied at offset %d, %s segments deleted, log start %d",
+                     OFFSETS_TOPIC, p, len(live), base, deleted, replica.log_start_offset)
+        except Exception:
+            log.exception("compaction of %s/%d failed", OFFSETS_TOPIC, p)
+        finally:
+            self._compacting.discard(p)
+
+    async def close(self) -> None:
+        """Wait for running compactions (their copies are already queued)."""
+        if self._tasks:
+            await asyncio.gather(*list(self._tasks), return_exceptions=True)
+
+    def stats(self) -> dict[str, int]:
+        """Live keys and records since the last compaction, summed over partitions."""
+        return {"live_keys": sum(len(part.records) for part in self._latest),
+                "records_since_compaction": sum(self._since_compaction), "compactions": self.compactions}
+
+
+def _chunk(partition: int, base_offset: int, entries: list[tuple[str, bytes]], stamp_ms: int) -> bytes:
+    """A records section of CBV2 records (key, JSON payload) with offsets from ``base_offset``."""
+    parts = []
+    for index, (key, payload) in enumerate(entries):
+        encoded = encode_record(Record(topic=OFFSETS_TOPIC, partition=partition, payload=payload,
+                                       offset=base_offset + index, timestamp=stamp_ms, key=key))
+        parts.append(len(encoded).to_bytes(4, "big"))
+        parts.append(encoded)
+    return b"".join(parts)
+
+
+# ---------------------------------------------------------------------------------------- broker glue
+
+
+async def open_offsets_log(broker: Broker) -> OffsetsTopicLog:
+    """Create ``__consumer_offsets`` (``offsets_topic_num_partitions``, compact policy) if the metadata lacks it,
+    then open the log over its replicas (startup; the coordinator's ``open_log``)."""
+    defn = broker.metadata.get(OFFSETS_TOPIC)
+    if defn is None:
+        defn = TopicDefinition(OFFSETS_TOPIC, broker.config.offsets_topic_num_partitions,
+                               policy=TopicPolicy(cleanup_policy="compact"))
+        await broker.apply_definition(defn)
+    replicas = [broker.replica(OFFSETS_TOPIC, p) for p in range(defn.partitions)]
+    return OffsetsTopicLog(replicas, broker.run_blocking,
+                           compaction_min_records=broker.config.offsets_compaction_min_records,
+                           wall_ms=broker.clock.wall_ms)
+
+
+def partition_offsets(broker: Broker, topic: str, partition: int) -> PartitionOffsets | None:
+    """The coordinator's view of a local replica's offsets (None when there is none)."""
+    replica = broker.replicas.get((topic, partition))
+    if replica is None:
+        return None
+    return PartitionOffsets(replica.log_start_offset, replica.hwm, replica.leo)
+
+
+def readiness_reporter(reasons: dict[str, str], check: str) -> Callable[[str | None], None]:
+    """A :data:`~cursus.coordinator.ports.ReadinessReport` writing ``reasons[check]`` (``/ready``)."""
+
+    def report(reason: str | None) -> None:
+        if reason is None:
+            reasons.pop(check, None)
+        else:
+            reasons[check] = reason
+
+    return report
