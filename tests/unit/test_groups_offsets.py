@@ -9,7 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from cursus.broker.group_log import OffsetsTopicLog, _chunk, wall_ms
+from cursus.broker.core import now_ms as wall_ms
+from cursus.broker.group_log import OffsetsTopicLog, _chunk
 from cursus.broker.replica import Replica
 from cursus.coordinator.groups import Selector
 from cursus.coordinator.offsets import (
