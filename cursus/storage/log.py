@@ -362,7 +362,7 @@ class PartitionLog:
                 expected_offset = base_offset + record_count
             self._commit(segment, staged, time_ms)
         except OSError as error:
-            self._fence(error)
+            self.fence(error)
             raise
         return errors
 
@@ -431,7 +431,7 @@ class PartitionLog:
                 if self._directory_dirty:
                     fsync_dir(self.directory)
             except OSError as error:
-                self._fence(error)
+                self.fence(error)
                 raise
             self._dirty.clear()
             self._directory_dirty = False
@@ -693,7 +693,7 @@ class PartitionLog:
             with self._lock:
                 self._durable_end_offset = offset
         except OSError as error:
-            self._fence(error)
+            self.fence(error)
             raise
 
     def _cut_segment(self, segment: Segment, offset: int) -> None:
@@ -782,7 +782,7 @@ class PartitionLog:
             (self.directory / RESET_MARKER_FILE_NAME).unlink()
             fsync_dir(self.directory)
         except OSError as error:
-            self._fence(error)
+            self.fence(error)
             raise
 
     # ----------------------------------------------------------------------------------- retention
@@ -832,7 +832,7 @@ class PartitionLog:
                     self._doom(segment)
             fsync_dir(self.directory)
         except OSError as error:
-            self._fence(error)
+            self.fence(error)
             raise
         return count
 
@@ -927,7 +927,9 @@ class PartitionLog:
         if self._failed is not None:
             raise StorageFencedError(self._failed)
 
-    def _fence(self, error: BaseException) -> None:
+    def fence(self, error: BaseException) -> None:
+        """Fence the log after ``error``: every later append, flush or truncation raises
+        :class:`StorageFencedError`. Idempotent (the first error is kept). Writer thread only."""
         if self._failed is None:
             self._failed = error
             logger.error("log %s fenced after a storage error: %r", self.directory, error)

@@ -9,7 +9,8 @@ The event loop never blocks on disk: it submits appends (and any other storage o
 4. call ``notify`` once with every completion of the round;
 5. checkpoint touched logs at most every ``recovery_point_interval_ms`` (also when idle, and at close).
 
-Failure rule: if an append or fsync raises ``OSError`` the log fences itself; that log's items of the round
+Failure rule: if an append or fsync raises ``OSError`` the log fences itself (any other exception, a bug,
+fences it too: the outcome is unknown, and no waiter may hang or be told its data is durable); that log's items of the round
 and every later item for it complete with :class:`StorageFencedError`. A failed fsync is never retried
 (Linux may drop dirty pages after reporting the error; a retry could falsely succeed). Other logs are
 unaffected.
@@ -242,9 +243,15 @@ class GroupCommitWriter:
                 for _, completion in entries:
                     completion.error = StorageFencedError(error)
                 continue
-            except Exception as error:  # StorageFencedError or a bug: fail these items, keep going
+            except StorageFencedError as error:
                 for _, completion in entries:
                     completion.error = error
+                continue
+            except Exception as error:  # a bug: the outcome of these appends is unknown, so fence the log
+                logger.exception("append to %s failed unexpectedly", log.directory)
+                log.fence(error)
+                for _, completion in entries:
+                    completion.error = StorageFencedError(error)
                 continue
             accepted = appended.setdefault(log, [])
             for (_, completion), rejection in zip(entries, errors, strict=True):
@@ -254,6 +261,7 @@ class GroupCommitWriter:
                     completion.error = rejection
 
     def _flush(self, log: PartitionLog) -> None:
+        """fsync ``log``; on any error the log ends up fenced, so its completions report a typed error."""
         if log.failed is not None:
             return
         try:
@@ -261,8 +269,9 @@ class GroupCommitWriter:
             self.flushes += 1
         except (OSError, StorageFencedError):
             pass  # the log fenced itself; its completions report it
-        except Exception:
+        except Exception as error:  # a bug: whether the data is durable is unknown, so fence the log
             logger.exception("flush of %s failed unexpectedly", log.directory)
+            log.fence(error)
 
     # ----------------------------------------------------------------------------------- checkpoints
 
