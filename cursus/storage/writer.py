@@ -119,9 +119,10 @@ class GroupCommitWriter:
     # ------------------------------------------------------------------------------------- submit
 
     def submit_append(self, log: PartitionLog, base_offset: int, record_count: int, body: Buffer,
-                      token: object) -> None:
-        """Queue ``log.append_chunk(base_offset, record_count, body)``; its completion comes after the fsync.
-        Non-blocking. The caller must not modify ``body`` afterwards.
+                      token: object, *, leader_epoch: int | None = None,
+                      append_time_ms: int | None = None) -> None:
+        """Queue ``log.append_chunk(base_offset, record_count, body, append_time_ms, leader_epoch=...)``;
+        its completion comes after the fsync. Non-blocking. The caller must not modify ``body`` afterwards.
 
         Raises:
             RuntimeError: the writer is closing.
@@ -131,7 +132,8 @@ class GroupCommitWriter:
             if self._closing:
                 raise RuntimeError("storage writer is closed")
             was_empty = not self._queue
-            self._queue.append((_APPEND, log, base_offset, record_count, body, token, size_bytes))
+            self._queue.append((_APPEND, log, base_offset, record_count, body, token, size_bytes, leader_epoch,
+                                append_time_ms))
             self._queued_bytes += size_bytes
             if was_empty:
                 self._condition.notify()
@@ -238,7 +240,7 @@ class GroupCommitWriter:
                     completion.error = StorageFencedError(log.failed)
                 continue
             try:
-                errors = log.append_chunks([(item[2], item[3], item[4]) for item, _ in entries])
+                errors = log.append_chunks([(item[2], item[3], item[4], item[7], item[8]) for item, _ in entries])
             except OSError as error:
                 for _, completion in entries:
                     completion.error = StorageFencedError(error)
