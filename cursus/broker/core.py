@@ -19,7 +19,7 @@ from typing import Any
 from cursus.broker.catalog import StandaloneCatalog
 from cursus.broker.config import BrokerConfig
 from cursus.broker.metrics import BrokerMetrics
-from cursus.broker.producer_state import SNAPSHOT_NAME, ProducerStateTable, chunk_producer_span
+from cursus.broker.producer_state import ProducerStateTable
 from cursus.broker.replica import Replica
 from cursus.metadata.topics import TopicDefinition, is_internal_topic
 from cursus.storage import (
@@ -28,8 +28,6 @@ from cursus.storage import (
     LogConfig,
     LogDir,
     PartitionLog,
-    atomic_write,
-    fsync_dir,
     open_log_dir,
 )
 from cursus.wire.errors import BrokerError
@@ -65,6 +63,7 @@ class Broker:
             segment_roll_ms=config.log_segment_roll_ms,
             index_interval_bytes=config.log_index_interval_bytes,
             recovery_point_interval_ms=config.log_recovery_point_interval_ms,
+            producer_state_ttl_ms=config.producer_state_ttl_ms,
         )
         #: Broker-owned topics (``__consumer_offsets``) use small segments so compaction can free them.
         self.internal_log_config = dataclasses.replace(
@@ -135,31 +134,13 @@ class Broker:
         return replica
 
     def _rebuild_producer_state(self, directory: Path, plog: PartitionLog) -> ProducerStateTable:
-        """Producer state from the clean-shutdown snapshot (if it matches the log) plus the chunks after it.
-
-        The snapshot is consumed (deleted) here, so after a crash the state is always rebuilt from the log.
-        Only the first and last record of each chunk are read.
-        """
-        ttl_ms = self.config.producer_state_ttl_ms
-        table, start = ProducerStateTable(ttl_ms), plog.log_start_offset
-        snapshot = directory / SNAPSHOT_NAME
-        try:
-            loaded, end_offset = ProducerStateTable.from_snapshot(snapshot.read_bytes(), ttl_ms)
-            if plog.log_start_offset <= end_offset <= plog.durable_end_offset:
-                table, start = loaded, end_offset
-        except FileNotFoundError:
-            pass
-        except (ValueError, KeyError, TypeError) as exc:
-            log.warning("ignoring unreadable producer snapshot %s: %s", snapshot, exc)
-        if snapshot.exists():
-            snapshot.unlink()
-            fsync_dir(directory)  # a stale snapshot must not reappear after a crash
-        stamp = now_ms()
-        for base_offset, record_count, body in plog.iter_chunks(start):
-            span = chunk_producer_span(memoryview(body), record_count)
-            if span is not None:
-                table.record(span[0], span[1], span[2], span[3], base_offset, stamp)
-        return table
+        """The loop's copy of the producer state the log rebuilt at open (its last snapshot plus the chunks
+        after it, see :mod:`cursus.storage.producer_state`)."""
+        stats = plog.recovery_stats
+        if stats.producer_chunks_replayed:
+            log.info("%s: producer state from the snapshot at offset %d plus %d chunks", directory,
+                     stats.producer_snapshot_offset, stats.producer_chunks_replayed)
+        return ProducerStateTable.copy_of(plog.producer_state)
 
     def begin_shutdown(self) -> None:
         """Run the shutdown callbacks once: every active STREAM ends with ``reason=stopped``.
@@ -182,12 +163,8 @@ class Broker:
         self.begin_shutdown()
         await self.coordinator.close()
         await self.loop.run_in_executor(None, self.writer.close)
-        for (topic, partition), replica in self.replicas.items():
-            replica.log.close()
-            if replica.fenced is None:
-                directory = self.log_dir.partition_dir(topic, partition)
-                table = self.producers[(topic, partition)]
-                atomic_write(directory / SNAPSHOT_NAME, table.to_snapshot(replica.log.log_end_offset))
+        for replica in self.replicas.values():
+            replica.log.close()  # writes the producer-state snapshot at the LEO
         failed = any(r.fenced is not None for r in self.replicas.values())
         if not failed:
             self.log_dir.mark_clean_shutdown()

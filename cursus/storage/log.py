@@ -48,6 +48,12 @@ from cursus.storage.chunk import (
 from cursus.storage.epochs import EpochEnd, end_offset_for_epoch, truncate_from_end, truncate_from_start
 from cursus.storage.errors import CorruptLogError, OffsetOutOfRange, StorageFencedError, invariant
 from cursus.storage.offset_index import U32_MAX
+from cursus.storage.producer_state import (
+    ProducerState,
+    delete_snapshots,
+    load_latest_snapshot,
+    write_snapshot,
+)
 from cursus.storage.recovery import (
     RESET_MARKER_FILE_NAME,
     RecoveryStats,
@@ -86,6 +92,7 @@ class LogConfig:
         index_interval_bytes: add an index entry once this many log bytes passed since the last one.
         recovery_point_interval_ms: how often the writer thread persists ``checkpoints.json`` for a log it
             touched (off the hot path), plus at close.
+        producer_state_ttl_ms: idle time after which a producer's sequence state is dropped (at snapshots).
 
     Raises:
         ValueError: a value out of range.
@@ -95,6 +102,7 @@ class LogConfig:
     segment_roll_ms: int = 7 * 24 * 3600 * 1000
     index_interval_bytes: int = 4096
     recovery_point_interval_ms: int = 1000
+    producer_state_ttl_ms: int = 1_800_000
 
     def __post_init__(self) -> None:
         if not HEADER_SIZE + RECORD_LENGTH_SIZE <= self.segment_bytes <= SEGMENT_BYTES_MAX:
@@ -106,6 +114,8 @@ class LogConfig:
             raise ValueError(f"index_interval_bytes must be >= 1, got {self.index_interval_bytes}")
         if self.recovery_point_interval_ms < 0:
             raise ValueError(f"recovery_point_interval_ms must be >= 0, got {self.recovery_point_interval_ms}")
+        if self.producer_state_ttl_ms < 1:
+            raise ValueError(f"producer_state_ttl_ms must be >= 1, got {self.producer_state_ttl_ms}")
 
 
 @dataclass(frozen=True, slots=True)
@@ -150,7 +160,7 @@ class _Staged:
     """Chunks staged for one ``pwritev`` into one segment."""
 
     __slots__ = ("start_position", "end_position", "next_offset", "buffers", "positions", "new_epochs",
-                 "first_time_ms", "last_time_ms")
+                 "first_time_ms", "last_time_ms", "chunks")
 
     def __init__(self, start_position: int) -> None:
         self.start_position = start_position
@@ -162,12 +172,15 @@ class _Staged:
         self.new_epochs: list[tuple[int, int]] = []
         self.first_time_ms: int | None = None
         self.last_time_ms: int | None = None
+        #: ``(base_offset, record_count, body, append_time_ms)`` per staged chunk, for the producer state.
+        self.chunks: list[tuple[int, int, Buffer, int]] = []
 
     def add(self, base_offset: int, record_count: int, header: bytes, body: Buffer, body_length: int,
             time_ms: int) -> None:
         if self.first_time_ms is None:
             self.first_time_ms = time_ms
         self.last_time_ms = time_ms
+        self.chunks.append((base_offset, record_count, body, time_ms))
         self.positions.append((base_offset, self.end_position))
         self.buffers.append(header)
         self.buffers.append(body)
@@ -240,6 +253,8 @@ class PartitionLog:
         self._last_checkpoint: Checkpoint | None = None
         #: A chunk started a new leader epoch since the last checkpoint: the next flush writes one first.
         self._epochs_dirty = False
+        #: Idempotent-producer state of every chunk appended (writer thread), see :attr:`producer_state`.
+        self._producer_state = ProducerState(config.producer_state_ttl_ms)
         self._closed = False
 
     @classmethod
@@ -263,6 +278,7 @@ class PartitionLog:
                   recovered.log_start_offset, recovered.hwm, recovered.leader_epochs, recovered.stats)
         try:
             log.checkpoint()
+            log._rebuild_producer_state(log.log_end_offset)
         except BaseException:
             log._close_files()
             raise
@@ -312,6 +328,12 @@ class PartitionLog:
         ``(-1, -1)`` for an epoch above every known one. Any thread."""
         with self._lock:
             return end_offset_for_epoch(self._leader_epochs, epoch, self._log_end_offset)
+
+    @property
+    def producer_state(self) -> ProducerState:
+        """Idempotent-producer state of the chunks appended so far. Owned by the writer thread: read it
+        only while no append runs (at open, to copy it)."""
+        return self._producer_state
 
     @property
     def is_closed(self) -> bool:
@@ -440,8 +462,11 @@ class PartitionLog:
                 self._epochs_dirty = True
         self._dirty[segment.base_offset] = segment
         index.write_pending()
+        for base_offset, record_count, body, time_ms in staged.chunks:
+            self._producer_state.apply_chunk(base_offset, record_count, body, time_ms)
 
     def _roll(self, base_offset: int) -> Segment:
+        self._snapshot_producer_state(base_offset)
         segment = Segment.create(self.directory, base_offset, self.config.index_interval_bytes)
         with self._lock:
             self._segments.append(segment)
@@ -642,8 +667,20 @@ class PartitionLog:
 
     def iter_chunks(self, from_offset: int | None = None) -> Iterator[tuple[int, int, bytes]]:
         """Yield ``(base_offset, record_count, body)`` for every durable chunk from the one holding
-        ``from_offset`` (default :attr:`log_start_offset`), CRC-verified. For rebuilding producer state at
-        startup; consume it fully or close it (it pins the segment it is reading).
+        ``from_offset`` (default :attr:`log_start_offset`), CRC-verified; see :meth:`iter_stored_chunks`.
+
+        Raises:
+            OffsetOutOfRange: ``from_offset`` outside ``[log_start_offset, durable_end_offset]``.
+            CorruptLogError: a chunk failed its checks.
+        """
+        for header, chunk in self.iter_stored_chunks(from_offset):
+            yield header.base_offset, header.record_count, bytes(chunk[HEADER_SIZE:])
+
+    def iter_stored_chunks(self, from_offset: int | None = None) -> Iterator[tuple[ChunkHeader, memoryview]]:
+        """Yield ``(header, chunk)`` for every durable chunk from the one holding ``from_offset`` (default
+        :attr:`log_start_offset`): ``chunk`` is the stored bytes, header included, CRC-verified (a follower
+        re-appends it with the header's leader epoch and append time, which reproduces the same bytes). For rebuilding state and for replication;
+        consume it fully or close it (it pins the segment it is reading). Any thread.
 
         Raises:
             OffsetOutOfRange: ``from_offset`` outside ``[log_start_offset, durable_end_offset]``.
@@ -670,12 +707,39 @@ class PartitionLog:
                         if chunk is None or not crc_matches(chunk, 0, header):
                             self._read_anomaly(pin, position, offset, "CRC32C mismatch")
                         assert chunk is not None
-                        yield header.base_offset, header.record_count, bytes(chunk[HEADER_SIZE:])
+                        yield header, chunk
                         offset = header.next_offset
                     position += header.size_bytes
             finally:
                 with self._lock:
                     self._unpin(pin.segment)
+
+    # ------------------------------------------------------------------------------ producer state
+
+    def _snapshot_producer_state(self, offset: int) -> None:
+        """Snapshot the producer state of the chunks below ``offset`` (at a roll, and at close). A failed
+        write only costs replay work at the next open, so it is logged, not raised."""
+        self._producer_state.expire(self._clock_ms())
+        try:
+            write_snapshot(self.directory, self._producer_state, offset)
+        except OSError as error:
+            logger.warning("%s: producer-state snapshot at offset %d not written: %s", self.directory, offset,
+                           error)
+
+    def _rebuild_producer_state(self, end_offset: int) -> None:
+        """Producer state of the chunks below ``end_offset`` (== the durable end): the latest valid snapshot
+        in ``[log_start_offset, end_offset]`` plus the chunks after it. Snapshots outside that range are
+        stale (above: their chunks were cut; below: retention) and are deleted."""
+        delete_snapshots(self.directory, below=self._log_start_offset, above=end_offset)
+        state, offset = load_latest_snapshot(self.directory, self.config.producer_state_ttl_ms,
+                                             self._log_start_offset, end_offset)
+        replayed = 0
+        for header, chunk in self.iter_stored_chunks(offset):
+            state.apply_chunk(header.base_offset, header.record_count, chunk[HEADER_SIZE:], header.append_time_ms)
+            replayed += 1
+        self._producer_state = state
+        self.recovery_stats.producer_snapshot_offset = offset
+        self.recovery_stats.producer_chunks_replayed = replayed
 
     # ---------------------------------------------------------------------------------- truncation
 
@@ -737,6 +801,7 @@ class PartitionLog:
         except OSError as error:
             self.fence(error)
             raise
+        self._rebuild_producer_state(offset)
 
     def _cut_segment(self, segment: Segment, offset: int) -> None:
         """Cut ``segment`` so that it ends exactly at ``offset`` (which lies inside it)."""
@@ -809,6 +874,8 @@ class PartitionLog:
         """:meth:`reset`, leaving the leader-epoch history ``epochs``."""
         try:
             write_reset_marker(self.directory, new_start_offset, epochs)
+            delete_snapshots(self.directory)
+            self._producer_state = ProducerState(self.config.producer_state_ttl_ms)
             old_segments = list(self._segments)
             for segment in reversed(old_segments):
                 segment.unlink()
@@ -870,6 +937,7 @@ class PartitionLog:
             self._write_checkpoint(checkpoint)
             for segment in removed:
                 segment.unlink()
+            delete_snapshots(self.directory, below=new_start_offset)
             with self._lock:
                 del self._segments[:count]
                 del self._bases[:count]
@@ -942,6 +1010,7 @@ class PartitionLog:
         try:
             if self._failed is None:
                 self.flush()
+                self._snapshot_producer_state(self._log_end_offset)
                 self.checkpoint()
         finally:
             self._close_files()

@@ -38,6 +38,7 @@ from cursus.storage.epochs import rebuild as rebuild_epochs
 from cursus.storage.epochs import truncate_from_start
 from cursus.storage.errors import CorruptLogError
 from cursus.storage.offset_index import U32_MAX, OffsetIndex
+from cursus.storage.producer_state import delete_snapshots
 from cursus.storage.segment import INDEX_SUFFIX, LOG_SUFFIX, Segment, WindowReader, parse_file_base_offset
 
 logger = logging.getLogger("cursus.storage")
@@ -67,6 +68,9 @@ class RecoveryStats:
     indexes_rebuilt: int = 0
     temp_files_removed: int = 0
     epochs_repaired: int = 0
+    #: Offset of the producer-state snapshot the rebuild started from, and the chunks it read after it.
+    producer_snapshot_offset: int = 0
+    producer_chunks_replayed: int = 0
     duration_ms: float = 0.0
 
 
@@ -288,6 +292,7 @@ def _pass1_cleanup(directory: Path, checkpoint: Checkpoint | None, stats: Recove
     except (ValueError, KeyError, TypeError) as error:
         raise CorruptLogError(marker, None, None, f"invalid reset marker: {error}") from error
     logger.warning("%s: completing an interrupted reset to offset %d", directory, new_start_offset)
+    delete_snapshots(directory)
     for base in sorted(log_bases, reverse=True):
         (directory / f"{base:020d}{LOG_SUFFIX}").unlink(missing_ok=True)
         (directory / f"{base:020d}{INDEX_SUFFIX}").unlink(missing_ok=True)
