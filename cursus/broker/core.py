@@ -128,6 +128,9 @@ class Broker:
         plog = PartitionLog.open(directory, config, clean_shutdown=self.log_dir.clean_shutdown)
         replica = Replica(topic, partition, plog, self.writer, broker_id=self.broker_id)
         replica.on_hwm_change = self.metrics.observe_replica
+        # Standalone metadata: this broker leads every partition with a one-member ISR, in the epoch the
+        # log last recorded (the cluster's metadata will carry the epoch instead).
+        replica.become_leader(plog.leader_epoch)
         self.replicas[(topic, partition)] = replica
         self.producers[(topic, partition)] = self._rebuild_producer_state(directory, plog)
         self.metrics.observe_replica(replica)

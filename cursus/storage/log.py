@@ -25,7 +25,7 @@ import logging
 import threading
 import time
 from bisect import bisect_right
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Generator, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -676,7 +676,8 @@ class PartitionLog:
         for header, chunk in self.iter_stored_chunks(from_offset):
             yield header.base_offset, header.record_count, bytes(chunk[HEADER_SIZE:])
 
-    def iter_stored_chunks(self, from_offset: int | None = None) -> Iterator[tuple[ChunkHeader, memoryview]]:
+    def iter_stored_chunks(self, from_offset: int | None = None
+                           ) -> Generator[tuple[ChunkHeader, memoryview], None, None]:
         """Yield ``(header, chunk)`` for every durable chunk from the one holding ``from_offset`` (default
         :attr:`log_start_offset`): ``chunk`` is the stored bytes, header included, CRC-verified (a follower
         re-appends it with the header's leader epoch and append time, which reproduces the same bytes). For rebuilding state and for replication;
