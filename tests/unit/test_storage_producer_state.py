@@ -147,3 +147,15 @@ def test_kill9_then_rebuild_reads_only_the_last_segment(tmp_path: Path) -> None:
     assert log.log_end_offset == 270
     assert {pid: e.last_seq for pid, e in log.producer_state.entries.items()} == {"p0": 90, "p1": 90, "p2": 90}
     log.close()
+
+
+def test_idle_producers_expire_at_a_snapshot(tmp_path: Path) -> None:
+    now = [1_000_000]
+    config = small_config(segment_bytes=2048, producer_state_ttl_ms=60_000)
+    log = PartitionLog.open(tmp_path / "p", config, clock_ms=lambda: now[0])
+    log.append_chunk(0, 3, batch("old", 1, 1, 3))
+    now[0] += 120_000  # "old" is idle past the TTL; "new" is not
+    while len(log.segments_info()) == 1:
+        log.append_chunk(log.log_end_offset, 3, batch("new", 1, 1 + log.log_end_offset - 3, 3))
+    assert set(log.producer_state.entries) == {"new"}
+    log.close()
