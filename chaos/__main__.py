@@ -347,7 +347,7 @@ def corrupt(case: str, part: Path, rng: random.Random) -> dict[str, Any]:
     assert chunks, f"no chunk in {target}"
     chunk = rng.choice(chunks)
     if case == "header-flip":
-        position = chunk.position + rng.choice((0, 5, 13, 17, 29))  # magic, offset, count, length, crc
+        position = chunk.position + rng.choice((0, 5, 13, 17, 29, 33))  # magic, offset, count, length, epoch, crc
     elif case == "truncate-acked":
         position = chunk.position + rng.randint(1, chunk.length - 1)
         target.write_bytes(bytes(data[:position]))

@@ -16,8 +16,8 @@ checkpoint, so losing it is indistinguishable from a crash before its fsync. Cut
 corruption of acknowledged data, which is a separate scenario (``python -m chaos corrupt``), not a
 torn tail.
 
-The on-disk chunk format is parsed here from ``docs/storage.md`` (32-byte big-endian header: magic
-``CCK1``, base offset, record count, body length, append time, CRC32C), independently of
+The on-disk chunk format is parsed here from ``docs/storage.md`` (36-byte big-endian header: magic
+``CCK2``, base offset, record count, body length, append time, leader epoch, CRC32C), independently of
 ``cursus.storage`` so that a bug there cannot hide from the harness.
 """
 
@@ -40,10 +40,10 @@ from chaos.history import INFO, OK, Clock, History, Pending
 from chaos.nodes import Cluster, NodeStartError
 from chaos.schedule import FaultSpec
 
-CHUNK_MAGIC = 0x43434B31
-CHUNK_HEADER = struct.Struct(">IQIIqI")
+CHUNK_MAGIC = 0x43434B32
+CHUNK_HEADER = struct.Struct(">IQIIqII")
 CHUNK_HEADER_SIZE = CHUNK_HEADER.size
-CHUNK_CRC_COVERED = 28
+CHUNK_CRC_COVERED = 32
 CHUNK_BODY_MAX = 256 * 1024 * 1024
 #: A kill's torn tail waits this long for in-flight operations to resolve before computing the safe offset.
 QUIESCE_TIMEOUT_S = 10.0
@@ -193,7 +193,7 @@ def walk_chunks(data: bytes) -> tuple[list[Chunk], int]:
     position = 0
     size = len(data)
     while position + CHUNK_HEADER_SIZE <= size:
-        magic, base, count, body_length, _, crc = CHUNK_HEADER.unpack_from(data, position)
+        magic, base, count, body_length, _, _, crc = CHUNK_HEADER.unpack_from(data, position)
         if magic != CHUNK_MAGIC or count < 1 or body_length < 4 * count or body_length > CHUNK_BODY_MAX:
             break
         end = position + CHUNK_HEADER_SIZE + body_length

@@ -22,7 +22,7 @@ from typing import Any
 from cursus.broker import group_log
 from cursus.broker.config import BrokerConfig
 from cursus.broker.metrics import BrokerMetrics
-from cursus.broker.producer_state import SNAPSHOT_NAME, ProducerStateTable, chunk_producer_span
+from cursus.broker.producer_state import ProducerStateTable
 from cursus.broker.reconciler import Reconciler
 from cursus.broker.replica import Replica
 from cursus.coordinator.service import GroupCoordinator
@@ -37,8 +37,6 @@ from cursus.storage import (
     LogConfig,
     LogDir,
     PartitionLog,
-    atomic_write,
-    fsync_dir,
     open_log_dir,
 )
 from cursus.wire.errors import BrokerError
@@ -113,6 +111,7 @@ class Broker:
             segment_roll_ms=config.log_segment_roll_ms,
             index_interval_bytes=config.log_index_interval_bytes,
             recovery_point_interval_ms=config.log_recovery_point_interval_ms,
+            producer_state_ttl_ms=config.producer_state_ttl_ms,
         )
         #: Broker-owned topics (``__consumer_offsets``) use small segments so compaction can free them.
         self.internal_log_config = dataclasses.replace(
@@ -178,6 +177,10 @@ class Broker:
         plog, producers = opened
         replica = Replica(topic, partition, plog, self.writer, broker_id=self.broker_id)
         replica.on_hwm_change = self.metrics.observe_replica
+        # The leader epoch comes from the partition's assignment (standalone: this broker leads every
+        # partition with a one-member ISR, epoch 0 as the reference reports).
+        assignment = self.metadata.state.assignment(topic, partition)
+        replica.become_leader(assignment.leader_epoch if assignment is not None else plog.leader_epoch)
         self.replicas[(topic, partition)] = replica
         self.producers[(topic, partition)] = producers
         self.metrics.observe_replica(replica)
@@ -200,31 +203,13 @@ class Broker:
         return replicas
 
     def _rebuild_producer_state(self, directory: Path, plog: PartitionLog) -> ProducerStateTable:
-        """Producer state from the clean-shutdown snapshot (if it matches the log) plus the chunks after it.
-
-        The snapshot is consumed (deleted) here, so after a crash the state is always rebuilt from the log.
-        Only the first and last record of each chunk are read.
-        """
-        ttl_ms = self.config.producer_state_ttl_ms
-        table, start = ProducerStateTable(ttl_ms), plog.log_start_offset
-        snapshot = directory / SNAPSHOT_NAME
-        try:
-            loaded, end_offset = ProducerStateTable.from_snapshot(snapshot.read_bytes(), ttl_ms)
-            if plog.log_start_offset <= end_offset <= plog.durable_end_offset:
-                table, start = loaded, end_offset
-        except FileNotFoundError:
-            pass
-        except (ValueError, KeyError, TypeError) as exc:
-            log.warning("ignoring unreadable producer snapshot %s: %s", snapshot, exc)
-        if snapshot.exists():
-            snapshot.unlink()
-            fsync_dir(directory)  # a stale snapshot must not reappear after a crash
-        stamp = self.clock.wall_ms()
-        for base_offset, record_count, body in plog.iter_chunks(start):
-            span = chunk_producer_span(memoryview(body), record_count)
-            if span is not None:
-                table.record(span[0], span[1], span[2], span[3], base_offset, stamp)
-        return table
+        """The loop's copy of the producer state the log rebuilt at open (its last snapshot plus the chunks
+        after it, see :mod:`cursus.storage.producer_state`)."""
+        stats = plog.recovery_stats
+        if stats.producer_chunks_replayed:
+            log.info("%s: producer state from the snapshot at offset %d plus %d chunks", directory,
+                     stats.producer_snapshot_offset, stats.producer_chunks_replayed)
+        return ProducerStateTable.copy_of(plog.producer_state)
 
     def begin_shutdown(self) -> None:
         """Run the shutdown callbacks once: every active STREAM ends with ``reason=stopped``.
@@ -248,12 +233,8 @@ class Broker:
         await self.coordinator.close()
         await self.reconciler.close()
         await self.loop.run_in_executor(None, self.writer.close)
-        for (topic, partition), replica in self.replicas.items():
-            replica.log.close()
-            if replica.fenced is None:
-                directory = self.log_dir.partition_dir(topic, partition)
-                table = self.producers[(topic, partition)]
-                atomic_write(directory / SNAPSHOT_NAME, table.to_snapshot(replica.log.log_end_offset))
+        for replica in self.replicas.values():
+            replica.log.close()  # writes the producer-state snapshot at the LEO
         failed = any(r.fenced is not None for r in self.replicas.values())
         if not failed:
             self.log_dir.mark_clean_shutdown()

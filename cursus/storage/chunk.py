@@ -1,18 +1,19 @@
 """The chunk: the unit of append, checksum and recovery. Pure functions on buffers, no I/O.
 
-One append is one chunk: a 32-byte header followed by the body, a *records section* (``record_count``
+One append is one chunk: a 36-byte header followed by the body, a *records section* (``record_count``
 times a u32 big-endian length and that many record bytes). Records are opaque; this module only walks the
 length prefixes. Record ``i`` of a chunk has offset ``base_offset + i``.
 
 Header layout (big-endian)::
 
-    0   magic           u32   0x43434B31 ("CCK1")
+    0   magic           u32   0x43434B32 ("CCK2")
     4   base_offset     u64   offset of the first record in the body
     12  record_count    u32   >= 1
     16  body_length     u32   bytes of the records section, >= 4 * record_count
     20  append_time_ms  i64   wall-clock ms of the append
-    28  crc             u32   CRC32C over header bytes [0:28] followed by the body
-    32  body ...
+    28  leader_epoch    u32   leader epoch of the leader that first appended the chunk
+    32  crc             u32   CRC32C over header bytes [0:32] followed by the body
+    36  body ...
 
 A chunk is never split across segments.
 """
@@ -24,19 +25,21 @@ from typing import NamedTuple
 
 import crc32c
 
-MAGIC = 0x43434B31
-HEADER = struct.Struct(">IQIIqI")
+MAGIC = 0x43434B32
+HEADER = struct.Struct(">IQIIqII")
 HEADER_SIZE = HEADER.size
 #: Bytes of the header covered by the CRC (everything before the CRC field).
-HEADER_CRC_COVERED_SIZE = 28
+HEADER_CRC_COVERED_SIZE = 32
 #: Upper bound on a body. Wire frames are at most 64 MiB; 256 MiB leaves room for any future batching
 #: while keeping every chunk start position inside a u32 index entry (with segment_bytes <= 2 GiB).
 CHUNK_BODY_BYTES_MAX = 256 * 1024 * 1024
 RECORD_LENGTH = struct.Struct(">I")
 RECORD_LENGTH_SIZE = RECORD_LENGTH.size
-_PREFIX = struct.Struct(">IQIIq")
+_PREFIX = struct.Struct(">IQIIqI")
+#: Largest leader epoch (a u32 field).
+LEADER_EPOCH_MAX = (1 << 32) - 1
 
-assert HEADER_SIZE == 32
+assert HEADER_SIZE == 36
 assert _PREFIX.size == HEADER_CRC_COVERED_SIZE
 
 Buffer = bytes | bytearray | memoryview
@@ -49,6 +52,7 @@ class ChunkHeader(NamedTuple):
     record_count: int
     body_length: int
     append_time_ms: int
+    leader_epoch: int
     crc: int
 
     @property
@@ -67,18 +71,19 @@ def buffer_size_bytes(body: Buffer) -> int:
     return body.nbytes if isinstance(body, memoryview) else len(body)
 
 
-def encode_header(base_offset: int, record_count: int, body: Buffer, append_time_ms: int) -> bytes:
-    """The 32-byte header for ``body``, CRC included. The caller has validated ``body`` (see
-    :func:`records_walk_ok`)."""
+def encode_header(base_offset: int, record_count: int, body: Buffer, append_time_ms: int,
+                  leader_epoch: int) -> bytes:
+    """The 36-byte header for ``body``, CRC included. The caller has validated ``body`` (see
+    :func:`records_walk_ok`) and ``0 <= leader_epoch <= LEADER_EPOCH_MAX``."""
     body_length = buffer_size_bytes(body)
     assert 1 <= record_count and RECORD_LENGTH_SIZE * record_count <= body_length <= CHUNK_BODY_BYTES_MAX
-    prefix = _PREFIX.pack(MAGIC, base_offset, record_count, body_length, append_time_ms)
+    prefix = _PREFIX.pack(MAGIC, base_offset, record_count, body_length, append_time_ms, leader_epoch)
     crc = crc32c.crc32c(body, crc32c.crc32c(prefix))
     return prefix + RECORD_LENGTH.pack(crc)
 
 
 def decode_header(buffer: Buffer, position: int) -> ChunkHeader | None:
-    """Decode the header at ``buffer[position:position + 32]``.
+    """Decode the header at ``buffer[position:position + 36]``.
 
     Returns ``None`` when the bytes cannot be a header: too short, wrong magic, ``record_count == 0``,
     ``body_length`` smaller than ``4 * record_count`` or above :data:`CHUNK_BODY_BYTES_MAX`. The CRC is
@@ -86,12 +91,13 @@ def decode_header(buffer: Buffer, position: int) -> ChunkHeader | None:
     """
     if position < 0 or position + HEADER_SIZE > buffer_size_bytes(buffer):
         return None
-    magic, base_offset, record_count, body_length, append_time_ms, crc = HEADER.unpack_from(buffer, position)
+    magic, base_offset, record_count, body_length, append_time_ms, leader_epoch, crc = HEADER.unpack_from(
+        buffer, position)
     if magic != MAGIC or record_count == 0:
         return None
     if body_length < RECORD_LENGTH_SIZE * record_count or body_length > CHUNK_BODY_BYTES_MAX:
         return None
-    return ChunkHeader(base_offset, record_count, body_length, append_time_ms, crc)
+    return ChunkHeader(base_offset, record_count, body_length, append_time_ms, leader_epoch, crc)
 
 
 def crc_matches(buffer: Buffer, position: int, header: ChunkHeader) -> bool:

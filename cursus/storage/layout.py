@@ -3,7 +3,7 @@
 Layout::
 
     <log_dir>/.lock                      flock'ed exclusively by the one broker process using the dir
-    <log_dir>/.cursus-format             "1\\n": version of this storage format
+    <log_dir>/.cursus-format             "2\\n": version of this storage format
     <log_dir>/.clean-shutdown            present only between a clean shutdown and the next start
     <log_dir>/topics/<topic>/<partition>/  one partition log (see cursus.storage.log)
 
@@ -23,7 +23,8 @@ from pathlib import Path
 from cursus.storage.atomic import atomic_write, fsync_dir
 from cursus.storage.errors import LogDirLockedError, UnsupportedFormatError
 
-FORMAT_VERSION = 1
+#: Version 2: chunk headers carry the leader epoch (36 bytes, magic "CCK2"), producer-state snapshots.
+FORMAT_VERSION = 2
 LOCK_FILE_NAME = ".lock"
 FORMAT_FILE_NAME = ".cursus-format"
 CLEAN_SHUTDOWN_FILE_NAME = ".clean-shutdown"
@@ -121,10 +122,14 @@ def _check_format(path: Path) -> None:
         text = format_path.read_bytes().decode("ascii")
     except (OSError, UnicodeDecodeError) as error:
         raise UnsupportedFormatError(f"log dir {path}: cannot read {format_path}: {error}") from error
-    if text.strip() != str(FORMAT_VERSION) or not text.endswith("\n"):
+    version = text.strip()
+    if version != str(FORMAT_VERSION) or not text.endswith("\n"):
+        older = version.isdigit() and int(version) < FORMAT_VERSION
+        advice = (f"there is no migration from format {version}: move {path} aside (or delete it) and start "
+                  f"with an empty log dir" if older else "use the broker version that wrote it")
         raise UnsupportedFormatError(
-            f"log dir {path}: storage format {text.strip()[:40]!r} in {format_path} is not supported "
-            f"(this broker reads format {FORMAT_VERSION})"
+            f"log dir {path}: storage format {version[:40]!r} in {format_path} is not supported "
+            f"(this broker reads format {FORMAT_VERSION} only); {advice}"
         )
 
 

@@ -25,7 +25,7 @@ import logging
 import threading
 import time
 from bisect import bisect_right
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Generator, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -34,6 +34,7 @@ from cursus.storage.checkpoint import Checkpoint, write_checkpoint
 from cursus.storage.chunk import (
     CHUNK_BODY_BYTES_MAX,
     HEADER_SIZE,
+    LEADER_EPOCH_MAX,
     RECORD_LENGTH_SIZE,
     Buffer,
     ChunkHeader,
@@ -44,8 +45,15 @@ from cursus.storage.chunk import (
     records_walk_ok,
     skip_records,
 )
+from cursus.storage.epochs import EpochEnd, end_offset_for_epoch, truncate_from_end, truncate_from_start
 from cursus.storage.errors import CorruptLogError, OffsetOutOfRange, StorageFencedError, invariant
 from cursus.storage.offset_index import U32_MAX
+from cursus.storage.producer_state import (
+    ProducerState,
+    delete_snapshots,
+    load_latest_snapshot,
+    write_snapshot,
+)
 from cursus.storage.recovery import (
     RESET_MARKER_FILE_NAME,
     RecoveryStats,
@@ -84,6 +92,7 @@ class LogConfig:
         index_interval_bytes: add an index entry once this many log bytes passed since the last one.
         recovery_point_interval_ms: how often the writer thread persists ``checkpoints.json`` for a log it
             touched (off the hot path), plus at close.
+        producer_state_ttl_ms: idle time after which a producer's sequence state is dropped (at snapshots).
 
     Raises:
         ValueError: a value out of range.
@@ -93,6 +102,7 @@ class LogConfig:
     segment_roll_ms: int = 7 * 24 * 3600 * 1000
     index_interval_bytes: int = 4096
     recovery_point_interval_ms: int = 1000
+    producer_state_ttl_ms: int = 1_800_000
 
     def __post_init__(self) -> None:
         if not HEADER_SIZE + RECORD_LENGTH_SIZE <= self.segment_bytes <= SEGMENT_BYTES_MAX:
@@ -104,6 +114,8 @@ class LogConfig:
             raise ValueError(f"index_interval_bytes must be >= 1, got {self.index_interval_bytes}")
         if self.recovery_point_interval_ms < 0:
             raise ValueError(f"recovery_point_interval_ms must be >= 0, got {self.recovery_point_interval_ms}")
+        if self.producer_state_ttl_ms < 1:
+            raise ValueError(f"producer_state_ttl_ms must be >= 1, got {self.producer_state_ttl_ms}")
 
 
 @dataclass(frozen=True, slots=True)
@@ -128,10 +140,13 @@ class SegmentInfo:
 
 
 def _chunk_error(expected_offset: int, base_offset: int, record_count: int, body: Buffer,
-                 body_length: int) -> AssertionError | None:
+                 body_length: int, leader_epoch: int, latest_epoch: int) -> AssertionError | None:
     """Why a chunk must not be appended (a programmer error), or ``None``."""
     if base_offset != expected_offset:
         return AssertionError(f"append at offset {base_offset} but the log end offset is {expected_offset}")
+    if not latest_epoch <= leader_epoch <= LEADER_EPOCH_MAX:
+        return AssertionError(f"chunk leader epoch {leader_epoch} is below the log's latest epoch {latest_epoch} "
+                              f"or out of range")
     if record_count < 1:
         return AssertionError(f"record_count must be >= 1, got {record_count}")
     if body_length > CHUNK_BODY_BYTES_MAX:
@@ -144,7 +159,8 @@ def _chunk_error(expected_offset: int, base_offset: int, record_count: int, body
 class _Staged:
     """Chunks staged for one ``pwritev`` into one segment."""
 
-    __slots__ = ("start_position", "end_position", "next_offset", "buffers", "positions")
+    __slots__ = ("start_position", "end_position", "next_offset", "buffers", "positions", "new_epochs",
+                 "first_time_ms", "last_time_ms", "chunks")
 
     def __init__(self, start_position: int) -> None:
         self.start_position = start_position
@@ -152,8 +168,19 @@ class _Staged:
         self.next_offset = -1
         self.buffers: list[Buffer] = []
         self.positions: list[tuple[int, int]] = []
+        #: ``(epoch, start_offset)`` of each staged chunk that starts a new leader epoch.
+        self.new_epochs: list[tuple[int, int]] = []
+        self.first_time_ms: int | None = None
+        self.last_time_ms: int | None = None
+        #: ``(base_offset, record_count, body, append_time_ms)`` per staged chunk, for the producer state.
+        self.chunks: list[tuple[int, int, Buffer, int]] = []
 
-    def add(self, base_offset: int, record_count: int, header: bytes, body: Buffer, body_length: int) -> None:
+    def add(self, base_offset: int, record_count: int, header: bytes, body: Buffer, body_length: int,
+            time_ms: int) -> None:
+        if self.first_time_ms is None:
+            self.first_time_ms = time_ms
+        self.last_time_ms = time_ms
+        self.chunks.append((base_offset, record_count, body, time_ms))
         self.positions.append((base_offset, self.end_position))
         self.buffers.append(header)
         self.buffers.append(body)
@@ -224,6 +251,10 @@ class PartitionLog:
         #: Deleted segments still pinned by readers; closed when the last pin goes.
         self._doomed: list[Segment] = []
         self._last_checkpoint: Checkpoint | None = None
+        #: A chunk started a new leader epoch since the last checkpoint: the next flush writes one first.
+        self._epochs_dirty = False
+        #: Idempotent-producer state of every chunk appended (writer thread), see :attr:`producer_state`.
+        self._producer_state = ProducerState(config.producer_state_ttl_ms)
         self._closed = False
 
     @classmethod
@@ -247,6 +278,7 @@ class PartitionLog:
                   recovered.log_start_offset, recovered.hwm, recovered.leader_epochs, recovered.stats)
         try:
             log.checkpoint()
+            log._rebuild_producer_state(log.log_end_offset)
         except BaseException:
             log._close_files()
             raise
@@ -281,14 +313,27 @@ class PartitionLog:
 
     @property
     def leader_epoch(self) -> int:
-        """Latest leader epoch (0 for a new log)."""
+        """Latest leader epoch in the history (0 for a new log): the epoch of the last chunk appended."""
         return self._leader_epochs[-1][0] if self._leader_epochs else 0
 
     @property
     def leader_epochs(self) -> list[tuple[int, int]]:
-        """The leader-epoch history ``[(epoch, start_offset), ...]`` (a copy)."""
+        """The leader-epoch history ``[(epoch, start_offset), ...]`` (a copy), see :mod:`cursus.storage.epochs`."""
         with self._lock:
             return list(self._leader_epochs)
+
+    def end_offset_for_epoch(self, epoch: int) -> EpochEnd:
+        """OffsetsForLeaderEpoch (Kafka semantics, see :func:`cursus.storage.epochs.end_offset_for_epoch`):
+        ``(largest epoch <= epoch, its end offset)``, the end being the next epoch's start or the LEO;
+        ``(-1, -1)`` for an epoch above every known one. Any thread."""
+        with self._lock:
+            return end_offset_for_epoch(self._leader_epochs, epoch, self._log_end_offset)
+
+    @property
+    def producer_state(self) -> ProducerState:
+        """Idempotent-producer state of the chunks appended so far. Owned by the writer thread: read it
+        only while no append runs (at open, to copy it)."""
+        return self._producer_state
 
     @property
     def is_closed(self) -> bool:
@@ -303,7 +348,7 @@ class PartitionLog:
     # -------------------------------------------------------------------------------------- append
 
     def append_chunk(self, base_offset: int, record_count: int, body: Buffer,
-                     append_time_ms: int | None = None) -> None:
+                     append_time_ms: int | None = None, *, leader_epoch: int | None = None) -> None:
         """Append one chunk (no fsync). Writer thread only.
 
         Rolls the segment first when the chunk would push the active segment past ``segment_bytes``, or its
@@ -315,19 +360,23 @@ class PartitionLog:
             record_count: >= 1; ``body`` must walk to exactly this many records (assertion).
             body: the records section, offsets already stamped by the broker.
             append_time_ms: stored in the header; defaults to ``clock_ms()``.
+            leader_epoch: stored in the header; defaults to :attr:`leader_epoch`. Must be >= it (assertion);
+                a higher epoch starts a new entry of the history at ``base_offset``, made durable by the
+                next :meth:`flush` before it moves :attr:`durable_end_offset`.
 
         Raises:
             AssertionError: a precondition above does not hold (nothing is written).
             StorageFencedError: the log is fenced by an earlier error.
             OSError: the write failed; the log is now fenced.
         """
-        error = self.append_chunks([(base_offset, record_count, body)], append_time_ms)[0]
+        error = self.append_chunks([(base_offset, record_count, body, leader_epoch, append_time_ms)])[0]
         if error is not None:
             raise error
 
-    def append_chunks(self, chunks: Sequence[tuple[int, int, Buffer]],
-                      append_time_ms: int | None = None) -> list[AssertionError | None]:
-        """Append several chunks ``(base_offset, record_count, body)`` in order, exactly as that many
+    def append_chunks(self, chunks: Sequence[tuple[int, int, Buffer, int | None, int | None]]
+                      ) -> list[AssertionError | None]:
+        """Append several chunks ``(base_offset, record_count, body, leader_epoch, append_time_ms)`` (``None``:
+        the defaults of :meth:`append_chunk`) in order, exactly as that many
         :meth:`append_chunk` calls would, but with one ``pwritev`` per segment touched and one index write
         (the writer thread's batch path: fewer syscalls, fewer GIL hand-offs). Writer thread only.
 
@@ -341,28 +390,35 @@ class PartitionLog:
         """
         self._check_writable()
         now_ms = self._clock_ms()
-        time_ms = now_ms if append_time_ms is None else append_time_ms
         errors: list[AssertionError | None] = []
         expected_offset = self._log_end_offset
+        latest_epoch = self._leader_epochs[-1][0] if self._leader_epochs else -1
         segment = self._segments[-1]
         staged = _Staged(segment.size_bytes)
         try:
-            for base_offset, record_count, body in chunks:
+            for base_offset, record_count, body, chunk_epoch, append_time_ms in chunks:
+                time_ms = now_ms if append_time_ms is None else append_time_ms
                 body_length = buffer_size_bytes(body)
-                error = _chunk_error(expected_offset, base_offset, record_count, body, body_length)
+                epoch = max(latest_epoch, 0) if chunk_epoch is None else chunk_epoch
+                error = _chunk_error(expected_offset, base_offset, record_count, body, body_length, epoch,
+                                     latest_epoch)
                 errors.append(error)
                 if error is not None:
                     continue
                 if self._should_roll(segment, staged.end_position, base_offset, body_length, now_ms):
-                    self._commit(segment, staged, time_ms)
+                    self._commit(segment, staged)
                     segment = self._roll(base_offset)
                     staged = _Staged(0)
-                staged.add(base_offset, record_count, encode_header(base_offset, record_count, body, time_ms),
-                           body, body_length)
+                staged.add(base_offset, record_count,
+                           encode_header(base_offset, record_count, body, time_ms, epoch), body, body_length,
+                           time_ms)
+                if epoch > latest_epoch:
+                    staged.new_epochs.append((epoch, base_offset))
+                    latest_epoch = epoch
                 expected_offset = base_offset + record_count
-            self._commit(segment, staged, time_ms)
+            self._commit(segment, staged)
         except OSError as error:
-            self._fence(error)
+            self.fence(error)
             raise
         return errors
 
@@ -385,7 +441,7 @@ class PartitionLog:
         first_ms = segment.first_append_time_ms
         return first_ms is not None and now_ms - first_ms >= self.config.segment_roll_ms
 
-    def _commit(self, segment: Segment, staged: _Staged, time_ms: int) -> None:
+    def _commit(self, segment: Segment, staged: _Staged) -> None:
         """Write the staged chunks to ``segment`` with one pwritev, then publish them."""
         if not staged.positions:
             return
@@ -396,15 +452,21 @@ class PartitionLog:
             for base_offset, position in staged.positions:
                 index.maybe_append(base_offset, position)
             if staged.start_position == 0:
-                segment.first_append_time_ms = time_ms
+                segment.first_append_time_ms = staged.first_time_ms
             segment.size_bytes = staged.end_position
             segment.next_offset = staged.next_offset
-            segment.last_append_time_ms = time_ms
+            segment.last_append_time_ms = staged.last_time_ms
             self._log_end_offset = staged.next_offset
+            if staged.new_epochs:
+                self._leader_epochs.extend(staged.new_epochs)
+                self._epochs_dirty = True
         self._dirty[segment.base_offset] = segment
         index.write_pending()
+        for base_offset, record_count, body, time_ms in staged.chunks:
+            self._producer_state.apply_chunk(base_offset, record_count, body, time_ms)
 
     def _roll(self, base_offset: int) -> Segment:
+        self._snapshot_producer_state(base_offset)
         segment = Segment.create(self.directory, base_offset, self.config.index_interval_bytes)
         with self._lock:
             self._segments.append(segment)
@@ -416,22 +478,27 @@ class PartitionLog:
 
     def flush(self) -> None:
         """fsync every segment written since the last flush (and the directory if a segment was created),
-        then set :attr:`durable_end_offset` to :attr:`log_end_offset`. Writer thread only.
+        write the checkpoint when a chunk started a new leader epoch, then set :attr:`durable_end_offset`
+        to :attr:`log_end_offset`. Writer thread only.
 
         Raises:
             StorageFencedError: the log is fenced by an earlier error.
-            OSError: an fsync failed; the log is now fenced (a failed fsync is never retried).
+            OSError: an fsync or the checkpoint failed; the log is now fenced (a failed fsync is never
+                retried).
         """
         self._check_writable()
         end_offset = self._log_end_offset
-        if self._dirty or self._directory_dirty:
+        if self._dirty or self._directory_dirty or self._epochs_dirty:
             try:
                 for segment in list(self._dirty.values()):
                     segment.sync()
                 if self._directory_dirty:
                     fsync_dir(self.directory)
+                if self._epochs_dirty:
+                    # Before the new epoch's chunks count as durable (and can be acknowledged).
+                    self._write_checkpoint(self._current_checkpoint())
             except OSError as error:
-                self._fence(error)
+                self.fence(error)
                 raise
             self._dirty.clear()
             self._directory_dirty = False
@@ -600,8 +667,21 @@ class PartitionLog:
 
     def iter_chunks(self, from_offset: int | None = None) -> Iterator[tuple[int, int, bytes]]:
         """Yield ``(base_offset, record_count, body)`` for every durable chunk from the one holding
-        ``from_offset`` (default :attr:`log_start_offset`), CRC-verified. For rebuilding producer state at
-        startup; consume it fully or close it (it pins the segment it is reading).
+        ``from_offset`` (default :attr:`log_start_offset`), CRC-verified; see :meth:`iter_stored_chunks`.
+
+        Raises:
+            OffsetOutOfRange: ``from_offset`` outside ``[log_start_offset, durable_end_offset]``.
+            CorruptLogError: a chunk failed its checks.
+        """
+        for header, chunk in self.iter_stored_chunks(from_offset):
+            yield header.base_offset, header.record_count, bytes(chunk[HEADER_SIZE:])
+
+    def iter_stored_chunks(self, from_offset: int | None = None
+                           ) -> Generator[tuple[ChunkHeader, memoryview], None, None]:
+        """Yield ``(header, chunk)`` for every durable chunk from the one holding ``from_offset`` (default
+        :attr:`log_start_offset`): ``chunk`` is the stored bytes, header included, CRC-verified (a follower
+        re-appends it with the header's leader epoch and append time, which reproduces the same bytes). For rebuilding state and for replication;
+        consume it fully or close it (it pins the segment it is reading). Any thread.
 
         Raises:
             OffsetOutOfRange: ``from_offset`` outside ``[log_start_offset, durable_end_offset]``.
@@ -628,12 +708,39 @@ class PartitionLog:
                         if chunk is None or not crc_matches(chunk, 0, header):
                             self._read_anomaly(pin, position, offset, "CRC32C mismatch")
                         assert chunk is not None
-                        yield header.base_offset, header.record_count, bytes(chunk[HEADER_SIZE:])
+                        yield header, chunk
                         offset = header.next_offset
                     position += header.size_bytes
             finally:
                 with self._lock:
                     self._unpin(pin.segment)
+
+    # ------------------------------------------------------------------------------ producer state
+
+    def _snapshot_producer_state(self, offset: int) -> None:
+        """Snapshot the producer state of the chunks below ``offset`` (at a roll, and at close). A failed
+        write only costs replay work at the next open, so it is logged, not raised."""
+        self._producer_state.expire(self._clock_ms())
+        try:
+            write_snapshot(self.directory, self._producer_state, offset)
+        except OSError as error:
+            logger.warning("%s: producer-state snapshot at offset %d not written: %s", self.directory, offset,
+                           error)
+
+    def _rebuild_producer_state(self, end_offset: int) -> None:
+        """Producer state of the chunks below ``end_offset`` (== the durable end): the latest valid snapshot
+        in ``[log_start_offset, end_offset]`` plus the chunks after it. Snapshots outside that range are
+        stale (above: their chunks were cut; below: retention) and are deleted."""
+        delete_snapshots(self.directory, below=self._log_start_offset, above=end_offset)
+        state, offset = load_latest_snapshot(self.directory, self.config.producer_state_ttl_ms,
+                                             self._log_start_offset, end_offset)
+        replayed = 0
+        for header, chunk in self.iter_stored_chunks(offset):
+            state.apply_chunk(header.base_offset, header.record_count, chunk[HEADER_SIZE:], header.append_time_ms)
+            replayed += 1
+        self._producer_state = state
+        self.recovery_stats.producer_snapshot_offset = offset
+        self.recovery_stats.producer_chunks_replayed = replayed
 
     # ---------------------------------------------------------------------------------- truncation
 
@@ -653,11 +760,11 @@ class PartitionLog:
         if offset >= self._log_end_offset:
             return
         if offset <= self._segments[0].base_offset or offset < self._log_start_offset:
-            self.reset(offset)
+            self._reset(offset, truncate_from_end(self._leader_epochs, offset))
             return
         try:
             with self._lock:
-                epochs = [(epoch, start) for epoch, start in self._leader_epochs if start <= offset]
+                epochs = truncate_from_end(self._leader_epochs, offset)
                 checkpoint = Checkpoint(min(self._durable_end_offset, offset), self._log_start_offset,
                                         min(self._hwm, offset), tuple(epochs))
             self._write_checkpoint(checkpoint)
@@ -693,8 +800,9 @@ class PartitionLog:
             with self._lock:
                 self._durable_end_offset = offset
         except OSError as error:
-            self._fence(error)
+            self.fence(error)
             raise
+        self._rebuild_producer_state(offset)
 
     def _cut_segment(self, segment: Segment, offset: int) -> None:
         """Cut ``segment`` so that it ends exactly at ``offset`` (which lies inside it)."""
@@ -741,7 +849,7 @@ class PartitionLog:
         body = memoryview(chunk)[HEADER_SIZE:]
         kept_bytes = skip_records(body, 0, offset - header.base_offset)
         new_header = encode_header(header.base_offset, offset - header.base_offset, body[:kept_bytes],
-                                   header.append_time_ms)
+                                   header.append_time_ms, header.leader_epoch)
         segment.overwrite(position, new_header)
         segment.sync()
         cut_position = position + HEADER_SIZE + kept_bytes
@@ -761,8 +869,14 @@ class PartitionLog:
         """
         self._check_writable()
         invariant(new_start_offset >= 0, f"new_start_offset must be >= 0, got {new_start_offset}")
+        self._reset(new_start_offset, reset_leader_epochs(self._leader_epochs, new_start_offset))
+
+    def _reset(self, new_start_offset: int, epochs: list[tuple[int, int]]) -> None:
+        """:meth:`reset`, leaving the leader-epoch history ``epochs``."""
         try:
-            write_reset_marker(self.directory, new_start_offset)
+            write_reset_marker(self.directory, new_start_offset, epochs)
+            delete_snapshots(self.directory)
+            self._producer_state = ProducerState(self.config.producer_state_ttl_ms)
             old_segments = list(self._segments)
             for segment in reversed(old_segments):
                 segment.unlink()
@@ -772,7 +886,7 @@ class PartitionLog:
                 self._bases = [new_start_offset]
                 self._log_start_offset = self._log_end_offset = new_start_offset
                 self._durable_end_offset = self._hwm = new_start_offset
-                self._leader_epochs = reset_leader_epochs(self._leader_epochs, new_start_offset)
+                self._leader_epochs = epochs
                 self._dirty.clear()
                 for old in old_segments:
                     old.truncations += 1
@@ -782,7 +896,7 @@ class PartitionLog:
             (self.directory / RESET_MARKER_FILE_NAME).unlink()
             fsync_dir(self.directory)
         except OSError as error:
-            self._fence(error)
+            self.fence(error)
             raise
 
     # ----------------------------------------------------------------------------------- retention
@@ -817,22 +931,25 @@ class PartitionLog:
                 return 0
             removed = self._segments[:count]
             new_start_offset = max(self._log_start_offset, self._segments[count].base_offset)
+            epochs = truncate_from_start(self._leader_epochs, new_start_offset)
             checkpoint = Checkpoint(self._durable_end_offset, new_start_offset,
-                                    max(self._hwm, new_start_offset), tuple(self._leader_epochs))
+                                    max(self._hwm, new_start_offset), tuple(epochs))
         try:
             self._write_checkpoint(checkpoint)
             for segment in removed:
                 segment.unlink()
+            delete_snapshots(self.directory, below=new_start_offset)
             with self._lock:
                 del self._segments[:count]
                 del self._bases[:count]
                 self._log_start_offset = new_start_offset
                 self._hwm = max(self._hwm, new_start_offset)
+                self._leader_epochs = epochs
                 for segment in removed:
                     self._doom(segment)
             fsync_dir(self.directory)
         except OSError as error:
-            self._fence(error)
+            self.fence(error)
             raise
         return count
 
@@ -858,25 +975,6 @@ class PartitionLog:
         invariant(hwm >= 0, f"hwm must be >= 0, got {hwm}")
         self._hwm = hwm
 
-    def set_leader_epoch(self, epoch: int, start_offset: int) -> None:
-        """Start leader epoch ``epoch`` at ``start_offset`` and write the checkpoint durably at once.
-        Re-setting the latest epoch is a no-op. Writer thread only.
-
-        Raises:
-            OSError: the checkpoint could not be written (the epoch stays recorded in memory).
-        """
-        with self._lock:
-            if self._leader_epochs and self._leader_epochs[-1][0] == epoch:
-                return
-            if self._leader_epochs:
-                last_epoch, last_start = self._leader_epochs[-1]
-                invariant(epoch > last_epoch, f"leader epoch {epoch} is below the latest {last_epoch}")
-                invariant(start_offset >= last_start,
-                          f"epoch start offset {start_offset} is below the previous start {last_start}")
-            invariant(start_offset >= 0, f"start_offset must be >= 0, got {start_offset}")
-            self._leader_epochs.append((epoch, start_offset))
-        self._write_checkpoint(self._current_checkpoint())
-
     def checkpoint(self) -> None:
         """Write ``checkpoints.json`` atomically (recovery point = :attr:`durable_end_offset`) unless it
         would be identical to the last one written. Writer thread only.
@@ -896,6 +994,8 @@ class PartitionLog:
     def _write_checkpoint(self, checkpoint: Checkpoint) -> None:
         write_checkpoint(self.directory, checkpoint)
         self._last_checkpoint = checkpoint
+        if checkpoint.leader_epochs == tuple(self._leader_epochs):
+            self._epochs_dirty = False
 
     # -------------------------------------------------------------------------------------- close
 
@@ -911,6 +1011,7 @@ class PartitionLog:
         try:
             if self._failed is None:
                 self.flush()
+                self._snapshot_producer_state(self._log_end_offset)
                 self.checkpoint()
         finally:
             self._close_files()
@@ -927,7 +1028,9 @@ class PartitionLog:
         if self._failed is not None:
             raise StorageFencedError(self._failed)
 
-    def _fence(self, error: BaseException) -> None:
+    def fence(self, error: BaseException) -> None:
+        """Fence the log after ``error``: every later append, flush or truncation raises
+        :class:`StorageFencedError`. Idempotent (the first error is kept). Writer thread only."""
         if self._failed is None:
             self._failed = error
             logger.error("log %s fenced after a storage error: %r", self.directory, error)

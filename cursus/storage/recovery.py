@@ -34,8 +34,11 @@ from pathlib import Path
 from cursus.storage.atomic import TEMP_SUFFIX, atomic_write, fsync_dir
 from cursus.storage.checkpoint import Checkpoint, read_checkpoint, write_checkpoint
 from cursus.storage.chunk import HEADER, HEADER_SIZE, MAGIC, crc_matches, decode_header, records_walk_ok
+from cursus.storage.epochs import rebuild as rebuild_epochs
+from cursus.storage.epochs import truncate_from_start
 from cursus.storage.errors import CorruptLogError
 from cursus.storage.offset_index import U32_MAX, OffsetIndex
+from cursus.storage.producer_state import delete_snapshots
 from cursus.storage.segment import INDEX_SUFFIX, LOG_SUFFIX, Segment, WindowReader, parse_file_base_offset
 
 logger = logging.getLogger("cursus.storage")
@@ -64,6 +67,10 @@ class RecoveryStats:
     segments_deleted: int = 0
     indexes_rebuilt: int = 0
     temp_files_removed: int = 0
+    epochs_repaired: int = 0
+    #: Offset of the producer-state snapshot the rebuild started from, and the chunks it read after it.
+    producer_snapshot_offset: int = 0
+    producer_chunks_replayed: int = 0
     duration_ms: float = 0.0
 
 
@@ -92,18 +99,25 @@ class _Walk:
     last_chunk_position: int | None = None
     bad_position: int | None = None
     bad_reason: str = ""
+    #: The bad chunk is intact but breaks the leader-epoch lineage: corruption wherever it is.
+    bad_is_fatal: bool = False
+    #: Leader epoch of the last chunk walked (starts at the walk's ``min_epoch``).
+    last_epoch: int = -1
+    #: ``(epoch, base_offset)`` of the first chunk walked and of each chunk whose epoch changes.
+    epochs: list[tuple[int, int]] = field(default_factory=list)
 
 
 def _walk(segment: Segment, start_position: int, start_offset: int, file_size: int, *,
-          verify: bool, index_interval_bytes: int) -> _Walk:
+          verify: bool, index_interval_bytes: int, min_epoch: int) -> _Walk:
     """Walk chunks from ``start_position`` (expected to hold offset ``start_offset``) to ``file_size``.
 
     With ``verify`` every chunk's CRC and records section are checked, else only header sanity and offset
-    continuity. Index entries for chunks after ``start_position`` are collected following the interval
-    rule. Stops at the first invalid chunk (``bad_position``).
+    continuity. Leader epochs must not decrease (from ``min_epoch``, the epoch of the chunk before).
+    Index entries for chunks after ``start_position`` are collected following the interval rule. Stops at
+    the first invalid chunk (``bad_position``).
     """
     window = WindowReader(segment, VALIDATE_WINDOW_BYTES if verify else HEADER_WINDOW_BYTES)
-    walk = _Walk(end_position=start_position, next_offset=start_offset, entries=[])
+    walk = _Walk(end_position=start_position, next_offset=start_offset, entries=[], last_epoch=min_epoch)
     last_index_position = start_position
     position = start_position
     while position < file_size:
@@ -124,6 +138,10 @@ def _walk(segment: Segment, start_position: int, start_offset: int, file_size: i
                 reason = "CRC32C mismatch"
             elif not records_walk_ok(view[HEADER_SIZE:], header.record_count):
                 reason = "records section does not match the record count"
+        if not reason and header is not None and header.leader_epoch < walk.last_epoch:
+            reason = (f"leader epoch {header.leader_epoch} is below the epoch {walk.last_epoch} of the chunk "
+                      f"before it")
+            walk.bad_is_fatal = True
         if reason:
             walk.bad_position, walk.bad_reason = position, reason
             return walk
@@ -135,6 +153,9 @@ def _walk(segment: Segment, start_position: int, start_offset: int, file_size: i
             walk.first_append_time_ms = header.append_time_ms
         walk.last_append_time_ms = header.append_time_ms
         walk.last_chunk_position = position
+        if not walk.epochs or header.leader_epoch != walk.last_epoch:
+            walk.epochs.append((header.leader_epoch, header.base_offset))
+            walk.last_epoch = header.leader_epoch
         walk.chunks += 1
         position += header.size_bytes
         walk.end_position = position
@@ -142,7 +163,7 @@ def _walk(segment: Segment, start_position: int, start_offset: int, file_size: i
     return walk
 
 
-def _load_segment(segment: Segment, index_interval_bytes: int, stats: RecoveryStats) -> _Walk:
+def _load_segment(segment: Segment, index_interval_bytes: int, stats: RecoveryStats, min_epoch: int) -> _Walk:
     """Load a segment whose data is trusted: read its index and walk headers after the last entry.
 
     A missing or insane index (or one whose last entry does not point at a matching chunk) is rebuilt by
@@ -159,7 +180,7 @@ def _load_segment(segment: Segment, index_interval_bytes: int, stats: RecoverySt
         else:
             start_position, start_offset = position, header.base_offset
     walk = _walk(segment, start_position, start_offset, file_size, verify=False,
-                 index_interval_bytes=index_interval_bytes)
+                 index_interval_bytes=index_interval_bytes, min_epoch=min_epoch)
     if walk.bad_position is not None:
         return walk
     rewrite = entries is None or bool(walk.entries)
@@ -172,13 +193,14 @@ def _load_segment(segment: Segment, index_interval_bytes: int, stats: RecoverySt
 
 
 def _validate_segment(segment: Segment, expected_offset: int, index_interval_bytes: int,
-                      stats: RecoveryStats) -> _Walk:
+                      stats: RecoveryStats, min_epoch: int) -> _Walk:
     """Validate every chunk of ``segment`` from byte 0 (which must hold ``expected_offset``)."""
     file_size = segment.size_bytes
     if segment.base_offset != expected_offset:
         return _Walk(0, expected_offset, [], bad_position=0,
                      bad_reason=f"segment base offset {segment.base_offset} does not continue the log")
-    walk = _walk(segment, 0, expected_offset, file_size, verify=True, index_interval_bytes=index_interval_bytes)
+    walk = _walk(segment, 0, expected_offset, file_size, verify=True, index_interval_bytes=index_interval_bytes,
+                 min_epoch=min_epoch)
     stats.segments_validated += 1
     stats.chunks_validated += walk.chunks
     stats.bytes_validated += walk.end_position
@@ -229,10 +251,11 @@ def _find_valid_chunk(segments: list[Segment], first: int, position: int) -> tup
 # ---------------------------------------------------------------------------------------- pass 1 and 2
 
 
-def write_reset_marker(directory: Path, new_start_offset: int) -> None:
-    """Durably record that a reset to ``new_start_offset`` is in progress (see pass 1)."""
-    atomic_write(directory / RESET_MARKER_FILE_NAME,
-                 json.dumps({"new_start_offset": new_start_offset}).encode() + b"\n", mode=0o644)
+def write_reset_marker(directory: Path, new_start_offset: int, leader_epochs: list[tuple[int, int]]) -> None:
+    """Durably record that a reset to ``new_start_offset`` is in progress, leaving the leader-epoch history
+    ``leader_epochs`` (see pass 1)."""
+    document = {"new_start_offset": new_start_offset, "leader_epochs": [list(e) for e in leader_epochs]}
+    atomic_write(directory / RESET_MARKER_FILE_NAME, json.dumps(document).encode() + b"\n", mode=0o644)
 
 
 def reset_leader_epochs(epochs: list[tuple[int, int]], new_start_offset: int) -> list[tuple[int, int]]:
@@ -263,16 +286,18 @@ def _pass1_cleanup(directory: Path, checkpoint: Checkpoint | None, stats: Recove
     if not marker.exists():
         return checkpoint
     try:
-        new_start_offset = int(json.loads(marker.read_text())["new_start_offset"])
+        document = json.loads(marker.read_text())
+        new_start_offset = int(document["new_start_offset"])
+        epochs = [(int(epoch), int(start)) for epoch, start in document["leader_epochs"]]
     except (ValueError, KeyError, TypeError) as error:
         raise CorruptLogError(marker, None, None, f"invalid reset marker: {error}") from error
     logger.warning("%s: completing an interrupted reset to offset %d", directory, new_start_offset)
+    delete_snapshots(directory)
     for base in sorted(log_bases, reverse=True):
         (directory / f"{base:020d}{LOG_SUFFIX}").unlink(missing_ok=True)
         (directory / f"{base:020d}{INDEX_SUFFIX}").unlink(missing_ok=True)
         stats.segments_deleted += 1
     Segment.create(directory, new_start_offset, 1).close()
-    epochs = reset_leader_epochs(list(checkpoint.leader_epochs) if checkpoint else [], new_start_offset)
     checkpoint = Checkpoint(new_start_offset, new_start_offset, new_start_offset, tuple(epochs))
     write_checkpoint(directory, checkpoint)
     marker.unlink()
@@ -322,13 +347,15 @@ def _load_trusted(segments: list[Segment], checkpoint: Checkpoint, index_interva
     (then the caller runs the unclean path from scratch)."""
     expected = segments[0].base_offset
     last_chunk_position: int | None = None
+    epoch = -1
     for segment in segments:
         if segment.base_offset != expected:
             return None
-        walk = _load_segment(segment, index_interval_bytes, stats)
+        walk = _load_segment(segment, index_interval_bytes, stats, epoch)
         if walk.bad_position is not None:
             return None
         expected = walk.next_offset
+        epoch = walk.last_epoch
         last_chunk_position = walk.last_chunk_position
     if expected != checkpoint.recovery_point:
         return None
@@ -354,29 +381,42 @@ def _reset_segments(segments: list[Segment]) -> None:
         segment.next_offset = segment.base_offset
 
 
+@dataclass(slots=True)
+class _Unclean:
+    """What the unclean path found: the end of valid data and the epochs of the validated chunks."""
+
+    end_offset: int
+    observed_from: int
+    observed_epochs: list[tuple[int, int]]
+
+
 def _recover_unclean(directory: Path, segments: list[Segment], checkpoint: Checkpoint | None,
-                     index_interval_bytes: int, stats: RecoveryStats) -> int:
-    """Unclean path (passes 3 to 6). Mutates ``segments`` (torn-tail deletions). Returns the end offset."""
+                     index_interval_bytes: int, stats: RecoveryStats) -> _Unclean:
+    """Unclean path (passes 3 to 6). Mutates ``segments`` (torn-tail deletions)."""
     recovery_point = checkpoint.recovery_point if checkpoint is not None else None
     first_validated = 0
     if recovery_point is not None:
         first_validated = max(0, bisect_right([s.base_offset for s in segments], recovery_point) - 1)
     expected = segments[0].base_offset
+    epoch = -1
     for segment in segments[:first_validated]:
         if segment.base_offset != expected:
             raise CorruptLogError(segment.path, 0, expected,
                                   f"segment base offset {segment.base_offset} does not continue the log "
                                   f"(below the recovery point {recovery_point})")
-        walk = _load_segment(segment, index_interval_bytes, stats)
+        walk = _load_segment(segment, index_interval_bytes, stats, epoch)
         if walk.bad_position is not None:
             raise CorruptLogError(segment.path, walk.bad_position, walk.next_offset,
                                   f"{walk.bad_reason} (below the recovery point {recovery_point})")
         expected = walk.next_offset
+        epoch = walk.last_epoch
+    observed_from = expected
+    observed: list[tuple[int, int]] = []
     validated: list[Segment] = []
     number = first_validated
     while number < len(segments):
         segment = segments[number]
-        walk = _validate_segment(segment, expected, index_interval_bytes, stats)
+        walk = _validate_segment(segment, expected, index_interval_bytes, stats, epoch)
         if walk.bad_position is not None:
             _handle_bad_chunk(directory, segments, number, walk, recovery_point, stats)
         if number < len(segments):  # the segment survived (a torn tail may have emptied and removed it)
@@ -384,6 +424,8 @@ def _recover_unclean(directory: Path, segments: list[Segment], checkpoint: Check
             _install_index(segment, walk.entries, index_interval_bytes, stats)
             validated.append(segment)
             expected = walk.next_offset
+            epoch = walk.last_epoch
+            observed.extend(walk.epochs)
         number += 1
     if recovery_point is not None and expected < recovery_point:
         last = segments[-1]
@@ -393,7 +435,7 @@ def _recover_unclean(directory: Path, segments: list[Segment], checkpoint: Check
     for segment in validated:
         segment.sync()
     fsync_dir(directory)
-    return expected
+    return _Unclean(expected, observed_from, observed)
 
 
 def _handle_bad_chunk(directory: Path, segments: list[Segment], number: int, walk: _Walk,
@@ -402,6 +444,8 @@ def _handle_bad_chunk(directory: Path, segments: list[Segment], number: int, wal
     segment = segments[number]
     assert walk.bad_position is not None
     position, offset = walk.bad_position, walk.next_offset
+    if walk.bad_is_fatal:
+        raise CorruptLogError(segment.path, position, offset, walk.bad_reason)
     if recovery_point is not None and offset < recovery_point:
         raise CorruptLogError(segment.path, position, offset,
                               f"{walk.bad_reason} below the recovery point {recovery_point}")
@@ -452,6 +496,8 @@ def recover_partition(directory: Path, index_interval_bytes: int, *, clean_shutd
     checkpoint = read_checkpoint(directory)
     checkpoint = _pass1_cleanup(directory, checkpoint, stats)
     segments = _pass2_open_segments(directory, checkpoint, stats)
+    observed_from: int | None = None
+    observed: list[tuple[int, int]] = []
     try:
         end_offset = None
         if clean_shutdown and checkpoint is not None:
@@ -463,7 +509,13 @@ def recover_partition(directory: Path, index_interval_bytes: int, *, clean_shutd
             else:
                 stats.clean_shutdown_trusted = True
         if end_offset is None:
-            end_offset = _recover_unclean(directory, segments, checkpoint, index_interval_bytes, stats)
+            unclean = _recover_unclean(directory, segments, checkpoint, index_interval_bytes, stats)
+            end_offset, observed_from, observed = unclean.end_offset, unclean.observed_from, unclean.observed_epochs
+        checkpointed = checkpoint.leader_epochs if checkpoint is not None else ()
+        try:
+            epochs = rebuild_epochs(checkpointed, observed_from, observed, end_offset)
+        except ValueError as error:
+            raise CorruptLogError(directory, None, None, f"leader epochs: {error}") from None
     except BaseException:
         for segment in segments:
             segment.close()
@@ -471,11 +523,14 @@ def recover_partition(directory: Path, index_interval_bytes: int, *, clean_shutd
     stats.segments = len(segments)
     log_start_offset = segments[0].base_offset
     hwm = log_start_offset
-    epochs: list[tuple[int, int]] = []
     if checkpoint is not None:
         log_start_offset = min(max(checkpoint.log_start_offset, log_start_offset), end_offset)
         hwm = min(max(checkpoint.hwm, log_start_offset), end_offset)
-        epochs = [(epoch, start) for epoch, start in checkpoint.leader_epochs if start <= end_offset]
+    stats.epochs_repaired = len(set(epochs) - set(checkpointed))
+    if stats.epochs_repaired and checkpoint is not None:
+        logger.warning("%s: %d leader epoch(s) missing from the checkpoint were rebuilt from chunk headers",
+                       directory, stats.epochs_repaired)
+    epochs = truncate_from_start(epochs, log_start_offset)
     stats.duration_ms = (time.monotonic() - started) * 1000.0
     return RecoveredLog(segments, end_offset, log_start_offset, hwm, epochs, stats)
 

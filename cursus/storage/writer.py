@@ -9,7 +9,8 @@ The event loop never blocks on disk: it submits appends (and any other storage o
 4. call ``notify`` once with every completion of the round;
 5. checkpoint touched logs at most every ``recovery_point_interval_ms`` (also when idle, and at close).
 
-Failure rule: if an append or fsync raises ``OSError`` the log fences itself; that log's items of the round
+Failure rule: if an append or fsync raises ``OSError`` the log fences itself (any other exception, a bug,
+fences it too: the outcome is unknown, and no waiter may hang or be told its data is durable); that log's items of the round
 and every later item for it complete with :class:`StorageFencedError`. A failed fsync is never retried
 (Linux may drop dirty pages after reporting the error; a retry could falsely succeed). Other logs are
 unaffected.
@@ -118,9 +119,10 @@ class GroupCommitWriter:
     # ------------------------------------------------------------------------------------- submit
 
     def submit_append(self, log: PartitionLog, base_offset: int, record_count: int, body: Buffer,
-                      token: object) -> None:
-        """Queue ``log.append_chunk(base_offset, record_count, body)``; its completion comes after the fsync.
-        Non-blocking. The caller must not modify ``body`` afterwards.
+                      token: object, *, leader_epoch: int | None = None,
+                      append_time_ms: int | None = None) -> None:
+        """Queue ``log.append_chunk(base_offset, record_count, body, append_time_ms, leader_epoch=...)``;
+        its completion comes after the fsync. Non-blocking. The caller must not modify ``body`` afterwards.
 
         Raises:
             RuntimeError: the writer is closing.
@@ -130,7 +132,8 @@ class GroupCommitWriter:
             if self._closing:
                 raise RuntimeError("storage writer is closed")
             was_empty = not self._queue
-            self._queue.append((_APPEND, log, base_offset, record_count, body, token, size_bytes))
+            self._queue.append((_APPEND, log, base_offset, record_count, body, token, size_bytes, leader_epoch,
+                                append_time_ms))
             self._queued_bytes += size_bytes
             if was_empty:
                 self._condition.notify()
@@ -237,14 +240,20 @@ class GroupCommitWriter:
                     completion.error = StorageFencedError(log.failed)
                 continue
             try:
-                errors = log.append_chunks([(item[2], item[3], item[4]) for item, _ in entries])
+                errors = log.append_chunks([(item[2], item[3], item[4], item[7], item[8]) for item, _ in entries])
             except OSError as error:
                 for _, completion in entries:
                     completion.error = StorageFencedError(error)
                 continue
-            except Exception as error:  # StorageFencedError or a bug: fail these items, keep going
+            except StorageFencedError as error:
                 for _, completion in entries:
                     completion.error = error
+                continue
+            except Exception as error:  # a bug: the outcome of these appends is unknown, so fence the log
+                logger.exception("append to %s failed unexpectedly", log.directory)
+                log.fence(error)
+                for _, completion in entries:
+                    completion.error = StorageFencedError(error)
                 continue
             accepted = appended.setdefault(log, [])
             for (_, completion), rejection in zip(entries, errors, strict=True):
@@ -254,6 +263,7 @@ class GroupCommitWriter:
                     completion.error = rejection
 
     def _flush(self, log: PartitionLog) -> None:
+        """fsync ``log``; on any error the log ends up fenced, so its completions report a typed error."""
         if log.failed is not None:
             return
         try:
@@ -261,8 +271,9 @@ class GroupCommitWriter:
             self.flushes += 1
         except (OSError, StorageFencedError):
             pass  # the log fenced itself; its completions report it
-        except Exception:
+        except Exception as error:  # a bug: whether the data is durable is unknown, so fence the log
             logger.exception("flush of %s failed unexpectedly", log.directory)
+            log.fence(error)
 
     # ----------------------------------------------------------------------------------- checkpoints
 

@@ -94,7 +94,7 @@ def test_torn_tail_is_truncated_and_acked_data_kept(broker_factory):
     broker.kill()
     segment = _segments(broker.log_dir, "torn", 0)[-1]
     with open(segment, "ab") as f:
-        f.write(b"CCK1" + b"\x00\x00\x00\x00\x00\x00\x00\x32" + b"\xff" * 17)  # a chunk cut mid-header
+        f.write(b"CCK2" + b"\x00\x00\x00\x00\x00\x00\x00\x32" + b"\xff" * 17)  # a chunk cut mid-header
     broker.start()
     with connect(broker) as conn:
         records = consume_all(conn, "torn", 0)

@@ -335,7 +335,7 @@ def test_schedule_kinds() -> None:
 
 def _chunk(base: int, records: list[bytes]) -> bytes:
     body = b"".join(struct.pack(">I", len(r)) + r for r in records)
-    prefix = struct.pack(">IQIIq", CHUNK_MAGIC, base, len(records), len(body), int(time.time() * 1000))
+    prefix = struct.pack(">IQIIqI", CHUNK_MAGIC, base, len(records), len(body), int(time.time() * 1000), 0)
     return prefix + struct.pack(">I", crc32c.crc32c(prefix + body)) + body
 
 
@@ -348,7 +348,7 @@ def test_torn_tail_spares_observed_data_and_recovers(tmp_path: Path, mode: str) 
     segment.write_bytes(data)
     chunks, end = walk_chunks(data)
     assert [c.base_offset for c in chunks] == [0, 3, 6, 9] and end == len(data) and all(c.crc_ok for c in chunks)
-    assert CHUNK_HEADER.size == 32
+    assert CHUNK_HEADER.size == 36
     result = tear_tail(part, observed_end=5, mode=mode, seed=random.randrange(1 << 30))
     assert result["safe_offset"] == 5 and result["dropped_offsets"] == [6, 12]
     torn = segment.read_bytes()

@@ -94,7 +94,9 @@ class Harness:
 
     def _open(self, p: int) -> Replica:
         plog = PartitionLog.open(self.root / f"p{p}", self.config)
-        return Replica(OFFSETS_TOPIC, p, plog, self.writer)
+        replica = Replica(OFFSETS_TOPIC, p, plog, self.writer)
+        replica.become_leader(plog.leader_epoch)  # standalone: the leader of a one-member ISR
+        return replica
 
     def _apply(self, completions) -> None:
         for c in completions:

@@ -28,25 +28,25 @@ from tests.unit.test_storage_support import records_section, split_section
 
 def test_header_layout_is_big_endian_and_crc_chains_header_then_body() -> None:
     body = records_section([b"hello", b"", b"world!"])
-    header = encode_header(1234, 3, body, 99)
-    assert len(header) == HEADER_SIZE == 32
-    magic, base, count, length, time_ms, crc = struct.unpack(">IQIIqI", header)
-    assert (magic, base, count, length, time_ms) == (MAGIC, 1234, 3, len(body), 99)
-    assert header[:4] == b"CCK1"
-    assert crc == crc32c.crc32c(body, crc32c.crc32c(header[:28]))
+    header = encode_header(1234, 3, body, 99, 7)
+    assert len(header) == HEADER_SIZE == 36
+    magic, base, count, length, time_ms, epoch, crc = struct.unpack(">IQIIqII", header)
+    assert (magic, base, count, length, time_ms, epoch) == (MAGIC, 1234, 3, len(body), 99, 7)
+    assert header[:4] == b"CCK2"
+    assert crc == crc32c.crc32c(body, crc32c.crc32c(header[:32]))
     decoded = decode_header(header, 0)
-    assert decoded is not None
-    assert decoded.next_offset == 1237 and decoded.size_bytes == 32 + len(body)
+    assert decoded is not None and decoded.leader_epoch == 7
+    assert decoded.next_offset == 1237 and decoded.size_bytes == 36 + len(body)
     assert crc_matches(header + body, 0, decoded)
 
 
 def test_crc_detects_any_single_byte_flip() -> None:
     body = records_section([b"abc", b"defg"])
-    chunk = bytearray(encode_header(7, 2, body, 5) + body)
+    chunk = bytearray(encode_header(7, 2, body, 5, 3) + body)
     header = decode_header(chunk, 0)
     assert header is not None
     for position in range(len(chunk)):
-        if 28 <= position < 32:
+        if 32 <= position < 36:
             continue  # the CRC field itself
         damaged = bytearray(chunk)
         damaged[position] ^= 0x01
@@ -64,7 +64,7 @@ def test_crc_detects_any_single_byte_flip() -> None:
     lambda h: h[:20],                                             # truncated
 ])
 def test_decode_header_rejects_implausible_headers(mutate) -> None:
-    header = encode_header(0, 1, records_section([b"x"]), 0)
+    header = encode_header(0, 1, records_section([b"x"]), 0, 0)
     assert decode_header(mutate(header), 0) is None
 
 

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from cursus.storage import LogDirLockedError, UnsupportedFormatError, atomic_write, open_log_dir
-from tests.unit.test_storage_support import PYTHON, subprocess_env
+from tests.unit.test_storage_support import PYTHON, REPO_ROOT, subprocess_env
 
 CHILD_OPEN = """
 import sys
@@ -46,8 +46,8 @@ def test_second_process_cannot_open_a_locked_log_dir(tmp_path: Path) -> None:
 def test_format_file_is_created_and_checked(tmp_path: Path) -> None:
     path = tmp_path / "data"
     open_log_dir(path).close()
-    assert (path / ".cursus-format").read_bytes() == b"1\n"
-    (path / ".cursus-format").write_text("2\n")
+    assert (path / ".cursus-format").read_bytes() == b"2\n"
+    (path / ".cursus-format").write_text("3\n")
     with pytest.raises(UnsupportedFormatError, match="not supported"):
         open_log_dir(path)
     (path / ".cursus-format").write_bytes(b"\xff\xfe")
@@ -93,3 +93,26 @@ def test_atomic_write_replaces_content_with_mode(tmp_path: Path) -> None:
     assert target.read_bytes() == b"two"
     assert stat.S_IMODE(target.stat().st_mode) == 0o600
     assert sorted(p.name for p in tmp_path.iterdir()) == ["f.json"]
+
+
+def test_an_older_format_is_refused_with_what_to_do(tmp_path: Path) -> None:
+    path = tmp_path / "data"
+    open_log_dir(path).close()
+    (path / ".cursus-format").write_text("1\n")  # a log dir written before chunks carried leader epochs
+    with pytest.raises(UnsupportedFormatError) as raised:
+        open_log_dir(path)
+    message = str(raised.value)
+    assert "format '1'" in message and "reads format 2 only" in message
+    assert "no migration" in message and "move" in message and str(path) in message
+    assert (path / ".cursus-format").read_text() == "1\n"  # refused, not rewritten
+
+
+def test_broker_refuses_an_older_log_dir_at_startup(tmp_path: Path) -> None:
+    path = tmp_path / "data"
+    open_log_dir(path).close()
+    (path / ".cursus-format").write_text("1\n")
+    child = subprocess.run([PYTHON, "-m", "cursus.cli.broker", "--log-dir", str(path), "--port", "0",
+                            "--health-port", "0", "--metrics-port", "0"],
+                           capture_output=True, text=True, timeout=60, env=subprocess_env(), cwd=REPO_ROOT)
+    assert child.returncode != 0
+    assert "storage format '1'" in child.stderr and "no migration" in child.stderr

@@ -21,6 +21,7 @@ from cursus.storage import (
     PartitionLog,
     StorageFencedError,
 )
+from cursus.storage.chunk import HEADER_SIZE
 from cursus.storage.segment import Segment
 from tests.unit.test_storage_support import (
     append_records,
@@ -199,7 +200,7 @@ def test_roll_by_size_never_splits_a_chunk(tmp_path: Path) -> None:
     log.flush()
     infos = log.segments_info()
     assert [(i.base_offset, i.next_offset) for i in infos] == [(0, 1), (1, 2), (2, 3)]
-    assert infos[1].size_bytes == 32 + 4 + 1000
+    assert infos[1].size_bytes == HEADER_SIZE + 4 + 1000
     log.close()
 
 
@@ -273,12 +274,11 @@ def test_clean_marker_with_a_stale_checkpoint_falls_back_to_validation(tmp_path:
 
 def test_hwm_and_leader_epochs_persist(tmp_path: Path) -> None:
     log = open_log(tmp_path / "p")
-    log.set_leader_epoch(1, 0)
-    append_records(log, [5, 5])
-    log.set_leader_epoch(3, 10)
-    log.set_leader_epoch(3, 10)  # no-op
-    with pytest.raises(AssertionError):
-        log.set_leader_epoch(2, 10)
+    append_records(log, [5, 5], leader_epoch=1)
+    append_records(log, [2], leader_epoch=3)
+    append_records(log, [1])  # the default is the latest epoch
+    with pytest.raises(AssertionError, match="below the log's latest epoch"):
+        append_records(log, [1], leader_epoch=2)
     log.flush()
     log.set_hwm(7)
     log.close()
@@ -327,8 +327,7 @@ def test_truncate_at_or_past_the_end_is_a_no_op(tmp_path: Path) -> None:
 
 def test_reset_starts_empty_at_a_new_offset(tmp_path: Path) -> None:
     log = open_log(tmp_path / "p")
-    append_records(log, [3] * 50)
-    log.set_leader_epoch(4, 0)
+    append_records(log, [3] * 50, leader_epoch=4)
     log.flush()
     log.reset(1000)
     assert (log.log_start_offset, log.log_end_offset, log.durable_end_offset, log.hwm) == (1000,) * 4
@@ -475,9 +474,10 @@ def test_record_for_is_deterministic() -> None:
 
 def test_append_chunks_batches_with_rejections_and_rolls(tmp_path: Path) -> None:
     log = open_log(tmp_path / "p", small_config(segment_bytes=300))
-    chunks = [(n * 2, 2, records_section([record_for(n * 2), record_for(n * 2 + 1)])) for n in range(30)]
-    bad = (20, 3, records_section([b"x"]))            # wrong record count: rejected, offset not advanced
-    wrong_offset = (99, 1, records_section([b"y"]))   # wrong base offset: rejected
+    chunks = [(n * 2, 2, records_section([record_for(n * 2), record_for(n * 2 + 1)]), None, None)
+              for n in range(30)]
+    bad = (20, 3, records_section([b"x"]), None, None)            # wrong record count: rejected
+    wrong_offset = (99, 1, records_section([b"y"]), None, None)   # wrong base offset: rejected
     errors = log.append_chunks(chunks[:10] + [bad, wrong_offset] + chunks[10:])
     assert [e is None for e in errors] == [True] * 10 + [False, False] + [True] * 20
     assert "records section" in str(errors[10]) and "log end offset" in str(errors[11])

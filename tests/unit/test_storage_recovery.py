@@ -67,7 +67,7 @@ def test_torn_tail_is_truncated(tmp_path: Path, damage: str) -> None:
             kept = len(records) - 4
         elif damage == "garbage":
             handle.seek(size)
-            handle.write(os.urandom(500).replace(b"CCK1", b"XXXX"))
+            handle.write(os.urandom(500).replace(b"CCK2", b"XXXX"))
             kept = len(records)
         else:
             handle.truncate(size + 4096)
@@ -276,10 +276,9 @@ def test_leftover_temp_files_are_removed(tmp_path: Path) -> None:
 def test_interrupted_reset_is_completed(tmp_path: Path) -> None:
     directory = tmp_path / "p"
     log = PartitionLog.open(directory, CONFIG)
-    append_records(log, [3] * 30)
-    log.set_leader_epoch(2, 0)
+    append_records(log, [3] * 30, leader_epoch=2)
     log.close()
-    (directory / RESET_MARKER_FILE_NAME).write_text('{"new_start_offset": 0}\n')
+    (directory / RESET_MARKER_FILE_NAME).write_text('{"new_start_offset": 0, "leader_epochs": [[2, 0]]}\n')
     log = reopen(directory)
     assert (log.log_start_offset, log.log_end_offset, log.leader_epochs) == (0, 0, [(2, 0)])
     assert not (directory / RESET_MARKER_FILE_NAME).exists()

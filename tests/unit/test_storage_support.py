@@ -38,13 +38,13 @@ def record_for(offset: int, tag: str = "r", size_bytes: int | None = None) -> by
 
 
 def append_records(log: PartitionLog, counts: list[int], tag: str = "r",
-                   append_time_ms: int | None = None) -> list[bytes]:
+                   append_time_ms: int | None = None, leader_epoch: int | None = None) -> list[bytes]:
     """Append one chunk per entry of ``counts`` with deterministic records; returns the records."""
     appended = []
     for count in counts:
         base = log.log_end_offset
         records = [record_for(base + i, tag) for i in range(count)]
-        log.append_chunk(base, count, records_section(records), append_time_ms)
+        log.append_chunk(base, count, records_section(records), append_time_ms, leader_epoch=leader_epoch)
         appended.extend(records)
     return appended
 

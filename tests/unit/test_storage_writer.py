@@ -231,3 +231,38 @@ def test_write_error_fences_the_log_in_the_writer(tmp_path: Path, monkeypatch: p
     writer.close()
     bad.close()
     good.close()
+
+
+@pytest.mark.parametrize("method", ["flush", "append_chunks"])
+def test_unexpected_exception_fences_the_log_and_fails_every_waiter(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, method: str) -> None:
+    # Regression: an unexpected exception in flush() was logged and swallowed, so the round's appends
+    # completed without an error and without a durable end covering them: their waiters hung.
+    log = PartitionLog.open(tmp_path / "p", small_config())
+    healthy = PartitionLog.open(tmp_path / "q", small_config())
+    original = getattr(PartitionLog, method)
+
+    def broken(self: PartitionLog, *args: object) -> object:
+        if self is log:
+            raise RuntimeError(f"bug in {method}")
+        return original(self, *args)
+
+    monkeypatch.setattr(PartitionLog, method, broken)
+    collector = Collector()
+    writer = GroupCommitWriter(collector)
+    writer.start()
+    writer.submit_append(log, 0, 2, chunk(0, 2, "a"), "a1")
+    writer.submit_append(healthy, 0, 1, chunk(0, 1, "b"), "b1")
+    writer.submit_append(log, 2, 1, chunk(2, 1, "a"), "a2")
+    done = {c.token: c for c in collector.wait_for(3)}
+    for token in ("a1", "a2"):
+        assert isinstance(done[token].error, StorageFencedError)
+        assert isinstance(done[token].error.cause, RuntimeError)
+        assert done[token].durable_end_offset == 0
+    assert done["b1"].error is None and done["b1"].durable_end_offset == 1
+    writer.submit_append(log, 3, 1, chunk(3, 1, "a"), "a3")  # a later round: still fenced, typed
+    (later,) = collector.wait_for(4)[3:]
+    assert isinstance(later.error, StorageFencedError) and log.failed is not None
+    writer.close()
+    log.close()
+    healthy.close()

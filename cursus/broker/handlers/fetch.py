@@ -13,11 +13,11 @@ from dataclasses import dataclass
 
 from cursus.broker.core import Broker
 from cursus.broker.handlers.common import check_topic_access, max_bytes_arg, partition_of
-from cursus.broker.producer_state import record_producer
 from cursus.broker.replica import Replica
 from cursus.broker.request import Request
 from cursus.metadata.topics import validate_topic_name
 from cursus.storage import CorruptLogError, OffsetOutOfRange
+from cursus.storage.producer_state import record_producer
 from cursus.wire import MAX_RECORDS_PER_BATCH, encode_batch_header
 from cursus.wire.errors import BrokerError
 
