@@ -18,6 +18,7 @@ from cursus.broker.request import NO_REPLY, Reply, Request, SessionInfo, StreamR
 from cursus.wire import (
     HEADER_SIZE,
     INTERNAL_COMMANDS,
+    MAGIC,
     MAX_NEGOTIATION_PAYLOAD,
     Command,
     Compression,
@@ -71,6 +72,9 @@ class ByteBudget:
 READ_STEP_BYTES = 1 << 20
 #: Replies up to this size are not charged to the byte budget (the common case: OK lines and acks).
 SMALL_REPLY_BYTES = 64 * 1024
+#: The first bytes of every Wire v2 frame ("CRS2").
+MAGIC_BYTES = MAGIC.to_bytes(4, "big")
+MAGIC_SIZE = len(MAGIC_BYTES)
 #: Commands that may wait long for data (long polls): their sessions watch the socket for EOF meanwhile.
 WATCHED_COMMANDS = frozenset({Command.CONSUME})
 
@@ -160,8 +164,18 @@ class Session:
     # -------------------------------------------------------------------------------------- handshake
 
     async def _read_header(self, timeout_s: float | None) -> FrameHeader:
+        """Read and decode one 32-byte header within ``timeout_s`` (None: no deadline).
+
+        The magic is checked as soon as its 4 bytes arrive, so a peer that is not speaking Wire v2 (a Wire
+        v1 client, a port scanner) is closed at once instead of when the deadline passes.
+        """
         pending, self._pending = self._pending, b""
-        raw = pending + await asyncio.wait_for(self.reader.readexactly(HEADER_SIZE - len(pending)), timeout_s)
+        async with asyncio.timeout(timeout_s):
+            if len(pending) < MAGIC_SIZE:
+                pending += await self.reader.readexactly(MAGIC_SIZE - len(pending))
+            if pending[:MAGIC_SIZE] != MAGIC_BYTES:
+                raise InvalidFrame(f"bad magic 0x{pending[:MAGIC_SIZE].hex()}")
+            raw = pending + await self.reader.readexactly(HEADER_SIZE - len(pending))
         return decode_header(raw)
 
     async def _negotiate(self) -> bool:
