@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Protocol
@@ -75,8 +76,20 @@ class Reply:
     close: bool = False
 
 
-#: Returned by a handler whose reply is suppressed (acks=0 PUBLISH).
-NO_REPLY: Reply = Reply(b"")
+@dataclass(frozen=True, slots=True)
+class NoReply:
+    """A handler's answer that suppresses the reply frame (acks=0 PUBLISH).
+
+    ``written``, when set, resolves (or fails) once the bytes the request queued for the disk are written;
+    the session keeps the request's bytes charged to the byte budget until then, so a flood of acks=0
+    batches waits on the budget instead of growing the writer's queue.
+    """
+
+    written: asyncio.Future[None] | None = None
+
+
+#: A suppressed reply with nothing queued (an acks=0 PUBLISH that failed).
+NO_REPLY = NoReply()
 
 
 class StreamSink(Protocol):
@@ -107,4 +120,4 @@ class StreamReply:
         raise NotImplementedError
 
 
-Handler = Callable[["Broker", Request], Awaitable[Reply | bytes | StreamReply]]
+Handler = Callable[["Broker", Request], Awaitable[Reply | NoReply | bytes | StreamReply]]

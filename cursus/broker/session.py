@@ -11,10 +11,11 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from collections import deque
 
 from cursus.broker.core import Broker
 from cursus.broker.handlers import HANDLERS
-from cursus.broker.request import NO_REPLY, Reply, Request, SessionInfo, StreamReply
+from cursus.broker.request import NoReply, Reply, Request, SessionInfo, StreamReply
 from cursus.wire import (
     HEADER_SIZE,
     INTERNAL_COMMANDS,
@@ -44,28 +45,52 @@ log = logging.getLogger("cursus.session")
 
 
 class ByteBudget:
-    """Broker-wide budget of request bytes being read or handled (encoded + decoded lengths).
+    """Broker-wide budget of request bytes being read, handled or queued for the disk (encoded + decoded).
 
-    A request waits until its reservation fits, so many clients together cannot exhaust memory. A single
-    reservation never exceeds the whole budget (it is clamped), so no request waits forever.
+    A request waits until its reservation fits, so many clients together cannot exhaust memory; waiters are
+    served first come, first served, so a large reservation is not starved by a stream of small ones. A
+    single reservation never exceeds the whole budget (it is clamped), so no request waits forever.
     """
 
     def __init__(self, limit_bytes: int) -> None:
         self.limit_bytes = limit_bytes
         self.used_bytes = 0
-        self._changed = asyncio.Condition()
+        self._waiters: deque[tuple[int, asyncio.Future[None]]] = deque()
 
     async def acquire(self, size_bytes: int) -> int:
+        """Reserve ``size_bytes`` (clamped to the limit), waiting until they fit; returns what was reserved."""
         size_bytes = min(size_bytes, self.limit_bytes)
-        async with self._changed:
-            await self._changed.wait_for(lambda: self.used_bytes + size_bytes <= self.limit_bytes)
+        if not self._waiters and self.used_bytes + size_bytes <= self.limit_bytes:
             self.used_bytes += size_bytes
+            return size_bytes
+        granted: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self._waiters.append((size_bytes, granted))
+        try:
+            await granted
+        except asyncio.CancelledError:
+            if granted.done() and not granted.cancelled():
+                self.release(size_bytes)  # granted just as we were cancelled: give it back
+            else:
+                self._grant()  # a waiter behind us may fit now
+            raise
         return size_bytes
 
-    async def release(self, size_bytes: int) -> None:
-        async with self._changed:
-            self.used_bytes -= size_bytes
-            self._changed.notify_all()
+    def release(self, size_bytes: int) -> None:
+        """Return a reservation and wake the waiters that now fit (in order)."""
+        self.used_bytes -= size_bytes
+        self._grant()
+
+    def _grant(self) -> None:
+        while self._waiters:
+            size_bytes, granted = self._waiters[0]
+            if granted.done():  # cancelled
+                self._waiters.popleft()
+                continue
+            if self.used_bytes + size_bytes > self.limit_bytes:
+                return
+            self._waiters.popleft()
+            self.used_bytes += size_bytes
+            granted.set_result(None)
 
 
 #: Request payloads are read (and budgeted) in steps of this size.
@@ -80,7 +105,8 @@ WATCHED_COMMANDS = frozenset({Command.CONSUME})
 
 
 class _Payload:
-    """A request payload and the budget reserved for it (released once the handler finished)."""
+    """A request payload and the budget reserved for it (released once the handler finished, or once the
+    bytes it queued for the disk are written)."""
 
     def __init__(self, budget: ByteBudget) -> None:
         self.budget = budget
@@ -90,11 +116,20 @@ class _Payload:
     async def reserve(self, size_bytes: int) -> None:
         self.reserved += await self.budget.acquire(size_bytes)
 
-    async def release(self) -> None:
-        reserved, self.reserved = self.reserved, 0
+    def release(self, after: asyncio.Future[None] | None = None) -> None:
+        """Release the reservation now, or once ``after`` is done (whatever its outcome)."""
         self.data = b""
+        if after is not None:
+            after.add_done_callback(self._release_written)
+            return
+        reserved, self.reserved = self.reserved, 0
         if reserved:
-            await self.budget.release(reserved)
+            self.budget.release(reserved)
+
+    def _release_written(self, written: asyncio.Future[None]) -> None:
+        if not written.cancelled():
+            written.exception()  # retrieved here: a failed write fences the partition, which reports it
+        self.release()
 
 
 class _CloseConnection(Exception):
@@ -120,7 +155,7 @@ class Session:
         self._stream: StreamReply | None = None
         #: Bytes read while watching a STREAM's or long poll's socket that belong to the next request.
         self._pending = b""
-        self._long_poll: asyncio.Future[tuple[Status, bytes | StreamReply | None, bool]] | None = None
+        self._long_poll: asyncio.Future[tuple[Status, bytes | StreamReply | NoReply | None, bool]] | None = None
 
     @property
     def closing(self) -> bool:
@@ -214,10 +249,14 @@ class Session:
             stream = None
             try:
                 payload = await self._read_payload(header)
+                written = None
                 try:
                     status, body, close = await self._dispatch_watching(header, payload.data)
+                    if isinstance(body, NoReply):
+                        written, body = body.written, None
                 finally:
-                    await payload.release()
+                    # acks=0: the bytes stay charged until the writer wrote them (back-pressure).
+                    payload.release(after=written)
                 if isinstance(body, StreamReply):
                     stream, body = body, None
                 if body is not None:
@@ -259,7 +298,7 @@ class Session:
             payload.data = decode_payload(header, encoded, negotiated=self.compression)
             return payload
         except BaseException:
-            await payload.release()
+            payload.release()
             raise
 
     async def _write_reply(self, frame: bytes) -> None:
@@ -273,10 +312,10 @@ class Session:
                 await self.writer.drain()
         finally:
             if reserved:
-                await self.budget.release(reserved)
+                self.budget.release(reserved)
 
     async def _dispatch_watching(self, header: FrameHeader,
-                                 payload: bytes) -> tuple[Status, bytes | StreamReply | None, bool]:
+                                 payload: bytes) -> tuple[Status, bytes | StreamReply | NoReply | None, bool]:
         """Run :meth:`_dispatch`; for long polls also watch the socket so a client that disconnects
         mid-poll frees its session at once (the poll is read-only, so cancelling it is safe)."""
         if header.command not in WATCHED_COMMANDS:
@@ -361,7 +400,7 @@ class Session:
             raise _CloseConnection()
 
     async def _dispatch(self, header: FrameHeader,
-                        payload: bytes) -> tuple[Status, bytes | StreamReply | None, bool]:
+                        payload: bytes) -> tuple[Status, bytes | StreamReply | NoReply | None, bool]:
         """Decode and run one request; returns (status, reply payload, a StreamReply, or None to suppress,
         close after)."""
         command = header.command
@@ -406,8 +445,8 @@ class Session:
         finally:
             metrics.command_duration.labels(command.name).observe(time.perf_counter() - started)
         metrics.commands_total.labels(command.name, "ok").inc()
-        if result is NO_REPLY:
-            return Status.OK, None, False
+        if isinstance(result, NoReply):
+            return Status.OK, result, False
         if isinstance(result, Reply):
             return Status.OK, result.payload, result.close
         return Status.OK, result, False
