@@ -92,10 +92,14 @@ class NoReply:
 NO_REPLY = NoReply()
 
 
+#: A payload given as buffers written back to back (large CONSUME/STREAM replies are never concatenated).
+Parts = list[bytes | memoryview]
+
+
 class StreamSink(Protocol):
     """Where a :class:`StreamReply` writes its kind-5 Stream frames (same request id and command)."""
 
-    async def send(self, status: Status, payload: bytes) -> None:
+    async def send(self, status: Status, payload: bytes | Parts) -> None:
         """Write one Stream frame and wait until the socket buffer drains (backpressure)."""
 
     def send_now(self, status: Status, payload: bytes) -> None:
@@ -120,4 +124,4 @@ class StreamReply:
         raise NotImplementedError
 
 
-Handler = Callable[["Broker", Request], Awaitable[Reply | NoReply | bytes | StreamReply]]
+Handler = Callable[["Broker", Request], Awaitable[Reply | NoReply | bytes | Parts | StreamReply]]

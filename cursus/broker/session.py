@@ -9,13 +9,15 @@ well-formed request with bad arguments gets a typed ERROR and the connection sta
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import time
 from collections import deque
 
 from cursus.broker.core import Broker
 from cursus.broker.handlers import HANDLERS
-from cursus.broker.request import NoReply, Reply, Request, SessionInfo, StreamReply
+from cursus.broker.offload import Offload
+from cursus.broker.request import NoReply, Parts, Reply, Request, SessionInfo, StreamReply
 from cursus.wire import (
     HEADER_SIZE,
     INTERNAL_COMMANDS,
@@ -34,6 +36,7 @@ from cursus.wire import (
     decode_payload,
     encode_error,
     encode_frame,
+    encode_frame_parts,
     encode_negotiation_response,
     is_cbv2,
     is_crq2,
@@ -155,7 +158,7 @@ class Session:
         self._stream: StreamReply | None = None
         #: Bytes read while watching a STREAM's or long poll's socket that belong to the next request.
         self._pending = b""
-        self._long_poll: asyncio.Future[tuple[Status, bytes | StreamReply | NoReply | None, bool]] | None = None
+        self._long_poll: asyncio.Future[tuple[Status, bytes | Parts | StreamReply | NoReply | None, bool]] | None = None
 
     @property
     def closing(self) -> bool:
@@ -260,8 +263,8 @@ class Session:
                 if isinstance(body, StreamReply):
                     stream, body = body, None
                 if body is not None:
-                    await self._write_reply(encode_frame(Kind.RESPONSE, header.command, status, header.request_id,
-                                                         body, compression=self.compression))
+                    await self._write_reply(await self._encode(Kind.RESPONSE, header.command, status,
+                                                               header.request_id, body))
             finally:
                 self.busy = False
             if stream is not None:
@@ -295,18 +298,28 @@ class Session:
                 if header.decoded_length != header.encoded_length or header.compression not in (
                         None, Compression.NONE):
                     await payload.reserve(header.decoded_length)
-            payload.data = decode_payload(header, encoded, negotiated=self.compression)
+            decode = functools.partial(decode_payload, header, encoded, negotiated=self.compression)
+            payload.data = await self.broker.offload.run(max(header.encoded_length, header.decoded_length), decode)
             return payload
         except BaseException:
             payload.release()
             raise
 
-    async def _write_reply(self, frame: bytes) -> None:
-        """Write one reply frame; large replies hold budget until written. A client that does not read
-        its reply within ``client_request_timeout_ms`` is disconnected (TimeoutError closes the session)."""
-        reserved = await self.budget.acquire(len(frame)) if len(frame) > SMALL_REPLY_BYTES else 0
+    async def _encode(self, kind: Kind, command: Command, status: Status, request_id: int,
+                      payload: bytes | Parts) -> Parts:
+        """The frame as parts (see :func:`encode_frame_parts`); a large payload is compressed and
+        checksummed on the offload threads."""
+        return await encode_frame_off_loop(self.broker.offload, kind, command, status, request_id, payload,
+                                           self.compression)
+
+    async def _write_reply(self, frame: Parts) -> None:
+        """Write one reply frame (``writelines``: its parts are not joined); large replies hold budget until
+        written. A client that does not read its reply within ``client_request_timeout_ms`` is
+        disconnected (TimeoutError closes the session)."""
+        size_bytes = sum(map(len, frame))
+        reserved = await self.budget.acquire(size_bytes) if size_bytes > SMALL_REPLY_BYTES else 0
         try:
-            self.writer.write(frame)
+            self.writer.writelines(frame)
             del frame
             async with asyncio.timeout(self._request_timeout_s()):
                 await self.writer.drain()
@@ -315,7 +328,7 @@ class Session:
                 self.budget.release(reserved)
 
     async def _dispatch_watching(self, header: FrameHeader,
-                                 payload: bytes) -> tuple[Status, bytes | StreamReply | NoReply | None, bool]:
+                                 payload: bytes) -> tuple[Status, bytes | Parts | StreamReply | NoReply | None, bool]:
         """Run :meth:`_dispatch`; for long polls also watch the socket so a client that disconnects
         mid-poll frees its session at once (the poll is read-only, so cancelling it is safe)."""
         if header.command not in WATCHED_COMMANDS:
@@ -400,7 +413,7 @@ class Session:
             raise _CloseConnection()
 
     async def _dispatch(self, header: FrameHeader,
-                        payload: bytes) -> tuple[Status, bytes | StreamReply | NoReply | None, bool]:
+                        payload: bytes) -> tuple[Status, bytes | Parts | StreamReply | NoReply | None, bool]:
         """Decode and run one request; returns (status, reply payload, a StreamReply, or None to suppress,
         close after)."""
         command = header.command
@@ -457,20 +470,29 @@ class _StreamSink:
 
     def __init__(self, session: Session, command: Command, request_id: int) -> None:
         self._writer = session.writer
+        self._offload = session.broker.offload
         self._command = command
         self._request_id = request_id
         self._compression = session.compression
 
-    def _frame(self, status: Status, payload: bytes) -> bytes:
-        return encode_frame(Kind.STREAM, self._command, status, self._request_id, payload,
-                            compression=self._compression)
-
-    async def send(self, status: Status, payload: bytes) -> None:
+    async def send(self, status: Status, payload: bytes | Parts) -> None:
+        frame = await encode_frame_off_loop(self._offload, Kind.STREAM, self._command, status, self._request_id,
+                                            payload, self._compression)
         if self._writer.is_closing():
             raise ConnectionResetError("the STREAM's connection is closed")
-        self._writer.write(self._frame(status, payload))
+        self._writer.writelines(frame)
+        del frame
         await self._writer.drain()
 
     def send_now(self, status: Status, payload: bytes) -> None:
         if not self._writer.is_closing():
-            self._writer.write(self._frame(status, payload))
+            self._writer.write(encode_frame(Kind.STREAM, self._command, status, self._request_id, payload,
+                                            compression=self._compression))
+
+
+async def encode_frame_off_loop(offload: Offload, kind: Kind, command: Command, status: Status, request_id: int,
+                                payload: bytes | Parts, compression: Compression | None) -> Parts:
+    """:func:`encode_frame_parts` of ``payload``, on the offload threads when it is large."""
+    parts = [payload] if isinstance(payload, bytes) else payload
+    encode = functools.partial(encode_frame_parts, kind, command, status, request_id, parts, compression=compression)
+    return await offload.run(sum(map(len, parts)), encode)

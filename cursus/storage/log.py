@@ -919,8 +919,11 @@ class PartitionLog:
         with self._lock:
             self._closed = True
             for segment in self._segments + self._doomed:
-                segment.close()
-            self._doomed.clear()
+                if segment.pins:  # a reader on another thread is inside it: its last unpin closes it
+                    segment.doomed = True
+                else:
+                    segment.close()
+            self._doomed = [segment for segment in self._segments + self._doomed if segment.pins]
 
     def _check_writable(self) -> None:
         invariant(not self._closed, f"log {self.directory} is closed")

@@ -11,9 +11,21 @@ from pathlib import Path
 
 import pytest
 
-from cursus.wire import Batch, Command, Compression, Kind, Record, Status, encode_batch, encode_frame
+from cursus.wire import (
+    Batch,
+    Command,
+    Compression,
+    Kind,
+    Record,
+    Status,
+    decode_batch,
+    encode_batch,
+    encode_crq2,
+    encode_frame,
+    parse_command_text,
+)
 from tests.integration.conftest import connect
-from tests.integration.helpers import create_topic, ok_fields
+from tests.integration.helpers import ack_of, consume, create_topic, ok_fields, publish_batch
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -106,3 +118,58 @@ def test_acks0_flood_is_bounded_by_the_byte_budget(broker_factory):
         c.close()
     growth = peak - baseline
     assert growth < FLOOD_BUDGET_BYTES + FLOOD_ALLOWANCE_BYTES, f"broker RSS grew by {growth >> 20} MiB"
+
+
+def _consume(conn, topic: str, offset: int, max_bytes: int) -> list[bytes]:
+    return [r.payload for r in consume(conn, topic, 0, offset, batch=100000, max_bytes=max_bytes)]
+
+
+@pytest.mark.parametrize("compression", ["gzip", "snappy", "lz4"])
+def test_large_compressed_frames_round_trip_through_the_offload_threads(shared_broker, topic_name, compression):
+    records = [os.urandom(300_000) for _ in range(3)] + [b"c" * 500_000]  # 1.4 MB: above the 256 KiB threshold
+    with connect(shared_broker, compression=compression, timeout_s=30) as conn:
+        assert conn.compression == Compression[compression.upper()]
+        create_topic(conn, topic_name)
+        ack_of(publish_batch(conn, topic_name, 0, records))  # decompressed off the loop
+        ack_of(publish_batch(conn, topic_name, 0, [b"small"]))  # inline
+        assert _consume(conn, topic_name, 0, 4 << 20) == [*records, b"small"]  # read, compressed off the loop
+        assert _consume(conn, topic_name, 4, 1000) == [b"small"]  # inline
+        command, payload = parse_command_text(f"STREAM topic={topic_name} partition=0 offset=0 batch=100000")
+        received: list[bytes] = []
+        for frame in conn.stream(command, encode_crq2(payload)):
+            if frame.payload:
+                received += [r.payload for r in decode_batch(frame.payload).records]
+            if len(received) >= len(records) + 1:
+                break
+        assert received == [*records, b"small"]
+
+
+def test_small_requests_are_served_while_a_large_gzip_reply_is_compressed(broker_factory):
+    # gzip of 32 MB of random bytes takes about a second of CPU: on the loop, every other client waits.
+    broker = broker_factory(settings={"consume_max_bytes_limit": 32 << 20}).start()
+    with connect(broker, timeout_s=30) as conn:
+        create_topic(conn, "big")
+        for _ in range(32):
+            ack_of(publish_batch(conn, "big", 0, [os.urandom(250_000) for _ in range(4)]))
+    done = threading.Event()
+    sizes: list[int] = []
+
+    def consume() -> None:
+        try:
+            with connect(broker, compression="gzip", timeout_s=60) as reader:
+                sizes.append(len(_consume(reader, "big", 0, 32 << 20)))
+        finally:
+            done.set()
+
+    with connect(broker, timeout_s=30) as probe:
+        probe.command("LIST")
+        worker = threading.Thread(target=consume)
+        worker.start()
+        worst = 0.0
+        while not done.is_set():
+            started = time.monotonic()
+            assert probe.command("LIST_OFFSETS topic=big partition=0").status == Status.OK
+            worst = max(worst, time.monotonic() - started)
+        worker.join(30)
+    assert sizes == [128]
+    assert worst < 0.3, f"a small request waited {worst:.3f} s behind the gzip reply"
