@@ -135,6 +135,11 @@ class _Payload:
         self.release()
 
 
+def _decode(header: FrameHeader, parts: list[bytes], negotiated: Compression | None) -> bytes:
+    """Join a payload's read steps, check its CRC and decompress it (:func:`decode_payload`; any thread)."""
+    return decode_payload(header, parts[0] if len(parts) == 1 else b"".join(parts), negotiated=negotiated)
+
+
 class _CloseConnection(Exception):
     """Internal: stop serving this connection (after any reply already written)."""
 
@@ -281,7 +286,8 @@ class Session:
         Budget is reserved as bytes actually arrive (at most :data:`READ_STEP_BYTES` ahead of them), so a
         client that declares a large payload and stalls holds only what it sent, and only until the
         deadline (``client_request_timeout_ms``) closes its connection. The decoded length of a compressed
-        payload is reserved before it is inflated.
+        payload is reserved before it is inflated. A large payload is joined, checksummed and decompressed on
+        the offload threads.
         """
         payload = _Payload(self.budget)
         try:
@@ -293,12 +299,11 @@ class Session:
                     await payload.reserve(step)
                     parts.append(await self.reader.readexactly(step))
                     remaining -= step
-                encoded = parts[0] if len(parts) == 1 else b"".join(parts)
-                del parts
                 if header.decoded_length != header.encoded_length or header.compression not in (
                         None, Compression.NONE):
                     await payload.reserve(header.decoded_length)
-            decode = functools.partial(decode_payload, header, encoded, negotiated=self.compression)
+            decode = functools.partial(_decode, header, parts, self.compression)
+            del parts
             payload.data = await self.broker.offload.run(max(header.encoded_length, header.decoded_length), decode)
             return payload
         except BaseException:
