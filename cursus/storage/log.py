@@ -15,8 +15,8 @@ Thread-safety: appends, flush, truncation, reset, retention, checkpoints and clo
 (the writer thread). :meth:`PartitionLog.read`, :meth:`segments_info`, :meth:`size_bytes`,
 :meth:`set_hwm` and the read-only properties may be called from another thread (the event loop)
 concurrently. An internal lock guards the segment list and the offsets; disk reads and writes happen
-outside it. Readers *pin* the segment they read, so a segment deleted meanwhile keeps its file descriptor
-open until the last reader is done (no read ever hits a closed or reused descriptor).
+outside it. Readers *pin* the segment they read, so a segment deleted (or the log closed) meanwhile keeps
+its file descriptor open until the last reader is done (no read ever hits a closed or reused descriptor).
 """
 
 from __future__ import annotations
