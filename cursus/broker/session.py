@@ -50,9 +50,10 @@ log = logging.getLogger("cursus.session")
 class ByteBudget:
     """Broker-wide budget of request bytes being read, handled or queued for the disk (encoded + decoded).
 
-    A request waits until its reservation fits, so many clients together cannot exhaust memory; waiters are
-    served first come, first served, so a large reservation is not starved by a stream of small ones. A
-    single reservation never exceeds the whole budget (it is clamped), so no request waits forever.
+    A request waits until its reservation fits, so many clients together cannot exhaust memory. Released
+    bytes go to the waiters that fit, in arrival order (a waiter that does not fit never holds back a smaller
+    one behind it: that one may be what completes a request and frees bytes). A single reservation never
+    exceeds the whole budget (it is clamped), so no request waits forever.
     """
 
     def __init__(self, limit_bytes: int) -> None:
@@ -63,7 +64,7 @@ class ByteBudget:
     async def acquire(self, size_bytes: int) -> int:
         """Reserve ``size_bytes`` (clamped to the limit), waiting until they fit; returns what was reserved."""
         size_bytes = min(size_bytes, self.limit_bytes)
-        if not self._waiters and self.used_bytes + size_bytes <= self.limit_bytes:
+        if self.used_bytes + size_bytes <= self.limit_bytes:
             self.used_bytes += size_bytes
             return size_bytes
         granted: asyncio.Future[None] = asyncio.get_running_loop().create_future()
@@ -73,8 +74,6 @@ class ByteBudget:
         except asyncio.CancelledError:
             if granted.done() and not granted.cancelled():
                 self.release(size_bytes)  # granted just as we were cancelled: give it back
-            else:
-                self._grant()  # a waiter behind us may fit now
             raise
         return size_bytes
 
@@ -84,16 +83,16 @@ class ByteBudget:
         self._grant()
 
     def _grant(self) -> None:
-        while self._waiters:
-            size_bytes, granted = self._waiters[0]
+        waiting: deque[tuple[int, asyncio.Future[None]]] = deque()
+        for size_bytes, granted in self._waiters:
             if granted.done():  # cancelled
-                self._waiters.popleft()
                 continue
-            if self.used_bytes + size_bytes > self.limit_bytes:
-                return
-            self._waiters.popleft()
-            self.used_bytes += size_bytes
-            granted.set_result(None)
+            if self.used_bytes + size_bytes <= self.limit_bytes:
+                self.used_bytes += size_bytes
+                granted.set_result(None)
+            else:
+                waiting.append((size_bytes, granted))
+        self._waiters = waiting
 
 
 #: Request payloads are read (and budgeted) in steps of this size.
