@@ -103,7 +103,8 @@ class StreamSink(Protocol):
         """Write one Stream frame and wait until the socket buffer drains (backpressure)."""
 
     def send_now(self, status: Status, payload: bytes) -> None:
-        """Write one Stream frame without waiting (used to end a stream during shutdown)."""
+        """Write the final Stream frame without waiting (ends a stream during shutdown); a :meth:`send` still
+        in progress then writes nothing."""
 
 
 class StreamReply:

@@ -478,10 +478,14 @@ class _StreamSink:
         self._command = command
         self._request_id = request_id
         self._compression = session.compression
+        #: Set once :meth:`send_now` wrote the final frame: nothing may follow it.
+        self._ended = False
 
     async def send(self, status: Status, payload: bytes | Parts) -> None:
         frame = await encode_frame_off_loop(self._offload, Kind.STREAM, self._command, status, self._request_id,
                                             payload, self._compression)
+        if self._ended:  # stopped (shutdown) while a large frame was encoded: it ended the stream already
+            return
         if self._writer.is_closing():
             raise ConnectionResetError("the STREAM's connection is closed")
         self._writer.writelines(frame)
@@ -489,6 +493,7 @@ class _StreamSink:
         await self._writer.drain()
 
     def send_now(self, status: Status, payload: bytes) -> None:
+        self._ended = True
         if not self._writer.is_closing():
             self._writer.write(encode_frame(Kind.STREAM, self._command, status, self._request_id, payload,
                                             compression=self._compression))

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import threading
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 from hypothesis import given
@@ -12,6 +13,7 @@ from hypothesis import strategies as st
 from prometheus_client import CollectorRegistry, Gauge, Histogram
 
 from cursus.broker.offload import Offload, StallProbe
+from cursus.broker.session import _StreamSink
 from cursus.storage import PartitionLog
 from cursus.storage.segment import Segment
 from cursus.wire import Command, Compression, FrameDecoder, Kind, Status, encode_frame, encode_frame_parts
@@ -120,3 +122,43 @@ def test_a_read_pinned_on_another_thread_survives_the_log_closing(tmp_path: Path
     reader.join(10)
     assert split_section(result[0].records) == records  # type: ignore[attr-defined]
     assert segment.fd == -1, "the last reader leaving closes the segment"
+
+
+class _Writer:
+    """Records what a STREAM sink writes (stands in for the connection's asyncio StreamWriter)."""
+
+    def __init__(self) -> None:
+        self.frames: list[bytes] = []
+
+    def write(self, data: bytes) -> None:
+        self.frames.append(bytes(data))
+
+    def writelines(self, parts: list[bytes | memoryview]) -> None:
+        self.frames.append(b"".join(parts))
+
+    def is_closing(self) -> bool:
+        return False
+
+    async def drain(self) -> None:
+        return None
+
+
+async def test_a_stream_stopped_while_a_large_frame_is_encoded_sends_nothing_after_its_end():
+    offload = Offload(threshold_bytes=0, threads=1)
+    writer = _Writer()
+    session = SimpleNamespace(writer=writer, broker=SimpleNamespace(offload=offload), compression=Compression.GZIP)
+    sink = _StreamSink(session, Command.STREAM, 9)  # type: ignore[arg-type]
+    try:
+        sending = asyncio.ensure_future(sink.send(Status.OK, bytes(1 << 20)))
+        await asyncio.sleep(0)  # the data frame is being compressed on the offload thread
+        sink.send_now(Status.STREAM_END, b"STREAM_CONTROL type=CLOSE reason=stopped offset=0")
+        await sending
+    finally:
+        offload.close()
+    decoder = FrameDecoder(negotiated=Compression.GZIP)
+    for frame in writer.frames:
+        decoder.feed(frame)
+    statuses = []
+    while (decoded := decoder.next_frame()) is not None:
+        statuses.append(decoded.status)
+    assert statuses == [Status.STREAM_END]
