@@ -45,21 +45,28 @@ def _batch(topic: str, partition: int, *, compressible: bool) -> bytes:
     return encode_batch(Batch(topic=topic, partition=partition, acks="1", records=records))
 
 
-def _publisher(port: int, topic: str, partition: int, compression: str, stop_at: float) -> None:
+def _publisher(port: int, topic: str, partition: int, compression: str, stop_at: float, out: mp.Queue) -> None:
     payload = _batch(topic, partition, compressible=compression != "none")
+    done = 0
     with Connection("127.0.0.1", port, compression=compression, timeout_s=60) as conn:
         while time.monotonic() < stop_at:
             frame = conn.request(Command.PUBLISH, payload)
             assert frame.status == Status.OK, frame.payload[:200]
+            done += 1
+    out.put((f"publish_{compression}", done))
 
 
-def _consumer(port: int, topic: str, partition: int, compression: str, stop_at: float, max_bytes: int) -> None:
+def _consumer(port: int, topic: str, partition: int, compression: str, stop_at: float, out: mp.Queue,
+              max_bytes: int) -> None:
+    done = 0
     with Connection("127.0.0.1", port, compression=compression, timeout_s=60) as conn:
         while time.monotonic() < stop_at:
             _, text = parse_command_text(
                 f"CONSUME topic={topic} partition={partition} offset=0 batch=100000 max_bytes={max_bytes}")
             frame = conn.request(Command.CONSUME, encode_crq2(text))
             assert frame.status == Status.OK, frame.payload[:200]
+            done += 1
+    out.put((f"consume_{compression}_{max_bytes >> 20}mib", done))
 
 
 def _stall_buckets(port: int) -> dict[float, float]:
@@ -71,7 +78,10 @@ def _stall_buckets(port: int) -> dict[float, float]:
 
 
 def _stalls_during(before: dict[float, float], after: dict[float, float]) -> dict:
-    """Probe samples taken during the load: total, above 10 ms and 50 ms, and the bound of the worst."""
+    """Probe samples taken during the load: total, above 10 ms and 50 ms, and the bound of the worst (empty
+    for a broker without the stall probe)."""
+    if not before or not after:
+        return {}
     total = after[float("inf")] - before[float("inf")]
     above = {le: total - (after[le] - before[le]) for le in after}  # samples slower than le
     worst = min((le for le in sorted(after) if above[le] == 0), default=float("inf"))
@@ -98,12 +108,13 @@ def run() -> list[dict]:
             stalls_before = _stall_buckets(broker.metrics_port)
             stop_at = time.monotonic() + SECONDS
             ctx = mp.get_context("fork")
+            out: mp.Queue = ctx.Queue()
             procs = [
-                ctx.Process(target=_publisher, args=(port, "loadraw", 0, "none", stop_at)),
-                ctx.Process(target=_publisher, args=(port, "loadz", 0, "gzip", stop_at)),
-                ctx.Process(target=_consumer, args=(port, "loadz", 1, "lz4", stop_at, 16 << 20)),
-                ctx.Process(target=_consumer, args=(port, "loadz", 1, "gzip", stop_at, 4 << 20)),
-                ctx.Process(target=_consumer, args=(port, "loadraw", 1, "none", stop_at, 16 << 20)),
+                ctx.Process(target=_publisher, args=(port, "loadraw", 0, "none", stop_at, out)),
+                ctx.Process(target=_publisher, args=(port, "loadz", 0, "gzip", stop_at, out)),
+                ctx.Process(target=_consumer, args=(port, "loadz", 1, "lz4", stop_at, out, 16 << 20)),
+                ctx.Process(target=_consumer, args=(port, "loadz", 1, "gzip", stop_at, out, 4 << 20)),
+                ctx.Process(target=_consumer, args=(port, "loadraw", 1, "none", stop_at, out, 16 << 20)),
             ]
             for p in procs:
                 p.start()
@@ -118,6 +129,7 @@ def run() -> list[dict]:
                     latencies.append(time.perf_counter() - t0)
                     next_at += PROBE_INTERVAL_S
                     time.sleep(max(0.0, next_at - time.monotonic()))
+            load = dict(out.get(timeout=60) for _ in procs)  # before join: a full queue blocks its writer
             for p in procs:
                 p.join()
                 assert p.exitcode == 0
@@ -130,7 +142,7 @@ def run() -> list[dict]:
         "probe_p50_ms": round(latencies[len(latencies) // 2] * 1000, 2),
         "probe_p99_ms": round(latencies[int(len(latencies) * 0.99)] * 1000, 2),
         "probe_max_ms": round(latencies[-1] * 1000, 2),
-        "load_avg_1m": round(os.getloadavg()[0], 2),
+        "load_avg_1m": round(os.getloadavg()[0], 2), "load_requests": load,
     }
     return [{**result, **stalls}]
 
