@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import re
 import socket
+import ssl
 import threading
 import time
 from pathlib import Path
@@ -24,6 +25,7 @@ from cursus.wire import (
     encode_frame,
     parse_command_text,
 )
+from tests.certs import make_pki
 from tests.integration.conftest import connect
 from tests.integration.helpers import ack_of, consume, create_topic, ok_fields, publish_batch
 
@@ -173,3 +175,17 @@ def test_small_requests_are_served_while_a_large_gzip_reply_is_compressed(broker
         worker.join(30)
     assert sizes == [128]
     assert worst < 0.3, f"a small request waited {worst:.3f} s behind the gzip reply"
+
+
+def test_large_replies_written_as_parts_arrive_whole_over_tls(broker_factory, tmp_path):
+    pki = make_pki(tmp_path / "pki")
+    broker = broker_factory(settings={"use_tls": "true", "tls_cert_path": pki.server_cert,
+                                      "tls_key_path": pki.server_key}).start()
+    context = ssl.create_default_context(cafile=str(pki.ca))
+    records = [os.urandom(700_000) for _ in range(3)]
+    for compression in ("none", "lz4"):
+        with connect(broker, ssl_context=context, compression=compression, timeout_s=30) as conn:
+            if compression == "none":
+                create_topic(conn, "tls-big")
+                ack_of(publish_batch(conn, "tls-big", 0, records))
+            assert _consume(conn, "tls-big", 0, 4 << 20) == records
