@@ -429,7 +429,7 @@ class Session:
             request = Request(command, header.request_id, {}, batch=payload, session=self.info)
         elif is_crq2(payload):
             try:
-                decoded = decode_crq2(payload)
+                decoded = await self.broker.offload.run(len(payload), functools.partial(decode_crq2, payload))
             except InvalidUtf8 as exc:  # well formed, bad text: a typed error, the connection stays (decision 8)
                 metrics.commands_total.labels(command.name, "error").inc()
                 return Status.ERROR, encode_error(make_error("invalid_payload", reason=str(exc))), False

@@ -15,6 +15,7 @@ import pytest
 from cursus.wire import (
     Batch,
     Command,
+    CommandPayload,
     Compression,
     Kind,
     Record,
@@ -27,7 +28,7 @@ from cursus.wire import (
 )
 from tests.certs import make_pki
 from tests.integration.conftest import connect
-from tests.integration.helpers import ack_of, consume, create_topic, ok_fields, publish_batch
+from tests.integration.helpers import ack_of, consume, create_topic, error_of, ok_fields, publish_batch
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -189,3 +190,16 @@ def test_large_replies_written_as_parts_arrive_whole_over_tls(broker_factory, tm
                 create_topic(conn, "tls-big")
                 ack_of(publish_batch(conn, "tls-big", 0, records))
             assert _consume(conn, "tls-big", 0, 4 << 20) == records
+
+
+def test_large_command_payloads_are_decoded_off_the_loop(shared_broker, topic_name):
+    message = "m\u00e9" * 200_000  # 600 KB of CRQ2 text: above the offload threshold
+    with connect(shared_broker, timeout_s=30) as conn:
+        create_topic(conn, topic_name)
+        payload = CommandPayload((), {"topic": topic_name, "producerId": "p", "message": message})
+        ack_of(conn.request(Command.PUBLISH, encode_crq2(payload)))
+        assert _consume(conn, topic_name, 0, 1 << 20) == [message.encode()]
+        raw = bytearray(encode_crq2(CommandPayload((), {"topic": topic_name, "message": message})))
+        raw[-1] = 0xFF  # invalid UTF-8 in a large payload: still a typed error, the connection stays usable
+        assert error_of(conn.request(Command.PUBLISH, bytes(raw))).code == "invalid_payload"
+        assert ok_fields(conn.command("LIST"))["count"]
