@@ -267,8 +267,9 @@ class Session:
                 if isinstance(body, StreamReply):
                     stream, body = body, None
                 if body is not None:
-                    await self._write_reply(await self._encode(Kind.RESPONSE, header.command, status,
-                                                               header.request_id, body))
+                    await self._write_reply(await _encode_off_loop(
+                        self.broker.offload, Kind.RESPONSE, header.command, status, header.request_id, body,
+                        self.compression))
             finally:
                 self.busy = False
             if stream is not None:
@@ -308,13 +309,6 @@ class Session:
         except BaseException:
             payload.release()
             raise
-
-    async def _encode(self, kind: Kind, command: Command, status: Status, request_id: int,
-                      payload: bytes | Parts) -> Parts:
-        """The frame as parts (see :func:`encode_frame_parts`); a large payload is compressed and
-        checksummed on the offload threads."""
-        return await encode_frame_off_loop(self.broker.offload, kind, command, status, request_id, payload,
-                                           self.compression)
 
     async def _write_reply(self, frame: Parts) -> None:
         """Write one reply frame (``writelines``: its parts are not joined); large replies hold budget until
@@ -418,8 +412,8 @@ class Session:
 
     async def _dispatch(self, header: FrameHeader,
                         payload: bytes) -> tuple[Status, bytes | Parts | StreamReply | NoReply | None, bool]:
-        """Decode and run one request; returns (status, reply payload, a StreamReply, or None to suppress,
-        close after)."""
+        """Decode and run one request; returns (status, reply payload (bytes or parts), a StreamReply, or a
+        NoReply to suppress, close after)."""
         command = header.command
         metrics = self.broker.metrics
         started = time.perf_counter()
@@ -482,7 +476,7 @@ class _StreamSink:
         self._ended = False
 
     async def send(self, status: Status, payload: bytes | Parts) -> None:
-        frame = await encode_frame_off_loop(self._offload, Kind.STREAM, self._command, status, self._request_id,
+        frame = await _encode_off_loop(self._offload, Kind.STREAM, self._command, status, self._request_id,
                                             payload, self._compression)
         if self._ended:  # stopped (shutdown) while a large frame was encoded: it ended the stream already
             return
@@ -499,7 +493,7 @@ class _StreamSink:
                                             compression=self._compression))
 
 
-async def encode_frame_off_loop(offload: Offload, kind: Kind, command: Command, status: Status, request_id: int,
+async def _encode_off_loop(offload: Offload, kind: Kind, command: Command, status: Status, request_id: int,
                                 payload: bytes | Parts, compression: Compression | None) -> Parts:
     """:func:`encode_frame_parts` of ``payload``, on the offload threads when it is large."""
     parts = [payload] if isinstance(payload, bytes) else payload
