@@ -122,6 +122,9 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("stream_timeout_ms", _I, 1_800_000, "ms", "Close a STREAM (reason=timeout) after this long without client activity (stream open, member heartbeat, group commit).", 1),
     Setting("stream_keepalive_ms", _I, 3000, "ms", "Idle STREAMs get an empty keepalive frame this often; values above 3000 are capped at 3000.", 1),
     Setting("stream_batch_wait_ms", _I, 100, "ms", "How long a woken STREAM waits for a fuller batch before sending.", 0),
+    Setting("offload_threshold_bytes", _I, 256 * 1024, "bytes", "Payloads and replies at least this large are checksummed, (de)compressed and parsed, and partition reads expected this large are done, on the offload threads instead of the event loop; 0 offloads all.", 0),
+    Setting("offload_threads", _I, 2, "threads", "Threads of the offload pool (see offload_threshold_bytes).", 1),
+    Setting("loop_probe_interval_ms", _I, 100, "ms", "How often the stall probe checks the event loop's lateness (cursus_event_loop_max_stall_seconds).", 1),
 )
 
 SETTINGS_BY_NAME: Mapping[str, Setting] = {s.name: s for s in SETTINGS}

@@ -22,6 +22,7 @@ from typing import Any
 from cursus.broker import group_log
 from cursus.broker.config import BrokerConfig
 from cursus.broker.metrics import BrokerMetrics
+from cursus.broker.offload import Offload, StallProbe
 from cursus.broker.producer_state import ProducerStateTable
 from cursus.broker.reconciler import Reconciler
 from cursus.broker.replica import Replica
@@ -129,6 +130,11 @@ class Broker:
         #: Callbacks run once by :meth:`begin_shutdown`, before client connections are closed.
         self.on_shutdown: list[Callable[[], None]] = []
         self._shutting_down = False
+        #: Large (de)compression, checksums and partition reads run here, off the event loop.
+        self.offload = Offload(config.offload_threshold_bytes, config.offload_threads)
+        self.stall_probe = StallProbe(config.loop_probe_interval_ms / 1000.0, metrics.loop_max_stall,
+                                      metrics.loop_stall)
+        self.stall_probe.start()
 
     # -------------------------------------------------------------------------------------- lifecycle
 
@@ -230,6 +236,8 @@ class Broker:
     async def close(self) -> None:
         """Drain the writer (every pending append fsynced), checkpoint and close every log."""
         self.begin_shutdown()
+        await self.stall_probe.stop()
+        await self.loop.run_in_executor(None, self.offload.close)  # no read in flight when the logs close
         await self.coordinator.close()
         await self.reconciler.close()
         await self.loop.run_in_executor(None, self.writer.close)

@@ -62,6 +62,12 @@ class BrokerMetrics:
             "cursus_partition_log_end_offset", "Log end offset (LEO).", ["topic", "partition"], registry=r)
         self.hwm = Gauge(
             "cursus_partition_high_watermark", "High-water mark (HWM).", ["topic", "partition"], registry=r)
+        self.loop_max_stall = Gauge(
+            "cursus_event_loop_max_stall_seconds", "Worst lateness of the event loop seen by its stall probe.",
+            registry=r)
+        self.loop_stall = Histogram(
+            "cursus_event_loop_stall_seconds", "Lateness of the event loop's stall probe, per wake-up.", registry=r,
+            buckets=(0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5))
 
     def observe_replica(self, replica: Replica) -> None:
         labels = (replica.topic, str(replica.partition))

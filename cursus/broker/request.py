@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Protocol
@@ -75,18 +76,35 @@ class Reply:
     close: bool = False
 
 
-#: Returned by a handler whose reply is suppressed (acks=0 PUBLISH).
-NO_REPLY: Reply = Reply(b"")
+@dataclass(frozen=True, slots=True)
+class NoReply:
+    """A handler's answer that suppresses the reply frame (acks=0 PUBLISH).
+
+    ``written``, when set, resolves (or fails) once the bytes the request queued for the disk are written;
+    the session keeps the request's bytes charged to the byte budget until then, so a flood of acks=0
+    batches waits on the budget instead of growing the writer's queue.
+    """
+
+    written: asyncio.Future[None] | None = None
+
+
+#: A suppressed reply with nothing queued (an acks=0 PUBLISH that failed).
+NO_REPLY = NoReply()
+
+
+#: A payload given as buffers written back to back (large CONSUME/STREAM replies are never concatenated).
+Parts = list[bytes | memoryview]
 
 
 class StreamSink(Protocol):
     """Where a :class:`StreamReply` writes its kind-5 Stream frames (same request id and command)."""
 
-    async def send(self, status: Status, payload: bytes) -> None:
+    async def send(self, status: Status, payload: bytes | Parts) -> None:
         """Write one Stream frame and wait until the socket buffer drains (backpressure)."""
 
     def send_now(self, status: Status, payload: bytes) -> None:
-        """Write one Stream frame without waiting (used to end a stream during shutdown)."""
+        """Write the final Stream frame without waiting (ends a stream during shutdown); a :meth:`send` still
+        in progress then writes nothing."""
 
 
 class StreamReply:
@@ -107,4 +125,4 @@ class StreamReply:
         raise NotImplementedError
 
 
-Handler = Callable[["Broker", Request], Awaitable[Reply | bytes | StreamReply]]
+Handler = Callable[["Broker", Request], Awaitable[Reply | NoReply | bytes | Parts | StreamReply]]

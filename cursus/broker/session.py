@@ -9,15 +9,19 @@ well-formed request with bad arguments gets a typed ERROR and the connection sta
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import time
+from collections import deque
 
 from cursus.broker.core import Broker
 from cursus.broker.handlers import HANDLERS
-from cursus.broker.request import NO_REPLY, Reply, Request, SessionInfo, StreamReply
+from cursus.broker.offload import Offload
+from cursus.broker.request import NoReply, Parts, Reply, Request, SessionInfo, StreamReply
 from cursus.wire import (
     HEADER_SIZE,
     INTERNAL_COMMANDS,
+    MAGIC,
     MAX_NEGOTIATION_PAYLOAD,
     Command,
     Compression,
@@ -32,6 +36,7 @@ from cursus.wire import (
     decode_payload,
     encode_error,
     encode_frame,
+    encode_frame_parts,
     encode_negotiation_response,
     is_cbv2,
     is_crq2,
@@ -43,40 +48,67 @@ log = logging.getLogger("cursus.session")
 
 
 class ByteBudget:
-    """Broker-wide budget of request bytes being read or handled (encoded + decoded lengths).
+    """Broker-wide budget of request bytes being read, handled or queued for the disk (encoded + decoded).
 
-    A request waits until its reservation fits, so many clients together cannot exhaust memory. A single
-    reservation never exceeds the whole budget (it is clamped), so no request waits forever.
+    A request waits until its reservation fits, so many clients together cannot exhaust memory. Released
+    bytes go to the waiters that fit, in arrival order (a waiter that does not fit never holds back a smaller
+    one behind it: that one may be what completes a request and frees bytes). A single reservation never
+    exceeds the whole budget (it is clamped), so no request waits forever.
     """
 
     def __init__(self, limit_bytes: int) -> None:
         self.limit_bytes = limit_bytes
         self.used_bytes = 0
-        self._changed = asyncio.Condition()
+        self._waiters: deque[tuple[int, asyncio.Future[None]]] = deque()
 
     async def acquire(self, size_bytes: int) -> int:
+        """Reserve ``size_bytes`` (clamped to the limit), waiting until they fit; returns what was reserved."""
         size_bytes = min(size_bytes, self.limit_bytes)
-        async with self._changed:
-            await self._changed.wait_for(lambda: self.used_bytes + size_bytes <= self.limit_bytes)
+        if self.used_bytes + size_bytes <= self.limit_bytes:
             self.used_bytes += size_bytes
+            return size_bytes
+        granted: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self._waiters.append((size_bytes, granted))
+        try:
+            await granted
+        except asyncio.CancelledError:
+            if granted.done() and not granted.cancelled():
+                self.release(size_bytes)  # granted just as we were cancelled: give it back
+            raise
         return size_bytes
 
-    async def release(self, size_bytes: int) -> None:
-        async with self._changed:
-            self.used_bytes -= size_bytes
-            self._changed.notify_all()
+    def release(self, size_bytes: int) -> None:
+        """Return a reservation and wake the waiters that now fit (in order)."""
+        self.used_bytes -= size_bytes
+        self._grant()
+
+    def _grant(self) -> None:
+        waiting: deque[tuple[int, asyncio.Future[None]]] = deque()
+        for size_bytes, granted in self._waiters:
+            if granted.done():  # cancelled
+                continue
+            if self.used_bytes + size_bytes <= self.limit_bytes:
+                self.used_bytes += size_bytes
+                granted.set_result(None)
+            else:
+                waiting.append((size_bytes, granted))
+        self._waiters = waiting
 
 
 #: Request payloads are read (and budgeted) in steps of this size.
 READ_STEP_BYTES = 1 << 20
 #: Replies up to this size are not charged to the byte budget (the common case: OK lines and acks).
 SMALL_REPLY_BYTES = 64 * 1024
+#: The first bytes of every Wire v2 frame ("CRS2").
+MAGIC_BYTES = MAGIC.to_bytes(4, "big")
+MAGIC_SIZE = len(MAGIC_BYTES)
 #: Commands that may wait long for data (long polls): their sessions watch the socket for EOF meanwhile.
 WATCHED_COMMANDS = frozenset({Command.CONSUME})
 
 
 class _Payload:
-    """A request payload and the budget reserved for it (released once the handler finished)."""
+    """A request payload and the budget reserved for it (released once the handler finished, or once the
+    bytes it queued for the disk are written)."""
 
     def __init__(self, budget: ByteBudget) -> None:
         self.budget = budget
@@ -86,11 +118,25 @@ class _Payload:
     async def reserve(self, size_bytes: int) -> None:
         self.reserved += await self.budget.acquire(size_bytes)
 
-    async def release(self) -> None:
-        reserved, self.reserved = self.reserved, 0
+    def release(self, after: asyncio.Future[None] | None = None) -> None:
+        """Release the reservation now, or once ``after`` is done (whatever its outcome)."""
         self.data = b""
+        if after is not None:
+            after.add_done_callback(self._release_written)
+            return
+        reserved, self.reserved = self.reserved, 0
         if reserved:
-            await self.budget.release(reserved)
+            self.budget.release(reserved)
+
+    def _release_written(self, written: asyncio.Future[None]) -> None:
+        if not written.cancelled():
+            written.exception()  # retrieved here: a failed write fences the partition, which reports it
+        self.release()
+
+
+def _decode(header: FrameHeader, parts: list[bytes], negotiated: Compression | None) -> bytes:
+    """Join a payload's read steps, check its CRC and decompress it (:func:`decode_payload`; any thread)."""
+    return decode_payload(header, parts[0] if len(parts) == 1 else b"".join(parts), negotiated=negotiated)
 
 
 class _CloseConnection(Exception):
@@ -116,7 +162,7 @@ class Session:
         self._stream: StreamReply | None = None
         #: Bytes read while watching a STREAM's or long poll's socket that belong to the next request.
         self._pending = b""
-        self._long_poll: asyncio.Future[tuple[Status, bytes | StreamReply | None, bool]] | None = None
+        self._long_poll: asyncio.Future[tuple[Status, bytes | Parts | StreamReply | NoReply | None, bool]] | None = None
 
     @property
     def closing(self) -> bool:
@@ -160,8 +206,18 @@ class Session:
     # -------------------------------------------------------------------------------------- handshake
 
     async def _read_header(self, timeout_s: float | None) -> FrameHeader:
+        """Read and decode one 32-byte header within ``timeout_s`` (None: no deadline).
+
+        The magic is checked as soon as its 4 bytes arrive, so a peer that is not speaking Wire v2 (a Wire
+        v1 client, a port scanner) is closed at once instead of when the deadline passes.
+        """
         pending, self._pending = self._pending, b""
-        raw = pending + await asyncio.wait_for(self.reader.readexactly(HEADER_SIZE - len(pending)), timeout_s)
+        async with asyncio.timeout(timeout_s):
+            if len(pending) < MAGIC_SIZE:
+                pending += await self.reader.readexactly(MAGIC_SIZE - len(pending))
+            if pending[:MAGIC_SIZE] != MAGIC_BYTES:
+                raise InvalidFrame(f"bad magic 0x{pending[:MAGIC_SIZE].hex()}")
+            raw = pending + await self.reader.readexactly(HEADER_SIZE - len(pending))
         return decode_header(raw)
 
     async def _negotiate(self) -> bool:
@@ -200,15 +256,20 @@ class Session:
             stream = None
             try:
                 payload = await self._read_payload(header)
+                written = None
                 try:
                     status, body, close = await self._dispatch_watching(header, payload.data)
+                    if isinstance(body, NoReply):
+                        written, body = body.written, None
                 finally:
-                    await payload.release()
+                    # acks=0: the bytes stay charged until the writer wrote them (back-pressure).
+                    payload.release(after=written)
                 if isinstance(body, StreamReply):
                     stream, body = body, None
                 if body is not None:
-                    await self._write_reply(encode_frame(Kind.RESPONSE, header.command, status, header.request_id,
-                                                         body, compression=self.compression))
+                    await self._write_reply(await _encode_off_loop(
+                        self.broker.offload, Kind.RESPONSE, header.command, status, header.request_id, body,
+                        self.compression))
             finally:
                 self.busy = False
             if stream is not None:
@@ -225,7 +286,8 @@ class Session:
         Budget is reserved as bytes actually arrive (at most :data:`READ_STEP_BYTES` ahead of them), so a
         client that declares a large payload and stalls holds only what it sent, and only until the
         deadline (``client_request_timeout_ms``) closes its connection. The decoded length of a compressed
-        payload is reserved before it is inflated.
+        payload is reserved before it is inflated. A large payload is joined, checksummed and decompressed on
+        the offload threads.
         """
         payload = _Payload(self.budget)
         try:
@@ -237,32 +299,34 @@ class Session:
                     await payload.reserve(step)
                     parts.append(await self.reader.readexactly(step))
                     remaining -= step
-                encoded = parts[0] if len(parts) == 1 else b"".join(parts)
-                del parts
                 if header.decoded_length != header.encoded_length or header.compression not in (
                         None, Compression.NONE):
                     await payload.reserve(header.decoded_length)
-            payload.data = decode_payload(header, encoded, negotiated=self.compression)
+            decode = functools.partial(_decode, header, parts, self.compression)
+            del parts
+            payload.data = await self.broker.offload.run(max(header.encoded_length, header.decoded_length), decode)
             return payload
         except BaseException:
-            await payload.release()
+            payload.release()
             raise
 
-    async def _write_reply(self, frame: bytes) -> None:
-        """Write one reply frame; large replies hold budget until written. A client that does not read
-        its reply within ``client_request_timeout_ms`` is disconnected (TimeoutError closes the session)."""
-        reserved = await self.budget.acquire(len(frame)) if len(frame) > SMALL_REPLY_BYTES else 0
+    async def _write_reply(self, frame: Parts) -> None:
+        """Write one reply frame (``writelines``: its parts are not joined); large replies hold budget until
+        written. A client that does not read its reply within ``client_request_timeout_ms`` is
+        disconnected (TimeoutError closes the session)."""
+        size_bytes = sum(map(len, frame))
+        reserved = await self.budget.acquire(size_bytes) if size_bytes > SMALL_REPLY_BYTES else 0
         try:
-            self.writer.write(frame)
+            self.writer.writelines(frame)
             del frame
             async with asyncio.timeout(self._request_timeout_s()):
                 await self.writer.drain()
         finally:
             if reserved:
-                await self.budget.release(reserved)
+                self.budget.release(reserved)
 
     async def _dispatch_watching(self, header: FrameHeader,
-                                 payload: bytes) -> tuple[Status, bytes | StreamReply | None, bool]:
+                                 payload: bytes) -> tuple[Status, bytes | Parts | StreamReply | NoReply | None, bool]:
         """Run :meth:`_dispatch`; for long polls also watch the socket so a client that disconnects
         mid-poll frees its session at once (the poll is read-only, so cancelling it is safe)."""
         if header.command not in WATCHED_COMMANDS:
@@ -347,9 +411,9 @@ class Session:
             raise _CloseConnection()
 
     async def _dispatch(self, header: FrameHeader,
-                        payload: bytes) -> tuple[Status, bytes | StreamReply | None, bool]:
-        """Decode and run one request; returns (status, reply payload, a StreamReply, or None to suppress,
-        close after)."""
+                        payload: bytes) -> tuple[Status, bytes | Parts | StreamReply | NoReply | None, bool]:
+        """Decode and run one request; returns (status, reply payload (bytes or parts), a StreamReply, or a
+        NoReply to suppress, close after)."""
         command = header.command
         metrics = self.broker.metrics
         started = time.perf_counter()
@@ -359,7 +423,7 @@ class Session:
             request = Request(command, header.request_id, {}, batch=payload, session=self.info)
         elif is_crq2(payload):
             try:
-                decoded = decode_crq2(payload)
+                decoded = await self.broker.offload.run(len(payload), functools.partial(decode_crq2, payload))
             except InvalidUtf8 as exc:  # well formed, bad text: a typed error, the connection stays (decision 8)
                 metrics.commands_total.labels(command.name, "error").inc()
                 return Status.ERROR, encode_error(make_error("invalid_payload", reason=str(exc))), False
@@ -392,8 +456,8 @@ class Session:
         finally:
             metrics.command_duration.labels(command.name).observe(time.perf_counter() - started)
         metrics.commands_total.labels(command.name, "ok").inc()
-        if result is NO_REPLY:
-            return Status.OK, None, False
+        if isinstance(result, NoReply):
+            return Status.OK, result, False
         if isinstance(result, Reply):
             return Status.OK, result.payload, result.close
         return Status.OK, result, False
@@ -404,20 +468,34 @@ class _StreamSink:
 
     def __init__(self, session: Session, command: Command, request_id: int) -> None:
         self._writer = session.writer
+        self._offload = session.broker.offload
         self._command = command
         self._request_id = request_id
         self._compression = session.compression
+        #: Set once :meth:`send_now` wrote the final frame: nothing may follow it.
+        self._ended = False
 
-    def _frame(self, status: Status, payload: bytes) -> bytes:
-        return encode_frame(Kind.STREAM, self._command, status, self._request_id, payload,
-                            compression=self._compression)
-
-    async def send(self, status: Status, payload: bytes) -> None:
+    async def send(self, status: Status, payload: bytes | Parts) -> None:
+        frame = await _encode_off_loop(self._offload, Kind.STREAM, self._command, status, self._request_id,
+                                            payload, self._compression)
+        if self._ended:  # stopped (shutdown) while a large frame was encoded: it ended the stream already
+            return
         if self._writer.is_closing():
             raise ConnectionResetError("the STREAM's connection is closed")
-        self._writer.write(self._frame(status, payload))
+        self._writer.writelines(frame)
+        del frame
         await self._writer.drain()
 
     def send_now(self, status: Status, payload: bytes) -> None:
+        self._ended = True
         if not self._writer.is_closing():
-            self._writer.write(self._frame(status, payload))
+            self._writer.write(encode_frame(Kind.STREAM, self._command, status, self._request_id, payload,
+                                            compression=self._compression))
+
+
+async def _encode_off_loop(offload: Offload, kind: Kind, command: Command, status: Status, request_id: int,
+                                payload: bytes | Parts, compression: Compression | None) -> Parts:
+    """:func:`encode_frame_parts` of ``payload``, on the offload threads when it is large."""
+    parts = [payload] if isinstance(payload, bytes) else payload
+    encode = functools.partial(encode_frame_parts, kind, command, status, request_id, parts, compression=compression)
+    return await offload.run(sum(map(len, parts)), encode)

@@ -15,8 +15,8 @@ Thread-safety: appends, flush, truncation, reset, retention, checkpoints and clo
 (the writer thread). :meth:`PartitionLog.read`, :meth:`segments_info`, :meth:`size_bytes`,
 :meth:`set_hwm` and the read-only properties may be called from another thread (the event loop)
 concurrently. An internal lock guards the segment list and the offsets; disk reads and writes happen
-outside it. Readers *pin* the segment they read, so a segment deleted meanwhile keeps its file descriptor
-open until the last reader is done (no read ever hits a closed or reused descriptor).
+outside it. Readers *pin* the segment they read, so a segment deleted (or the log closed) meanwhile keeps
+its file descriptor open until the last reader is done (no read ever hits a closed or reused descriptor).
 """
 
 from __future__ import annotations
@@ -1020,8 +1020,11 @@ class PartitionLog:
         with self._lock:
             self._closed = True
             for segment in self._segments + self._doomed:
-                segment.close()
-            self._doomed.clear()
+                if segment.pins:  # a reader on another thread is inside it: its last unpin closes it
+                    segment.doomed = True
+                else:
+                    segment.close()
+            self._doomed = [segment for segment in self._segments + self._doomed if segment.pins]
 
     def _check_writable(self) -> None:
         invariant(not self._closed, f"log {self.directory} is closed")

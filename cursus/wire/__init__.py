@@ -76,6 +76,7 @@ from cursus.wire.frame import (
     decode_header,
     decode_payload,
     encode_frame,
+    encode_frame_parts,
     flags_for,
 )
 from cursus.wire.negotiation import (
@@ -157,6 +158,7 @@ __all__ = [
     "encode_crq2",
     "encode_error",
     "encode_frame",
+    "encode_frame_parts",
     "encode_negotiation_request",
     "encode_negotiation_response",
     "encode_record",

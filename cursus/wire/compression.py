@@ -42,7 +42,7 @@ _GZIP_LEVEL = 6
 _U32 = struct.Struct(">I")
 
 
-def compress(codec: Compression, data: bytes) -> bytes:
+def compress(codec: Compression, data: bytes | memoryview) -> bytes:
     """Compress ``data`` for the wire (decision 3).
 
     GZIP -> one gzip member (mtime 0); SNAPPY -> one raw snappy block; LZ4 -> one LZ4

@@ -17,7 +17,7 @@ clock.
 from __future__ import annotations
 
 import struct
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from enum import IntEnum
 from types import MappingProxyType
@@ -237,6 +237,24 @@ def encode_frame(
     semantic checks as ``decode_header`` and the 64 MiB limit on both lengths; violations
     raise ``LocalProtocolError`` (reason ``invalid_frame`` or ``frame_too_large``).
     """
+    return b"".join(encode_frame_parts(kind, command, status, request_id, (payload,), compression=compression))
+
+
+def encode_frame_parts(
+    kind: Kind,
+    command: Command,
+    status: Status,
+    request_id: int,
+    parts: Sequence[bytes | memoryview],
+    *,
+    compression: Compression | None = Compression.NONE,
+) -> list[bytes | memoryview]:
+    """:func:`encode_frame` for a payload given as ``parts`` (byte buffers, back to back), returned as parts.
+
+    The result is the 32-byte header followed by the encoded payload, ready for ``writelines``: an
+    uncompressed payload is not copied (its CRC-32C is computed part by part); a compressed one is
+    compressed as one buffer. Same checks and errors as :func:`encode_frame`.
+    """
     try:
         kind = Kind(kind)
         command = Command(command)
@@ -250,11 +268,22 @@ def encode_frame(
     if (kind in NEGOTIATION_KINDS) != (compression is None):
         raise LocalProtocolError(f"{kind.name} frame needs compression {'None' if kind in NEGOTIATION_KINDS else 'set'}")
     _check_semantics(kind, command, status, request_id, LocalProtocolError)
-    if len(payload) > MAX_PAYLOAD_BYTES:
-        raise LocalProtocolError(f"payload of {len(payload)} bytes exceeds the limit", reason="frame_too_large")
-    encoded = compress(compression or Compression.NONE, payload)
-    if len(encoded) > MAX_PAYLOAD_BYTES:
-        raise LocalProtocolError(f"encoded payload of {len(encoded)} bytes exceeds the limit", reason="frame_too_large")
+    decoded_length = sum(map(len, parts))
+    if decoded_length > MAX_PAYLOAD_BYTES:
+        raise LocalProtocolError(f"payload of {decoded_length} bytes exceeds the limit", reason="frame_too_large")
+    encoded: list[bytes | memoryview]
+    if compression in (None, Compression.NONE):
+        encoded = [part for part in parts if len(part)]
+    else:
+        joined = parts[0] if len(parts) == 1 else b"".join(parts)
+        encoded = [compress(compression, joined)]
+    encoded_length = sum(map(len, encoded))
+    if encoded_length > MAX_PAYLOAD_BYTES:
+        raise LocalProtocolError(f"encoded payload of {encoded_length} bytes exceeds the limit",
+                                 reason="frame_too_large")
+    crc = 0
+    for part in encoded:
+        crc = crc32c.crc32c(part, crc)
     header = _HEADER.pack(
         MAGIC,
         WIRE_VERSION,
@@ -263,11 +292,11 @@ def encode_frame(
         command,
         status,
         request_id,
-        len(encoded),
-        len(payload),
-        crc32c.crc32c(encoded),
+        encoded_length,
+        decoded_length,
+        crc,
     )
-    return header + encoded
+    return [header, *encoded]
 
 
 class FrameDecoder:

@@ -1,12 +1,14 @@
 """CONSUME: one long-poll read of one partition (spec "CONSUME", facts decision 14, B3.4).
 
-The reply is a CBV2 batch header followed by a records section copied from the segment: the broker never
+The reply is a CBV2 batch header followed by a records section read from the segment: the broker never
 decodes stored records to serve them (it only peeks at the first and last record's producer sequence for
-the batch header).
+the batch header). Header and records go to the socket as separate buffers (``writelines``), and a large
+read runs on the offload threads (:mod:`cursus.broker.offload`).
 """
 
 from __future__ import annotations
 
+import functools
 import logging
 import struct
 from dataclasses import dataclass
@@ -14,9 +16,9 @@ from dataclasses import dataclass
 from cursus.broker.core import Broker
 from cursus.broker.handlers.common import check_topic_access, max_bytes_arg, partition_of
 from cursus.broker.replica import Replica
-from cursus.broker.request import Request
+from cursus.broker.request import Parts, Request
 from cursus.metadata.topics import validate_topic_name
-from cursus.storage import CorruptLogError, OffsetOutOfRange
+from cursus.storage import CorruptLogError, OffsetOutOfRange, PartitionLog
 from cursus.storage.producer_state import record_producer
 from cursus.wire import MAX_RECORDS_PER_BATCH, encode_batch_header
 from cursus.wire.errors import BrokerError
@@ -84,7 +86,7 @@ def read_target(broker: Broker, req: Request, *, default_batch: int) -> ReadTarg
     return ReadTarget(defn.name, replica, max_records, max_bytes, start)
 
 
-async def handle_consume(broker: Broker, req: Request) -> bytes:
+async def handle_consume(broker: Broker, req: Request) -> Parts:
     """CONSUME topic partition offset [batch] [wait_ms] [max_bytes] [isolation] [autoOffsetReset] [group]."""
     target = read_target(broker, req, default_batch=DEFAULT_BATCH_RECORDS)
     replica, offset = target.replica, target.start
@@ -97,32 +99,61 @@ async def handle_consume(broker: Broker, req: Request) -> bytes:
             raise BrokerError.of("topic_not_found", topic=target.topic)
         if offset < replica.log_start_offset:
             raise _out_of_range(replica, offset)
-    return read_batch(replica, target.topic, offset, target.max_records, target.max_bytes)[0]
+    return (await read_batch(broker, replica, target.topic, offset, target.max_records, target.max_bytes))[0]
 
 
-def read_batch(replica: Replica, topic: str, offset: int, max_records: int, max_bytes: int) -> tuple[bytes, int]:
+async def read_batch(broker: Broker, replica: Replica, topic: str, offset: int, max_records: int,
+                     max_bytes: int) -> tuple[Parts, int]:
     """One CBV2 reply batch of ``replica`` from ``offset`` up to the HWM (CONSUME and STREAM).
 
-    Returns (batch bytes, next offset); the batch holds zero records when ``offset`` is at or past the HWM.
+    Returns (the batch as parts: batch header, records section; next offset); the batch holds zero records
+    when ``offset`` is at or past the HWM. A read expected to reach ``offload_threshold_bytes`` (records
+    available times their average size, at most ``max_bytes``) runs on the offload threads, with its CRC
+    checks; ``PartitionLog.read`` is safe beside the writer thread and retention (it pins segments).
 
     Raises:
-        BrokerError: ``OFFSET_OUT_OF_RANGE`` when the range is no longer retained; ``corrupt_log_data`` when
-            a stored chunk fails its checksum (never serve wrong bytes).
+        BrokerError: ``OFFSET_OUT_OF_RANGE`` when the range is no longer retained; ``topic_not_found`` when
+            the topic was deleted during the read; ``corrupt_log_data`` when a stored chunk fails its
+            checksum (never serve wrong bytes).
     """
-    if offset >= replica.hwm:
-        return encode_batch_header(topic, replica.partition, acks="1", record_count=0), offset
+    hwm = replica.hwm
+    if offset >= hwm:
+        return [encode_batch_header(topic, replica.partition, acks="1", record_count=0)], offset
+    read = functools.partial(_read_reply, replica.log, topic, replica.partition, offset, hwm, max_records, max_bytes)
     try:
-        result = replica.log.read(offset, max_offset=replica.hwm, max_records=max_records, max_bytes=max_bytes)
+        return await broker.offload.run(_expected_bytes(replica.log, offset, hwm, max_records, max_bytes), read)
     except OffsetOutOfRange:
         raise _out_of_range(replica, offset) from None
     except CorruptLogError as exc:
+        if replica.deleted:
+            raise BrokerError.of("topic_not_found", topic=topic) from None
         log.error("refusing to serve %s/%d from offset %d: %s", topic, replica.partition, offset, exc)
         raise BrokerError.of("corrupt_log_data", topic=topic, partition=replica.partition, offset=offset,
                              corrupt_offset=exc.offset if exc.offset is not None else "unknown") from None
+    except OSError:
+        if replica.deleted:  # its segments were closed under the read
+            raise BrokerError.of("topic_not_found", topic=topic) from None
+        raise
+
+
+def _expected_bytes(partition_log: PartitionLog, offset: int, hwm: int, max_records: int, max_bytes: int) -> int:
+    """Bytes a read from ``offset`` will likely return: available records times the log's average record
+    size, capped by the limits."""
+    stored_records = partition_log.log_end_offset - partition_log.log_start_offset
+    if stored_records <= 0:
+        return 0
+    average_bytes = partition_log.size_bytes() / stored_records
+    return int(min(max_bytes, min(max_records, hwm - offset) * average_bytes))
+
+
+def _read_reply(partition_log: PartitionLog, topic: str, partition: int, offset: int, hwm: int, max_records: int,
+                max_bytes: int) -> tuple[Parts, int]:
+    """Read, check and frame one reply batch (pure apart from the thread-safe log read; any thread)."""
+    result = partition_log.read(offset, max_offset=hwm, max_records=max_records, max_bytes=max_bytes)
     seq_start, seq_end = _seq_span(result.records, result.record_count)
-    header = encode_batch_header(topic, replica.partition, acks="1", seq_start=seq_start, seq_end=seq_end,
+    header = encode_batch_header(topic, partition, acks="1", seq_start=seq_start, seq_end=seq_end,
                                  record_count=result.record_count)
-    return header + result.records, result.next_offset
+    return [header, result.records], result.next_offset
 
 
 def _seq_span(records: bytes, count: int) -> tuple[int, int]:

@@ -8,13 +8,14 @@ chunk. No Python object per record.
 from __future__ import annotations
 
 import array
+import functools
 import json
 import logging
 
 from cursus.broker.core import Broker, now_ms
 from cursus.broker.handlers.common import ACK_MODES, check_topic_access, parse_acks, partition_of
 from cursus.broker.replica import Replica
-from cursus.broker.request import NO_REPLY, Reply, Request
+from cursus.broker.request import NO_REPLY, NoReply, Reply, Request
 from cursus.metadata.topics import TopicDefinition, is_internal_topic, validate_topic_name
 from cursus.parsing import I32_MAX, U64_MAX
 from cursus.partitioning import partition_for_key
@@ -33,12 +34,14 @@ _U32_LEN = 4
 _TXN_FIELDS = ("transactional_id", "transaction_state", "transaction_marker")
 
 
-async def handle_publish(broker: Broker, req: Request) -> Reply | bytes:
+async def handle_publish(broker: Broker, req: Request) -> Reply | NoReply | bytes:
     """PUBLISH; acks=0/none gets no reply even when it fails (facts B1.5)."""
     view = None
     acks_raw: str | None = req.get("acks")
     if req.batch is not None:
-        view = scan_batch(req.batch)  # ProtocolError: undecodable batch closes the connection (decision 5)
+        # ProtocolError: an undecodable batch closes the connection (decision 5). A large one is scanned off
+        # the loop.
+        view = await broker.offload.run(len(req.batch), functools.partial(scan_batch, req.batch))
         acks_raw = view.acks
     suppressed = ACK_MODES.get((acks_raw or "").strip().lower()) == "none"
     try:
@@ -78,7 +81,7 @@ def _check_min_isr(broker: Broker, defn: TopicDefinition, replica: Replica, mode
 async def _append_and_ack(
     broker: Broker, replica: Replica, mode: str, buf: bytearray, positions: array.array | list[int], body: memoryview,
     record_count: int, *, producer: tuple[str, int, int, int] | None, idempotent: bool,
-) -> Reply | bytes:
+) -> Reply | NoReply | bytes:
     """Dedup check (idempotent), stamp offsets, append, wait for the promised durability, AckResponse.
 
     ``buf`` holds the records; ``positions`` are the indexes of their offset fields in ``buf``; ``body`` is
@@ -102,13 +105,13 @@ async def _append_and_ack(
         table.record(producer_id, epoch, first_seq, last_seq, base_offset, stamp)
     if mode == "none":
         broker.metrics.publish_acks_total.labels("none", "ok").inc()
-        return NO_REPLY
+        return NoReply(written=replica.wait_hwm(base_offset + record_count))
     await replica.wait_hwm(base_offset + record_count)
     broker.metrics.publish_acks_total.labels(mode, "ok").inc()
     return _ack(base_offset + record_count - 1, producer_id, epoch, first_seq, last_seq)
 
 
-async def _publish_batch(broker: Broker, req: Request, view: BatchView) -> Reply | bytes:
+async def _publish_batch(broker: Broker, req: Request, view: BatchView) -> Reply | NoReply | bytes:
     """A CBV2 batch naming one partition (facts decision 12)."""
     mode = parse_acks(view.acks)
     defn = _target(broker, view.topic)
@@ -140,7 +143,7 @@ async def _publish_batch(broker: Broker, req: Request, view: BatchView) -> Reply
                                  producer=producer, idempotent=view.idempotent)
 
 
-async def _publish_text(broker: Broker, req: Request) -> Reply | bytes:
+async def _publish_text(broker: Broker, req: Request) -> Reply | NoReply | bytes:
     """Text PUBLISH: one record built by the broker (record version 2)."""
     mode = parse_acks(req.get("acks"))
     for name in _TXN_FIELDS:

@@ -30,7 +30,7 @@ import time
 from cursus.broker.core import Broker
 from cursus.broker.handlers.fetch import read_batch, read_target
 from cursus.broker.replica import Replica
-from cursus.broker.request import Request, StreamReply, StreamSink
+from cursus.broker.request import Parts, Request, StreamReply, StreamSink
 from cursus.wire import Status
 from cursus.wire.errors import BrokerError
 
@@ -125,7 +125,7 @@ class PartitionStream(StreamReply):
         log.debug("STREAM %s/%d closed: %s at %d", self.topic, self.replica.partition, reason, self.offset)
         await self._send(Status.STREAM_END, self.close_text(reason))
 
-    async def _send(self, status: Status, payload: bytes) -> None:
+    async def _send(self, status: Status, payload: bytes | Parts) -> None:
         """Write a frame; a client that does not read for ``stream_timeout_ms`` loses its connection."""
         assert self._sink is not None
         await asyncio.wait_for(self._sink.send(status, payload), self.timeout_ms / 1000.0)
@@ -180,8 +180,8 @@ class PartitionStream(StreamReply):
                         continue
                     woken = False
                     try:
-                        payload, next_offset = read_batch(replica, self.topic, self.offset, self.batch,
-                                                          self.max_bytes)
+                        payload, next_offset = await read_batch(self.broker, replica, self.topic, self.offset,
+                                                                self.batch, self.max_bytes)
                     except BrokerError:
                         continue  # fell below the log start: _ended() closes with offset_out_of_range
                     except Exception:
