@@ -151,6 +151,7 @@ def generate_cluster_certs(out: Path, ids: Sequence[str], hosts: Sequence[str] =
 
     Raises:
         ValueError: no ids, a duplicate id, or an id that is not a plain name.
+        FileExistsError: ``out`` already holds a ``ca.crt`` (regenerating would orphan its nodes).
         OSError: writing a file failed.
     """
     if not ids or len(set(ids)) != len(ids):
@@ -159,8 +160,10 @@ def generate_cluster_certs(out: Path, ids: Sequence[str], hosts: Sequence[str] =
         if not node_id or "/" in node_id or node_id.startswith("."):
             raise ValueError(f"invalid node id {node_id!r}")
     out.mkdir(parents=True, exist_ok=True)
-    authority = new_authority()
     ca_cert, ca_key = out / "ca.crt", out / "ca.key"
+    if ca_cert.exists():
+        raise FileExistsError(f"{ca_cert} exists; remove {out} to generate a new CA")
+    authority = new_authority()
     write_pem(authority.cert, authority.key, ca_cert, ca_key)
     nodes = []
     for node_id in ids:
