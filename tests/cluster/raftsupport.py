@@ -150,19 +150,34 @@ class DevNode:
 
     def request(self, request: dict, timeout: float = 10.0) -> dict:
         """One synchronous request; raises OSError when the node is down."""
+        return self.pipeline([request], timeout)[0]
+
+    def pipeline(self, requests: list[dict], timeout: float = 10.0) -> list[dict]:
+        """Send all ``requests`` at once (the node runs them concurrently); responses in request order.
+
+        Raises OSError when the node is down or closes the connection midway.
+        """
         if self._sock is None:
             raise ConnectionError(f"{self.node_id} is not connected")
-        self._next_id += 1
-        request = {**request, "id": self._next_id}
+        ids = []
+        lines = []
+        for request in requests:
+            self._next_id += 1
+            ids.append(self._next_id)
+            lines.append(json.dumps({**request, "id": self._next_id}).encode() + b"\n")
         self._sock.settimeout(timeout)
-        self._sock.sendall(json.dumps(request).encode() + b"\n")
-        while b"\n" not in self._buffer:
-            chunk = self._sock.recv(65536)
-            if not chunk:
-                raise ConnectionError(f"{self.node_id} closed the control connection")
-            self._buffer += chunk
-        line, self._buffer = self._buffer.split(b"\n", 1)
-        return dict(json.loads(line))
+        self._sock.sendall(b"".join(lines))
+        responses: dict[int, dict] = {}
+        while len(responses) < len(ids):
+            while b"\n" not in self._buffer:
+                chunk = self._sock.recv(65536)
+                if not chunk:
+                    raise ConnectionError(f"{self.node_id} closed the control connection")
+                self._buffer += chunk
+            line, self._buffer = self._buffer.split(b"\n", 1)
+            response = dict(json.loads(line))
+            responses[response["id"]] = response
+        return [responses[request_id] for request_id in ids]
 
     def status(self) -> dict:
         return dict(self.request({"op": "status"})["status"])

@@ -61,7 +61,7 @@ CLASS_INTERNALS: Mapping[type, tuple[str, ...]] = {
               "_SyncObj__sendAppendEntries", "_applyCommand", "doTick", "_doDestroy", "_isLeader",
               "_getLeader", "isNodeConnected", "raftCurrentTerm", "raftCommitIndex", "raftLastApplied"),
     TCPTransport: ("_onNewIncomingConnection", "_onIncomingMessageReceived", "_onOutgoingConnected",
-                   "_onDisconnected", "_onTick", "_connToNode", "send"),
+                   "_onDisconnected", "_onTick", "_connToNode", "_shouldConnect", "send"),
     TcpConnection: ("_TcpConnection__processConnection", "disconnect", "fileno", "state"),
 }
 #: Instance attributes of a constructed SyncObj / transport / connection this module reads or writes.
@@ -121,6 +121,9 @@ class CursusSyncObj(SyncObj):
         self._cursus_journal = journal
         self._held_replies: list[tuple[Any, dict]] = []
         self._sent_index = 0
+        self._sent_commit = 0
+        #: Messages handled so far; the driver ticks again without waiting while this moves.
+        self.activity = 0
         #: Set (by the deserializer) to an exception that must stop the node before the next reply.
         self.fatal: BaseException | None = None
         super().__init__(self_address, partner_addresses, conf=conf, transportClass=transport_factory)
@@ -151,6 +154,7 @@ class CursusSyncObj(SyncObj):
                                           "reset": reset, "success": success}))
 
     def _SyncObj__onMessageReceived(self, node: Any, message: Any) -> None:  # noqa: N802
+        self.activity += 1
         kind = message.get("type") if isinstance(message, dict) else None
         if kind == "append_entries":
             if "transmission" in message:
@@ -204,7 +208,7 @@ class CursusSyncObj(SyncObj):
     # -- driving --------------------------------------------------------------------------------
 
     def finish_round(self) -> None:
-        """After each ``doTick``: fsync the journal, release held replies, send new leader entries.
+        """After each ``doTick``: fsync the journal, release held replies, send new entries/commit index.
 
         Raises:
             RaftFatal: :attr:`fatal` was set (e.g. a snapshot failed to load).
@@ -217,10 +221,12 @@ class CursusSyncObj(SyncObj):
         transport = self._SyncObj__transport
         for node, reply in replies:
             transport.send(node, reply)
-        last = self._cursus_journal[-1][1]
-        if self._isLeader() and last > self._sent_index:
+        last, commit = self._cursus_journal[-1][1], self._SyncObj__raftCommitIndex
+        if self._isLeader() and (last > self._sent_index or commit > self._sent_commit):
+            # New entries (now durable here) or a new commit index: tell followers now rather than at
+            # the next heartbeat.
             self._SyncObj__sendAppendEntries()
-        self._sent_index = last
+        self._sent_index, self._sent_commit = last, commit
 
     def node_connected(self, node: Any) -> bool:
         """Whether the transport reports ``node`` (a pysyncobj Node) connected and authenticated."""
@@ -356,6 +362,11 @@ class MTLSTransport(TCPTransport):
         node = self._nodeAddrToNode.get(message) if isinstance(message, str) else None
         if identity is None or node is None or self._identities.get(node.address) != identity:
             self._reject(conn, "identity_mismatch", f"certificate {identity!r} announced {message!r}")
+            return
+        if self._shouldConnect(node):
+            # We dial this peer ourselves; pysyncobj would adopt this connection object and later
+            # redial on it without TLS.
+            self._reject(conn, "wrong_direction", f"{identity!r} dialled us")
             return
         self._deadlines.pop(conn, None)
         super()._onIncomingMessageReceived(conn, message)

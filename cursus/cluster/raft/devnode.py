@@ -92,8 +92,8 @@ async def _serve(node: RaftNode, fsm: _LockedFSM, port: int) -> None:
                 task = asyncio.create_task(one(json.loads(line)))
                 tasks.add(task)
                 task.add_done_callback(tasks.discard)
-        except (ConnectionError, ValueError):
-            pass
+        except (ConnectionError, ValueError, asyncio.CancelledError):
+            pass  # client gone, garbage, or the server is shutting down
         finally:
             for task in tasks:
                 task.cancel()

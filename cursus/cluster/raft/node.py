@@ -250,11 +250,13 @@ class RaftNode:
             return
         self._started.set()
         poll = self._config.poll_interval
+        seen = -1
         try:
             while not self._stopping:
-                busy = self._work.is_set()
-                if busy:
-                    self._work.clear()
+                # Tick again at once while there is work: a submit, or messages in the last round.
+                busy = self._work.is_set() or syncobj.activity != seen
+                seen = syncobj.activity
+                self._work.clear()
                 syncobj.doTick(0.0 if busy else poll)
                 syncobj.finish_round()
         except BaseException as exc:
