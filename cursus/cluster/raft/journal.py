@@ -193,7 +193,7 @@ class DurableJournal:
             self._pending.clear()
             self._dirty = True
         if self._dirty:
-            os.fsync(self._fd)
+            os.fdatasync(self._fd)  # data and the file size; mtime is not needed to read it back
             self._dirty = False
 
     def compact_to(self, entry: Entry, following: Entry) -> bool:
