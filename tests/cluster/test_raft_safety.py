@@ -94,7 +94,7 @@ def test_follower_keeps_every_matching_entry(terms: list[int], prev: int, count:
 # -- wiring: the same scenario through pysyncobj's message handler, stock vs ours -------------------
 
 
-def _syncobj(cls: type, pki: RaftPki, tmp: Path, stock: bool) -> SyncObj:
+def _syncobj(pki: RaftPki, tmp: Path, stock: bool) -> SyncObj:
     ports = free_ports(3)
     members = members_on(ports)
     conf = SyncObjConf(autoTick=False, appendEntriesUseBatch=True, bindAddress=members["node-1"],
@@ -119,7 +119,7 @@ def _append(obj: SyncObj, leader: TCPNode, prev: int, entries: list, commit: int
 def test_stale_append_entries_message(pki: RaftPki, tmp_path: Path, stock: bool) -> None:
     """Entries 2..10 arrive, then a late batch for 6..7 (what a backwards nextIndex resends). Stock
     pysyncobj truncates 8..10 - entries it already acknowledged; ours keeps them."""
-    obj = _syncobj(SyncObj, pki, tmp_path, stock)
+    obj = _syncobj(pki, tmp_path, stock)
     try:
         leader = TCPNode(next(iter(obj.otherNodes)).id)
         _append(obj, leader, 1, _entries(2, [1] * 9))
@@ -136,7 +136,7 @@ def test_stale_append_entries_message(pki: RaftPki, tmp_path: Path, stock: bool)
 
 
 def test_leader_ignores_late_success_reply(pki: RaftPki, tmp_path: Path) -> None:
-    obj = _syncobj(CursusSyncObj, pki, tmp_path, stock=False)
+    obj = _syncobj(pki, tmp_path, stock=False)
     try:
         follower = next(iter(obj.otherNodes))
         obj._SyncObj__raftNextIndex[follower], obj._SyncObj__raftMatchIndex[follower] = 20, 5

@@ -156,3 +156,51 @@ def test_certificate_claiming_another_node_is_refused(pki: RaftPki,
         sock.sendall(_frame(members["node-2"]))
         assert _closed_by_peer(sock)
     _assert_refused(node, "identity_mismatch", before)
+
+
+@pytest.fixture()
+def dialer(pki: RaftPki, tmp_path: Path) -> Iterator[tuple[RaftNode, dict[str, str]]]:
+    """node-1 with the highest address, so it dials node-2 and node-3."""
+    addresses = sorted((f"127.0.0.1:{port}" for port in free_ports(3)), reverse=True)
+    members = dict(zip(IDS, addresses, strict=True))
+    node = in_process_node(pki, "node-1", members, tmp_path / "dialer", handshake_timeout=1.0,
+                           reconnect_period=0.1)
+    node.start()
+    yield node, members
+    node.stop()
+
+
+def _serve_once(files: TLSFiles, address: str) -> tuple[socket.socket, ssl.SSLContext]:
+    context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    context.load_cert_chain(str(files.cert), str(files.key))
+    context.load_verify_locations(str(files.ca))
+    context.verify_mode = ssl.CERT_REQUIRED
+    host, port = address.rsplit(":", 1)
+    listener = socket.create_server((host, int(port)))
+    listener.settimeout(10)
+    return listener, context
+
+
+@pytest.mark.parametrize("cert_of", ["node-2", "node-3"])
+def test_dialled_peer_must_present_its_own_identity(pki: RaftPki, dialer: tuple[RaftNode, dict[str, str]],
+                                                    cert_of: str) -> None:
+    """node-1 dials node-2's address; a server there with node-3's certificate is refused before
+    node-1 sends anything, one with node-2's certificate receives node-1's address first."""
+    node, members = dialer
+    listener, context = _serve_once(pki.files(cert_of), members["node-2"])
+    before = _rejections(node, "identity_mismatch")
+    with listener:
+        raw, _ = listener.accept()
+        with context.wrap_socket(raw, server_side=True) as sock:
+            sock.settimeout(5)
+            if cert_of == "node-2":
+                header = sock.recv(4)
+                (length,) = struct.unpack("i", header)
+                body = b""
+                while len(body) < length:
+                    body += sock.recv(length - len(body))
+                assert pickle.loads(zlib.decompress(body)) == members["node-1"]
+                wait_for(lambda: "node-2" in node.status().connected_peers, 5, "node-2 connected")
+            else:
+                assert _closed_by_peer(sock)
+                _assert_refused(node, "identity_mismatch", before)
