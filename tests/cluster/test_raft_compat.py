@@ -29,7 +29,8 @@ def test_every_class_internal_exists() -> None:
 
 
 def test_every_instance_internal_exists(pki: RaftPki, tmp_path: Path) -> None:
-    members = members_on(free_ports(3))
+    # node-1 gets the highest address, so it dials the others and holds TcpConnection objects
+    members = members_on(sorted(free_ports(3), key=lambda port: f"127.0.0.1:{port}", reverse=True))
     node = in_process_node(pki, "node-1", members, tmp_path / "n1")
     node.start()
     try:
