@@ -35,6 +35,7 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from pysyncobj import SyncObj, SyncObjConf
+from pysyncobj.config import FAIL_REASON
 from pysyncobj.monotonic import monotonic
 from pysyncobj.poller import POLL_EVENT_TYPE
 from pysyncobj.syncobj import _COMMAND_TYPE
@@ -52,8 +53,11 @@ logger = logging.getLogger(__name__)
 PINNED_VERSION = "0.3.17"
 REGULAR = bytes((_COMMAND_TYPE.REGULAR,))
 NO_OP = bytes((_COMMAND_TYPE.NO_OP,))
-FAIL_REASON_DEFINITE = frozenset({1, 2, 3, 4, 6})  # QUEUE_FULL MISSING_LEADER DISCARDED NOT_LEADER DENIED
-SUCCESS = 0
+SUCCESS = FAIL_REASON.SUCCESS
+#: pysyncobj failure reasons after which the command was certainly not applied (anything else that is
+#: not SUCCESS - LEADER_CHANGED, UNKNOWN_OUTCOME - leaves the outcome unknown).
+FAIL_REASON_DEFINITE = frozenset({FAIL_REASON.QUEUE_FULL, FAIL_REASON.MISSING_LEADER, FAIL_REASON.DISCARDED,
+                                  FAIL_REASON.NOT_LEADER, FAIL_REASON.REQUEST_DENIED})
 
 #: Class attributes (methods) of pysyncobj this module overrides or calls.
 CLASS_INTERNALS: Mapping[type, tuple[str, ...]] = {
@@ -228,9 +232,39 @@ class CursusSyncObj(SyncObj):
             self._SyncObj__sendAppendEntries()
         self._sent_index, self._sent_commit = last, commit
 
-    def node_connected(self, node: Any) -> bool:
-        """Whether the transport reports ``node`` (a pysyncobj Node) connected and authenticated."""
-        return bool(self.isNodeConnected(node))
+    # -- what RaftNode needs, so that it touches no pysyncobj internals itself (methods, not
+    # properties: SyncObj.__init__ calls getattr on every attribute before the object is complete)
+
+    def submit(self, payload: bytes, callback: Callable[[Any, int], None]) -> None:
+        """Queue a regular entry (thread-safe). ``callback(result, fail_reason)`` runs on the tick
+        thread once the entry is applied or has failed (on the caller's thread for QUEUE_FULL)."""
+        self._applyCommand(payload, callback, _COMMAND_TYPE.REGULAR)
+
+    def watch_readable(self, fd: int, callback: Callable[[int, int], None]) -> None:
+        """Have the tick thread's poller call ``callback(fd, event)`` when ``fd`` is readable."""
+        self._poller.subscribe(fd, callback, POLL_EVENT_TYPE.READ | POLL_EVENT_TYPE.ERROR)
+
+    def leader_address(self) -> str | None:
+        """The Raft address of the last known leader (possibly stale), or None."""
+        leader = self._getLeader()
+        return None if leader is None else str(leader.id)
+
+    def is_leader(self) -> bool:
+        """This node is in the leader state (a deposed leader may still be, see docs/cluster.md)."""
+        return bool(self._isLeader())
+
+    def connected_addresses(self) -> list[str]:
+        """Raft addresses of the peers currently connected and authenticated."""
+        transport = self._SyncObj__transport
+        return [node.id for node in list(transport._nodes) if self.isNodeConnected(node)]
+
+    def rejections(self) -> dict[str, int]:
+        """Refused peer connections by reason (see :class:`MTLSTransport`)."""
+        return dict(self._SyncObj__transport.rejections)
+
+    def close(self) -> None:
+        """Close sockets and the journal (tick thread, after the last round)."""
+        self._doDestroy()
 
 
 # ------------------------------------------------------------------------------------------------

@@ -34,7 +34,6 @@ from typing import Any, Protocol
 
 from pysyncobj import SyncObjConf
 from pysyncobj.node import TCPNode
-from pysyncobj.poller import POLL_EVENT_TYPE
 
 from cursus.cluster.raft import compat
 from cursus.cluster.raft.commands import (
@@ -153,7 +152,6 @@ class RaftNode:
         self._addresses = dict(config.members)
         self._ids = {address: node_id for node_id, address in self._addresses.items()}
         self._syncobj: compat.CursusSyncObj | None = None
-        self._transport: compat.MTLSTransport | None = None
         self._thread: threading.Thread | None = None
         self._started = threading.Event()
         self._stopped = threading.Event()
@@ -234,9 +232,7 @@ class RaftNode:
         partners = [address for node_id, address in self._addresses.items() if node_id != c.node_id]
         syncobj = compat.CursusSyncObj(self._addresses[c.node_id], partners, self._conf(), journal,
                                        self._apply, transport_factory)
-        syncobj._poller.subscribe(self._wake_r, self._drain_wake,
-                                  POLL_EVENT_TYPE.READ | POLL_EVENT_TYPE.ERROR)
-        self._transport = syncobj._SyncObj__transport
+        syncobj.watch_readable(self._wake_r, self._drain_wake)
         return syncobj
 
     def _run(self, journal: DurableJournal, server_ctx: Any, client_ctx: Any) -> None:
@@ -265,7 +261,7 @@ class RaftNode:
         finally:
             self._stopped.set()
             try:
-                syncobj._doDestroy()
+                syncobj.close()
             except Exception:
                 logger.exception("raft node %s: error while closing", self._config.node_id)
             for fd in (self._wake_r, self._wake_w):
@@ -344,7 +340,7 @@ class RaftNode:
         with self._lock:
             token = self._next_token = self._next_token + 1
             self._inflight[token] = (loop, future, request_id)
-        syncobj._applyCommand(payload, functools.partial(self._on_result, token), 0)
+        syncobj.submit(payload, functools.partial(self._on_result, token))
         self._wake()
         try:
             return await asyncio.wait_for(asyncio.shield(future), timeout)
@@ -387,19 +383,18 @@ class RaftNode:
 
     def status(self) -> RaftStatus:
         """Term, commit/applied index, leader, connected peers and refused connections."""
-        syncobj, transport = self._syncobj, self._transport
-        running = syncobj is not None and not self._stopped.is_set()
-        if syncobj is None or transport is None:
+        syncobj = self._syncobj
+        if syncobj is None:
             return RaftStatus(self._config.node_id, 0, 0, 0, None, False, (), {}, False)
-        leader = syncobj._getLeader()
-        peers = tuple(sorted(self._ids[node.id] for node in list(transport._nodes)
-                             if syncobj.node_connected(node)))
+        running = not self._stopped.is_set()
+        leader = syncobj.leader_address()
         return RaftStatus(
             node_id=self._config.node_id, term=syncobj.raftCurrentTerm,
             commit_index=syncobj.raftCommitIndex, applied_index=syncobj.raftLastApplied,
-            leader_id=self._ids.get(leader.id) if leader is not None else None,
-            is_leader=running and syncobj._isLeader(), connected_peers=peers,
-            rejected_connections=dict(transport.rejections), running=running)
+            leader_id=self._ids.get(leader) if leader is not None else None,
+            is_leader=running and syncobj.is_leader(),
+            connected_peers=tuple(sorted(self._ids[address] for address in syncobj.connected_addresses())),
+            rejected_connections=syncobj.rejections(), running=running)
 
     @property
     def is_leader(self) -> bool:
