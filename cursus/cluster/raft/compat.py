@@ -6,8 +6,9 @@ what it gets wrong for us:
 - **Durability.** :class:`CursusSyncObj` swaps pysyncobj's journal (mmap, never fsynced) for
   :class:`~cursus.cluster.raft.journal.DurableJournal`, holds every AppendEntries reply
   (``next_node_idx``) until :meth:`CursusSyncObj.finish_round` has fsynced the journal (one fsync per
-  poll round), and sends new leader entries only after that fsync - so when the leader counts itself
-  towards a majority (at the start of the next tick) its entries are on disk. Term/vote writes are
+  poll round). A leader sends new entries in the same round, just before its own fsync (followers write
+  in parallel), and counts itself towards a majority only at the start of the next tick - after that
+  fsync - so its own vote is always for entries on its disk. Term/vote writes are
   synchronous and fsynced; snapshots are written by our serializer with fsync, and the directory is
   fsynced before the journal entries they cover are compacted away.
 - **Safety.** AppendEntries and their replies go through :mod:`.safety`: nextIndex never moves back on
@@ -212,7 +213,7 @@ class CursusSyncObj(SyncObj):
     # -- driving --------------------------------------------------------------------------------
 
     def finish_round(self) -> None:
-        """After each ``doTick``: fsync the journal, release held replies, send new entries/commit index.
+        """After each ``doTick``: send new entries/commit index, fsync the journal, release held replies.
 
         Raises:
             RaftFatal: :attr:`fatal` was set (e.g. a snapshot failed to load).
@@ -220,17 +221,18 @@ class CursusSyncObj(SyncObj):
         """
         if self.fatal is not None:
             raise RaftFatal(f"raft node stopped: {self.fatal}") from self.fatal
+        last, commit = self._cursus_journal[-1][1], self._SyncObj__raftCommitIndex
+        if self._isLeader() and (last > self._sent_index or commit > self._sent_commit):
+            # New entries or a new commit index: tell followers now rather than at the next heartbeat.
+            # They write in parallel with our own fsync below; we count ourselves towards a majority
+            # only at the start of the next tick, after that fsync (Raft allows the overlap).
+            self._SyncObj__sendAppendEntries()
+        self._sent_index, self._sent_commit = last, commit
         self._cursus_journal.sync()
         replies, self._held_replies = self._held_replies, []
         transport = self._SyncObj__transport
         for node, reply in replies:
             transport.send(node, reply)
-        last, commit = self._cursus_journal[-1][1], self._SyncObj__raftCommitIndex
-        if self._isLeader() and (last > self._sent_index or commit > self._sent_commit):
-            # New entries (now durable here) or a new commit index: tell followers now rather than at
-            # the next heartbeat.
-            self._SyncObj__sendAppendEntries()
-        self._sent_index, self._sent_commit = last, commit
 
     # -- what RaftNode needs, so that it touches no pysyncobj internals itself (methods, not
     # properties: SyncObj.__init__ calls getattr on every attribute before the object is complete)
