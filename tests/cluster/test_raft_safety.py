@@ -145,3 +145,30 @@ def test_leader_ignores_late_success_reply(pki: RaftPki, tmp_path: Path) -> None
         assert (obj._SyncObj__raftNextIndex[follower], obj._SyncObj__raftMatchIndex[follower]) == (20, 7)
     finally:
         obj._doDestroy()
+
+
+def test_replies_leave_only_after_the_journal_sync(pki: RaftPki, tmp_path: Path) -> None:
+    obj = _syncobj(pki, tmp_path, stock=False)
+    try:
+        leader = TCPNode(next(iter(obj.otherNodes)).id)
+        events: list[str] = []
+        journal, transport = obj._cursus_journal, obj._SyncObj__transport
+        real_sync = journal.sync
+        journal.sync = lambda: (events.append("sync"), real_sync())  # type: ignore[method-assign]
+        transport.send = lambda node, message: events.append(message["type"]) or True  # type: ignore[method-assign]
+        _append(obj, leader, 1, _entries(2, [1, 1, 1]))
+        assert events == [] and journal.needs_sync
+        obj.finish_round()
+        assert events == ["sync", "next_node_idx"] and not journal.needs_sync
+
+        def broken_sync() -> None:
+            events.append("sync")
+            raise OSError(5, "EIO")
+        journal.sync = broken_sync  # type: ignore[method-assign]
+        _append(obj, leader, 4, _entries(5, [1]))
+        events.clear()
+        with pytest.raises(OSError):
+            obj.finish_round()
+        assert events == ["sync"]  # the reply acknowledging entry 5 never leaves
+    finally:
+        obj._doDestroy()

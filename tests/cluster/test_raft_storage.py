@@ -16,7 +16,12 @@ from cursus.cluster.raft.commands import (
     decode_command,
     encode_command,
 )
-from cursus.cluster.raft.errors import CommandTooLarge, UnsupportedRecoveryProtocol
+from cursus.cluster.raft.errors import (
+    CommandTooLarge,
+    RaftUnavailable,
+    UnknownOutcome,
+    UnsupportedRecoveryProtocol,
+)
 from cursus.cluster.raft.journal import JOURNAL_NAME, DurableJournal
 from cursus.cluster.raft.kv import KeyValueFSM, kv_command
 from cursus.cluster.raft.marker import MARKER_NAME, ensure_format_marker
@@ -222,3 +227,36 @@ def test_fsm_refusal_of_a_snapshot_fails_startup(pki: RaftPki, tmp_path: Path) -
     node = _single(pki, data, _RefusingFSM())
     with pytest.raises(UnsupportedRecoveryProtocol, match="provenance.*clean bootstrap"):
         node.start()
+
+
+def test_journal_sync_failure_stops_the_node(pki: RaftPki, tmp_path: Path) -> None:
+    node = _single(pki, tmp_path / "raft")
+    node.start()
+    try:
+        wait_for(lambda: node.is_leader, 10, "leadership")
+        journal = node._syncobj._cursus_journal  # type: ignore[union-attr]
+
+        def broken_sync() -> None:
+            raise OSError(28, "ENOSPC")
+        journal.sync = broken_sync
+
+        async def run() -> None:
+            with pytest.raises(UnknownOutcome):
+                await node.submit(kv_command("set", "k", 1), 5)
+            with pytest.raises(RaftUnavailable):
+                await node.submit(kv_command("set", "k", 2), 5)
+        asyncio.run(run())
+        assert isinstance(node.fatal, OSError) and not node.running
+    finally:
+        node.stop()
+
+
+def test_corrupt_snapshot_fails_startup(pki: RaftPki, tmp_path: Path) -> None:
+    data = tmp_path / "raft"
+    ensure_format_marker(data)
+    write_snapshot(data / SNAPSHOT_NAME, Snapshot((b"\x01", 2, 1), (b"\x01", 1, 0), (), b"\0\0\0\0", b"{}"))
+    with open(data / SNAPSHOT_NAME, "r+b") as handle:
+        handle.seek(-1, os.SEEK_END)
+        handle.write(b"X")
+    with pytest.raises(SnapshotCorrupt):
+        _single(pki, data).start()
