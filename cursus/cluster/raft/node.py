@@ -157,9 +157,7 @@ class RaftNode:
         self._stopped = threading.Event()
         self._stopping = False
         self._work = threading.Event()
-        self._wake_r, self._wake_w = os.pipe()
-        os.set_blocking(self._wake_r, False)
-        os.set_blocking(self._wake_w, False)
+        self._wake_r = self._wake_w = -1  # the tick thread's wake-up pipe, open while it runs
         self._start_error: BaseException | None = None
         self.fatal: BaseException | None = None
         self._preloaded: Snapshot | None = None
@@ -195,6 +193,9 @@ class RaftNode:
         except BaseException:
             journal._destroy()
             raise
+        self._wake_r, self._wake_w = os.pipe()
+        os.set_blocking(self._wake_r, False)
+        os.set_blocking(self._wake_w, False)
         self._thread = threading.Thread(target=self._run, args=(journal, server_ctx, client_ctx),
                                         name=f"raft-{self._config.node_id}", daemon=True)
         self._thread.start()
@@ -240,6 +241,7 @@ class RaftNode:
             syncobj = self._syncobj = self._build(journal, server_ctx, client_ctx)
         except BaseException as exc:
             journal._destroy()
+            self._close_wake_pipe()
             self._start_error = exc
             self._started.set()
             self._stopped.set()
@@ -264,16 +266,23 @@ class RaftNode:
                 syncobj.close()
             except Exception:
                 logger.exception("raft node %s: error while closing", self._config.node_id)
-            for fd in (self._wake_r, self._wake_w):
-                os.close(fd)
+            self._close_wake_pipe()
             self._fail_inflight()
+
+    def _close_wake_pipe(self) -> None:
+        with self._lock:
+            os.close(self._wake_r)
+            os.close(self._wake_w)
+            self._wake_r = self._wake_w = -1
 
     def _wake(self) -> None:
         self._work.set()
-        try:
-            os.write(self._wake_w, b"\0")
-        except (BlockingIOError, OSError):
-            pass  # a full pipe already wakes the poller; a closed one means we stopped
+        with self._lock:  # never write to a closed (and possibly reused) descriptor
+            if self._wake_w >= 0:
+                try:
+                    os.write(self._wake_w, b"\0")
+                except BlockingIOError:
+                    pass  # a full pipe already wakes the poller
 
     def _drain_wake(self, descr: int, event: int) -> None:
         try:
