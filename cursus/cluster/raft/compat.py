@@ -39,7 +39,7 @@ from pysyncobj import SyncObj, SyncObjConf
 from pysyncobj.config import FAIL_REASON
 from pysyncobj.monotonic import monotonic
 from pysyncobj.poller import POLL_EVENT_TYPE
-from pysyncobj.syncobj import _COMMAND_TYPE
+from pysyncobj.syncobj import _COMMAND_TYPE, SyncObjException
 from pysyncobj.tcp_connection import CONNECTION_STATE, TcpConnection
 from pysyncobj.transport import TCPTransport
 from pysyncobj.version import VERSION
@@ -113,6 +113,8 @@ def missing_internals(syncobj: CursusSyncObj | None = None) -> list[str]:
 class CursusSyncObj(SyncObj):
     """A SyncObj with the durability and safety fixes; driven by :meth:`doTick` + :meth:`finish_round`.
 
+    Constructing it binds the Raft address (OSError when that fails).
+
     ``apply(payload)`` receives each committed regular entry's bytes (without the type byte) on the
     tick thread and returns the result handed to the submitter's callback.
     """
@@ -131,7 +133,10 @@ class CursusSyncObj(SyncObj):
         self.activity = 0
         #: Set (by the deserializer) to an exception that must stop the node before the next reply.
         self.fatal: BaseException | None = None
-        super().__init__(self_address, partner_addresses, conf=conf, transportClass=transport_factory)
+        try:
+            super().__init__(self_address, partner_addresses, conf=conf, transportClass=transport_factory)
+        except SyncObjException as exc:
+            raise OSError(f"cannot bind the Raft address {conf.bindAddress}: {exc}") from None
         self._install_journal(journal)
 
     def _install_journal(self, journal: DurableJournal) -> None:
