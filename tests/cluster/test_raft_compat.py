@@ -45,7 +45,7 @@ def test_every_instance_internal_exists(pki: RaftPki, tmp_path: Path) -> None:
 
 def test_occupied_raft_port_fails_start_with_oserror(pki: RaftPki, tmp_path: Path) -> None:
     with socket.create_server(("127.0.0.1", 0)) as occupied:
-        address = "127.0.0.1:%d" % occupied.getsockname()[1]
+        address = f"127.0.0.1:{occupied.getsockname()[1]}"
         node = in_process_node(pki, "node-1", {"node-1": address}, tmp_path / "n1")
         with pytest.raises(OSError, match="cannot bind the Raft address"):
             node.start()
