@@ -172,3 +172,26 @@ def test_replies_leave_only_after_the_journal_sync(pki: RaftPki, tmp_path: Path)
         assert events == ["sync"]  # the reply acknowledging entry 5 never leaves
     finally:
         obj._doDestroy()
+
+
+@given(st.lists(st.integers(1, 4), min_size=1, max_size=25).map(sorted),
+       st.lists(st.tuples(st.integers(0, 30), st.integers(0, 6)), max_size=40))
+def test_acknowledged_prefix_survives_any_order_of_leader_batches(terms: list[int],
+                                                                 messages: list[tuple[int, int]]) -> None:
+    """One leader's batches, delivered late, repeated or out of order, never remove an entry the
+    follower already acknowledged (stock pysyncobj's truncate-after-prevLogIdx fails this)."""
+    leader = [(b"noop", 1, 0)] + [(b"c%d" % i, i, term) for i, term in enumerate(terms, start=2)]
+    follower = [leader[0]]
+    acknowledged = 1
+    for prev, count in messages:
+        if not 1 <= prev <= len(leader):
+            continue
+        batch = leader[prev:prev + count]
+        term_at = _log([entry[2] for entry in follower])[0]
+        decision = decide_append(term_at, 1, len(follower), prev, leader[prev - 1][2], batch, 0, 1)
+        if decision.truncate_from is not None:
+            del follower[decision.truncate_from - 1:]
+        follower += decision.append
+        if decision.success:
+            acknowledged = max(acknowledged, decision.reply_next_index - 1)
+        assert follower[:acknowledged] == leader[:acknowledged]

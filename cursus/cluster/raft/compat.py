@@ -278,6 +278,7 @@ class CursusSyncObj(SyncObj):
 # Transport: mutual TLS on the same fd, identity check, authentication deadline
 
 _SEND_CHUNK = 64 * 1024
+_WARN_INTERVAL = 10.0
 
 
 class _TLSSocket:
@@ -331,13 +332,21 @@ class MTLSTransport(TCPTransport):
         self._deadlines: dict[TcpConnection, float] = {}
         self._peer_ids: dict[TcpConnection, str] = {}
         self.rejections: collections.Counter[str] = collections.Counter()
+        self._warned: dict[str, float] = {}
         super().__init__(syncObj, selfNode, otherNodes)
 
     # -- TLS setup ----------------------------------------------------------------------------------
 
     def _reject(self, conn: TcpConnection, reason: str, detail: object = "") -> None:
         self.rejections[reason] += 1
-        logger.warning("raft transport: refusing peer connection (%s) %s", reason, detail)
+        now = monotonic()
+        # A misconfigured peer retries every reconnect period: warn once per reason per 10 s.
+        level = logging.WARNING if now - self._warned.get(reason, -_WARN_INTERVAL) >= _WARN_INTERVAL \
+            else logging.DEBUG
+        if level == logging.WARNING:
+            self._warned[reason] = now
+        logger.log(level, "raft transport: refusing peer connection (%s, %d so far) %s", reason,
+                   self.rejections[reason], detail)
         self._forget(conn)
         self._unknownConnections.discard(conn)
         conn.disconnect()
