@@ -22,6 +22,7 @@ Usage::
     offsets TOPIC [--partition N]
     metadata TOPIC
     raw COMMAND [key=value ...]
+    certs --out DIR --nodes N [--host H ...]   (development CA + node certificates; no broker needed)
 
 The broker defaults to ``$CURSUS_BROKER`` or 127.0.0.1:9000. Global flags may also follow the subcommand.
 Output: aligned tables on a terminal, plain ``key=value`` lines when piped, JSON with ``--json``.
@@ -248,7 +249,13 @@ def build_parser() -> argparse.ArgumentParser:
     raw = commands.add_parser("raw", parents=[common], help="send any command text and print the reply")
     raw.add_argument("raw_command", metavar="COMMAND")
     raw.add_argument("raw_args", nargs=argparse.REMAINDER, metavar="key=value")
+    certs = commands.add_parser("certs", parents=[common], help="write a development CA and node certificates")
+    certs.add_argument("--out", required=True, metavar="DIR", help="directory for ca.crt/ca.key/node-N.crt/key")
+    certs.add_argument("--nodes", type=int, required=True, metavar="N", help="number of nodes (node-1..node-N)")
+    certs.add_argument("--host", action="append", metavar="H",
+                       help="host or IP in every node certificate (repeatable; default 127.0.0.1, localhost)")
     return parser
+
 
 
 def _finish_globals(args: argparse.Namespace) -> None:
@@ -821,8 +828,27 @@ def _print_reply(payload: bytes, out: Output) -> int:
     return EXIT_OK
 
 
+def cmd_certs(args: argparse.Namespace, options: ConnectionOptions, out: Output) -> int:
+    """``certs``: write a development CA and one mTLS certificate per node (:mod:`cursus.cluster.certs`)."""
+    from pathlib import Path
+
+    from cursus.cluster.certs import generate_cluster_certs, node_ids  # cryptography: only for this command
+
+    if args.nodes < 1:
+        raise UsageError("--nodes must be at least 1")
+    try:
+        written = generate_cluster_certs(Path(args.out), node_ids(args.nodes),
+                                         args.host or ("127.0.0.1", "localhost"))
+    except FileExistsError as exc:
+        raise UsageError(str(exc)) from None
+    out.line(f"ca {written.ca_cert}")
+    for files in written.nodes:
+        out.line(f"{files.node_id} cert={files.cert} key={files.key}")
+    return EXIT_OK
+
+
 _HANDLERS = {"topic": cmd_topic, "produce": cmd_produce, "consume": cmd_consume, "group": cmd_group,
-             "offsets": cmd_offsets, "metadata": cmd_metadata, "raw": cmd_raw}
+             "offsets": cmd_offsets, "metadata": cmd_metadata, "raw": cmd_raw, "certs": cmd_certs}
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -1,0 +1,1 @@
+"""Cluster mode: the Raft metadata layer (:mod:`cursus.cluster.raft`), internal TLS and certificates."""

@@ -1,0 +1,1 @@
+"""The Raft metadata layer: a hardened pysyncobj (see :mod:`.compat`) behind :class:`.node.RaftNode`."""
