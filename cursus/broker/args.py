@@ -1,0 +1,312 @@
+"""Every served command's parameters, as data (spec sections per command; facts B5 for reply shapes).
+
+One frozen dataclass per command; :func:`cursus.broker.params.parse_args` builds it from a request, so a
+handler receives validated, typed values. Field order is validation order. :data:`ARGS` maps each command
+to its type; HELP and ``docs/commands.md`` are rendered from it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+from cursus.broker.params import Args, Converter, param
+from cursus.coordinator.groups import validate_group_name, validate_member_id
+from cursus.metadata.topics import (
+    AUTH_POLICIES,
+    CLEANUP_POLICIES,
+    MAX_PARTITIONS,
+    PARTITIONERS,
+    validate_topic_name,
+)
+from cursus.parsing import I32_MAX, U64_MAX, parse_int
+from cursus.wire import Command
+from cursus.wire.errors import BrokerError
+
+# --------------------------------------------------------------------------------------------- converters
+
+
+def topic_name(raw: str, command: str) -> str:
+    """A topic name (spec CREATE naming rule); ``invalid_topic_name``."""
+    return validate_topic_name(raw, command=command)
+
+
+def read_topic_name(raw: str, command: str) -> str:
+    """A topic name for CONSUME/STREAM: wildcards belong to group subscriptions."""
+    if "*" in raw or "?" in raw:
+        raise BrokerError.of("invalid_topic_name", topic=raw, reason="wildcards belong to group subscriptions")
+    return validate_topic_name(raw, command=command)
+
+
+def group_name(raw: str, command: str) -> str:
+    return validate_group_name(raw, command=command)
+
+
+def member_id(raw: str, command: str) -> str:
+    return validate_member_id(raw, command=command)
+
+
+def _positive(code: str, maximum: int | None = None) -> Converter:
+    def convert(raw: str, command: str) -> int:
+        value = parse_int(raw, minimum=1)
+        if value is None:
+            raise BrokerError.of(code, reason="must be a positive integer", value=raw)
+        if maximum is not None and value > maximum:
+            raise BrokerError.of(code, reason=f"at most {maximum}", value=value)
+        return value
+    return convert
+
+
+def _policy_choice(key: str, choices: tuple[str, ...]) -> Converter:
+    def convert(raw: str, command: str) -> str:
+        if raw not in choices:
+            raise BrokerError.of("invalid_topic_policy", field=key, reason=f"invalid {key} {raw}")
+        return raw
+    return convert
+
+
+def min_isr(raw: str, command: str) -> int | str:
+    """``min_in_sync_replicas=N|default``: a positive integer or the literal ``default``."""
+    if raw == "default":
+        return "default"
+    value = parse_int(raw, minimum=1)
+    if value is None:
+        raise BrokerError.of("invalid_min_in_sync_replicas", value=raw)
+    return value
+
+
+def isolation(raw: str, command: str) -> str:
+    if raw not in ("read_committed", "read_uncommitted"):
+        raise BrokerError.of("invalid_isolation", value=raw, command=command)
+    return raw
+
+
+def _int_fields(code: str, *, minimum: int = 0) -> Converter:
+    """A strict integer >= ``minimum``; ``code value=`` when malformed."""
+    def convert(raw: str, command: str) -> int:
+        value = parse_int(raw, minimum=minimum)
+        if value is None:
+            raise BrokerError.of(code, value=raw)
+        return value
+    return convert
+
+
+# ------------------------------------------------------------------------------------------ session commands
+
+
+@dataclass(frozen=True)
+class AuthArgs(Args):
+    """AUTH [principal=] [token=]."""
+
+    principal: str = param(default="", doc="who is authenticating")
+
+
+@dataclass(frozen=True)
+class NoArgs(Args):
+    """EXIT, HELP, LIST, LIST_GROUPS: no parameters."""
+
+
+# -------------------------------------------------------------------------------------------- topic commands
+
+
+@dataclass(frozen=True)
+class CreateArgs(Args):
+    """CREATE topic= [partitions=] [...policy]: a new topic or a presence-aware patch (None = omitted)."""
+
+    STRICT = True
+    topic: str = param(kind="custom", convert=topic_name, required=True, doc="topic name")
+    partitions: int | None = param(kind="custom", convert=_positive("invalid_partitions", MAX_PARTITIONS),
+                                   doc="partition count (only grows)")
+    replication_factor: int | None = param(kind="custom", convert=_positive("invalid_replication_factor"))
+    idempotent: bool | None = param(kind="bool", invalid="invalid_idempotent")
+    event_sourcing: bool | None = param(kind="bool", invalid="invalid_event_sourcing")
+    cleanup_policy: str | None = param(kind="custom", convert=_policy_choice("cleanup_policy", CLEANUP_POLICIES))
+    partitioner: str | None = param(kind="custom", convert=_policy_choice("partitioner", PARTITIONERS))
+    auth_policy: str | None = param(kind="custom", convert=_policy_choice("auth_policy", AUTH_POLICIES))
+    retention_hours: int | None = param(kind="custom", convert=_int_fields("invalid_retention_hours"))
+    retention_bytes: int | None = param(kind="custom", convert=_int_fields("invalid_retention_bytes"))
+    read_acl: tuple[str, ...] | None = param(kind="csv")
+    write_acl: tuple[str, ...] | None = param(kind="csv")
+    min_in_sync_replicas: int | str | None = param(kind="custom", convert=min_isr, doc="N or default")
+
+
+@dataclass(frozen=True)
+class AlterTopicConfigArgs(Args):
+    """ALTER_TOPIC_CONFIG topic= min_in_sync_replicas=N|default."""
+
+    STRICT = True
+    topic: str = param(kind="custom", convert=topic_name, required=True)
+    min_in_sync_replicas: int | str = param(kind="custom", convert=min_isr, required=True, default="default")
+
+
+@dataclass(frozen=True)
+class DeleteArgs(Args):
+    """DELETE topic= [if_exists=true|false]."""
+
+    topic: str = param(kind="custom", convert=topic_name, required=True)
+    if_exists: bool = param(kind="bool", default=False, doc="no error when the topic is absent")
+
+
+@dataclass(frozen=True)
+class TopicArgs(Args):
+    """METADATA / DESCRIBE topic=."""
+
+    topic: str = param(kind="custom", convert=topic_name, required=True)
+
+
+@dataclass(frozen=True)
+class ListOffsetsArgs(Args):
+    """LIST_OFFSETS topic= [partition=]."""
+
+    topic: str = param(kind="custom", convert=topic_name, required=True)
+    partition: int | None = param(kind="int", invalid="invalid_partition")
+
+
+# ----------------------------------------------------------------------------------------- produce / fetch
+
+
+@dataclass(frozen=True)
+class PublishArgs(Args):
+    """Text PUBLISH topic= producerId= message= [acks=] [partition=] [key=] [isIdempotent=] [seqNum=] [epoch=].
+
+    (A CBV2 batch PUBLISH carries these in its batch header instead: see :func:`cursus.wire.scan_batch`.)
+    """
+
+    acks: str | None = param(doc="0 | 1 | all | -1 (default 1)")
+    topic: str = param(kind="custom", convert=topic_name, required=True)
+    producer_id: str = param("producerId", required=True, missing="missing_producer_id")
+    message: str = param(required=True, empty_ok=True)
+    idempotent: bool = param("isIdempotent", kind="bool", default=False, invalid="invalid_is_idempotent")
+    seq_num: int = param("seqNum", kind="int", default=0, minimum=0, maximum=U64_MAX, invalid="invalid_seq_num")
+    epoch: int = param(kind="int", default=0, invalid="invalid_epoch")
+    key: str | None = param(empty_ok=True)
+    partition: int = param(kind="int", default=-1, minimum=-1, maximum=I32_MAX, invalid="invalid_partition",
+                           doc="-1 or omitted: the broker chooses")
+
+
+@dataclass(frozen=True)
+class ReadArgs(Args):
+    """CONSUME / STREAM topic= partition= [offset=] [batch=] [max_bytes=] [isolation=] [autoOffsetReset=]
+    [group=] [member=] [wait_ms=] (``offset`` None = resume: committed offset, else the reset policy)."""
+
+    topic: str = param(kind="custom", convert=read_topic_name, required=True)
+    partition: int = param(kind="int", required=True, invalid="invalid_partition")
+    isolation: str = param(kind="custom", convert=isolation, aliases=("isolation_level",),
+                           default="read_committed")
+    batch: int | None = param(kind="int", minimum=1, invalid="invalid_batch")
+    max_bytes: int | None = param(kind="int", minimum=1, invalid="invalid_max_bytes")
+    group: str | None = param()
+    member: str | None = param()
+    auto_offset_reset: str = param("autoOffsetReset", aliases=("auto_offset_reset",), default="earliest")
+    offset: int | None = param(kind="int", minimum=0, invalid="invalid_offset")
+    wait_ms: int = param(kind="int", default=0, minimum=0, invalid="invalid_wait_ms")
+
+
+# ------------------------------------------------------------------------------------------- group commands
+
+
+@dataclass(frozen=True)
+class RegisterGroupArgs(Args):
+    """REGISTER_GROUP group= (topic= | topics= | pattern=)."""
+
+    group: str = param(kind="custom", convert=group_name, required=True)
+    topic: str | None = param()
+    topics: str | None = param()
+    pattern: str | None = param()
+
+
+@dataclass(frozen=True)
+class MemberArgs(Args):
+    """JOIN_GROUP / HEARTBEAT / LEAVE_GROUP [topic=] group= member= [generation=]."""
+
+    group: str = param(kind="custom", convert=group_name, required=True)
+    member: str = param(kind="custom", convert=member_id, required=True)
+    topic: str | None = param(kind="custom", convert=topic_name)
+    generation: int | None = param(kind="int", minimum=0, invalid="invalid_generation")
+
+
+@dataclass(frozen=True)
+class SyncGroupArgs(Args):
+    """SYNC_GROUP [topic=] group= member= generation=."""
+
+    group: str = param(kind="custom", convert=group_name, required=True)
+    member: str = param(kind="custom", convert=member_id, required=True)
+    topic: str | None = param(kind="custom", convert=topic_name)
+    generation: int = param(kind="int", required=True, minimum=0, invalid="invalid_generation", default=0)
+
+
+@dataclass(frozen=True)
+class CommitOffsetArgs(Args):
+    """COMMIT_OFFSET topic= partition= group= offset= member= generation= [validate_only=|ownership_only=]."""
+
+    partition: int = param(kind="int", required=True, minimum=0, invalid="invalid_partition", default=0)
+    offset: int = param(kind="int", required=True, minimum=0, invalid="invalid_offset", default=0)
+    topic: str = param(kind="custom", convert=topic_name, required=True, default="")
+    group: str = param(kind="custom", convert=group_name, required=True, default="")
+    member: str = param(kind="custom", convert=member_id, required=True, default="")
+    generation: int = param(kind="int", required=True, minimum=0, invalid="invalid_generation", default=0)
+    validate_only: bool = param(kind="flag", aliases=("ownership_only",), default=False)
+
+
+@dataclass(frozen=True)
+class BatchCommitArgs(Args):
+    """BATCH_COMMIT topic= group= member= generation= offsets=P<p>:<next>,... (or one positional list)."""
+
+    topic: str = param(kind="custom", convert=topic_name, required=True, default="")
+    group: str = param(kind="custom", convert=group_name, required=True, default="")
+    member: str = param(kind="custom", convert=member_id, required=True, default="")
+    generation: int = param(kind="int", required=True, minimum=0, invalid="invalid_generation", default=0)
+    offsets: str | None = param(empty_ok=True, doc="P<partition>:<next offset>,...")
+    positionals: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class FetchOffsetArgs(Args):
+    """FETCH_OFFSET topic= partition= group=."""
+
+    topic: str = param(kind="custom", convert=topic_name, required=True, default="")
+    partition: int = param(kind="int", required=True, minimum=0, invalid="invalid_partition", default=0)
+    group: str = param(kind="custom", convert=group_name, required=True, default="")
+
+
+@dataclass(frozen=True)
+class GroupArgs(Args):
+    """GROUP_STATUS group=."""
+
+    group: str = param(kind="custom", convert=group_name, required=True)
+
+
+@dataclass(frozen=True)
+class FindCoordinatorArgs(Args):
+    """FIND_COORDINATOR group= | transactional_id= (aliases txn=, transaction=)."""
+
+    group: str | None = param()
+    transactional_id: str | None = param(aliases=("txn", "transaction"))
+
+
+ARGS: Mapping[Command, type[Args]] = {
+    Command.AUTH: AuthArgs,
+    Command.EXIT: NoArgs,
+    Command.HELP: NoArgs,
+    Command.CREATE: CreateArgs,
+    Command.LIST: NoArgs,
+    Command.DESCRIBE: TopicArgs,
+    Command.ALTER_TOPIC_CONFIG: AlterTopicConfigArgs,
+    Command.DELETE: DeleteArgs,
+    Command.METADATA: TopicArgs,
+    Command.LIST_OFFSETS: ListOffsetsArgs,
+    Command.PUBLISH: PublishArgs,
+    Command.CONSUME: ReadArgs,
+    Command.STREAM: ReadArgs,
+    Command.REGISTER_GROUP: RegisterGroupArgs,
+    Command.JOIN_GROUP: MemberArgs,
+    Command.SYNC_GROUP: SyncGroupArgs,
+    Command.HEARTBEAT: MemberArgs,
+    Command.LEAVE_GROUP: MemberArgs,
+    Command.COMMIT_OFFSET: CommitOffsetArgs,
+    Command.BATCH_COMMIT: BatchCommitArgs,
+    Command.FETCH_OFFSET: FetchOffsetArgs,
+    Command.GROUP_STATUS: GroupArgs,
+    Command.LIST_GROUPS: NoArgs,
+    Command.FIND_COORDINATOR: FindCoordinatorArgs,
+}
