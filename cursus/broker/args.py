@@ -7,10 +7,11 @@ to its type; HELP and ``docs/commands.md`` are rendered from it.
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from cursus.broker.params import Args, Converter, param
+from cursus.broker.params import Args, Converter, param, params_of
 from cursus.coordinator.groups import validate_group_name, validate_member_id
 from cursus.metadata.topics import (
     AUTH_POLICIES,
@@ -27,22 +28,24 @@ from cursus.wire.errors import BrokerError
 
 
 def topic_name(raw: str, command: str) -> str:
-    """A topic name (spec CREATE naming rule); ``invalid_topic_name``."""
+    """`invalid_topic_name` unless 1-249 of A-Z a-z 0-9 . _ - ="""
     return validate_topic_name(raw, command=command)
 
 
 def read_topic_name(raw: str, command: str) -> str:
-    """A topic name for CONSUME/STREAM: wildcards belong to group subscriptions."""
+    """`invalid_topic_name` unless a topic name (no wildcards: they belong to group subscriptions)"""
     if "*" in raw or "?" in raw:
         raise BrokerError.of("invalid_topic_name", topic=raw, reason="wildcards belong to group subscriptions")
     return validate_topic_name(raw, command=command)
 
 
 def group_name(raw: str, command: str) -> str:
+    """`invalid_payload field=group` unless 1-249 of A-Z a-z 0-9 . _ = : @ + / -"""
     return validate_group_name(raw, command=command)
 
 
 def member_id(raw: str, command: str) -> str:
+    """`invalid_payload field=member` unless 1-244 of A-Z a-z 0-9 . _ = : @ + / -"""
     return validate_member_id(raw, command=command)
 
 
@@ -54,6 +57,7 @@ def _positive(code: str, maximum: int | None = None) -> Converter:
         if maximum is not None and value > maximum:
             raise BrokerError.of(code, reason=f"at most {maximum}", value=value)
         return value
+    convert.__doc__ = f"`{code}` unless an integer >= 1" + (f" and <= {maximum}" if maximum else "")
     return convert
 
 
@@ -62,11 +66,12 @@ def _policy_choice(key: str, choices: tuple[str, ...]) -> Converter:
         if raw not in choices:
             raise BrokerError.of("invalid_topic_policy", field=key, reason=f"invalid {key} {raw}")
         return raw
+    convert.__doc__ = f"`invalid_topic_policy` unless one of {', '.join(choices)}"
     return convert
 
 
 def min_isr(raw: str, command: str) -> int | str:
-    """``min_in_sync_replicas=N|default``: a positive integer or the literal ``default``."""
+    """`invalid_min_in_sync_replicas` unless an integer >= 1 or `default`"""
     if raw == "default":
         return "default"
     value = parse_int(raw, minimum=1)
@@ -76,6 +81,7 @@ def min_isr(raw: str, command: str) -> int | str:
 
 
 def isolation(raw: str, command: str) -> str:
+    """`invalid_isolation` unless read_committed or read_uncommitted"""
     if raw not in ("read_committed", "read_uncommitted"):
         raise BrokerError.of("invalid_isolation", value=raw, command=command)
     return raw
@@ -88,6 +94,7 @@ def _int_fields(code: str, *, minimum: int = 0) -> Converter:
         if value is None:
             raise BrokerError.of(code, value=raw)
         return value
+    convert.__doc__ = f"`{code}` unless an integer >= {minimum}"
     return convert
 
 
@@ -310,3 +317,45 @@ ARGS: Mapping[Command, type[Args]] = {
     Command.LIST_GROUPS: NoArgs,
     Command.FIND_COORDINATOR: FindCoordinatorArgs,
 }
+
+
+def render_markdown() -> str:
+    """The command reference page (``docs/commands.md``) from :data:`ARGS`: one section per command with
+    its parameters in validation order."""
+    out = [
+        "# Commands and their parameters\n",
+        "Generated from `cursus/broker/args.py` (`python -m cursus.broker.args > docs/commands.md`); a test",
+        "fails when this page and the code disagree. Parameters are validated in the order listed, so a request",
+        "gets the first error in this order. Every command also accepts `principal=` and `auth_token=`.\n",
+    ]
+    for command in sorted(ARGS):
+        args_type = ARGS[command]
+        out.append(f"## {command.name} (id {int(command)})\n")
+        out.append((args_type.__doc__ or "").strip().splitlines()[0] + "\n")
+        pairs = params_of(args_type)
+        if not pairs:
+            out.append("No parameters.\n")
+            continue
+        if args_type.STRICT:
+            out.append("Unknown fields are refused with `invalid_field`.\n")
+        out += ["| field | type | required | default | aliases | error when malformed | notes |",
+                "| --- | --- | --- | --- | --- | --- | --- |"]
+        for attr, p in pairs:
+            default = next(f.default for f in dataclasses.fields(args_type) if f.name == attr)  # type: ignore[arg-type]
+            kind = "|".join(p.choices) if p.kind == "choice" else p.kind
+            if p.kind == "custom":
+                kind, invalid = "text", (p.convert.__doc__ or "").strip().splitlines()[0] if p.convert else ""
+            elif p.kind in ("flag", "csv", "str"):
+                invalid = "never"
+            else:
+                invalid = f"`{p.invalid or 'invalid_' + p.name}`"
+            out.append(
+                f"| `{p.name}` | {kind} | {'yes: `' + (p.missing or 'missing_' + p.name) + '`' if p.required else 'no'}"
+                f" | {'' if p.required or default is None else '`' + str(default) + '`'}"
+                f" | {', '.join('`' + a + '`' for a in p.aliases)} | {invalid} | {p.doc} |")
+        out.append("")
+    return "\n".join(out)
+
+
+if __name__ == "__main__":  # python -m cursus.broker.args > docs/commands.md
+    print(render_markdown(), end="")

@@ -94,3 +94,15 @@ def test_any_input_parses_or_raises_a_registered_typed_error(args_type, fields, 
         parse_args(args_type, fields, "CMD", positionals)
     except BrokerError as exc:
         assert exc.error.code in REGISTRY
+
+
+def test_commands_page_is_generated_from_the_table():
+    import subprocess
+    import sys
+
+    from tests.conftest import REPO_ROOT
+
+    generated = subprocess.run([sys.executable, "-m", "cursus.broker.args"], capture_output=True, text=True,
+                               check=True).stdout
+    page = (REPO_ROOT / "docs" / "commands.md").read_text()
+    assert page == generated, "regenerate: python -m cursus.broker.args > docs/commands.md"
