@@ -1,6 +1,6 @@
 """Every served command's parameters, as data (spec sections per command; facts B5 for reply shapes).
 
-One frozen dataclass per command; :func:`cursus.broker.params.parse_args` builds it from a request, so a
+One frozen dataclass per command; :func:`cursus.params.parse_args` builds it from a request, so a
 handler receives validated, typed values. Field order is validation order. :data:`ARGS` maps each command
 to its type; HELP and ``docs/commands.md`` are rendered from it.
 """
@@ -11,25 +11,14 @@ import dataclasses
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from cursus.broker.params import Args, Converter, param, params_of
 from cursus.coordinator.groups import validate_group_name, validate_member_id
-from cursus.metadata.topics import (
-    AUTH_POLICIES,
-    CLEANUP_POLICIES,
-    MAX_PARTITIONS,
-    PARTITIONERS,
-    validate_topic_name,
-)
-from cursus.parsing import I32_MAX, U64_MAX, parse_int
+from cursus.metadata.topics import TopicSpec, min_isr_value, topic_name, validate_topic_name
+from cursus.params import Args, param, params_of
+from cursus.parsing import I32_MAX, U64_MAX
 from cursus.wire import Command
 from cursus.wire.errors import BrokerError
 
 # --------------------------------------------------------------------------------------------- converters
-
-
-def topic_name(raw: str, command: str) -> str:
-    """`invalid_topic_name` unless 1-249 of A-Z a-z 0-9 . _ - ="""
-    return validate_topic_name(raw, command=command)
 
 
 def read_topic_name(raw: str, command: str) -> str:
@@ -49,35 +38,7 @@ def member_id(raw: str, command: str) -> str:
     return validate_member_id(raw, command=command)
 
 
-def _positive(code: str, maximum: int | None = None) -> Converter:
-    def convert(raw: str, command: str) -> int:
-        value = parse_int(raw, minimum=1)
-        if value is None:
-            raise BrokerError.of(code, reason="must be a positive integer", value=raw)
-        if maximum is not None and value > maximum:
-            raise BrokerError.of(code, reason=f"at most {maximum}", value=value)
-        return value
-    convert.__doc__ = f"`{code}` unless an integer >= 1" + (f" and <= {maximum}" if maximum else "")
-    return convert
 
-
-def _policy_choice(key: str, choices: tuple[str, ...]) -> Converter:
-    def convert(raw: str, command: str) -> str:
-        if raw not in choices:
-            raise BrokerError.of("invalid_topic_policy", field=key, reason=f"invalid {key} {raw}")
-        return raw
-    convert.__doc__ = f"`invalid_topic_policy` unless one of {', '.join(choices)}"
-    return convert
-
-
-def min_isr(raw: str, command: str) -> int | str:
-    """`invalid_min_in_sync_replicas` unless an integer >= 1 or `default`"""
-    if raw == "default":
-        return "default"
-    value = parse_int(raw, minimum=1)
-    if value is None:
-        raise BrokerError.of("invalid_min_in_sync_replicas", value=raw)
-    return value
 
 
 def isolation(raw: str, command: str) -> str:
@@ -86,16 +47,6 @@ def isolation(raw: str, command: str) -> str:
         raise BrokerError.of("invalid_isolation", value=raw, command=command)
     return raw
 
-
-def _int_fields(code: str, *, minimum: int = 0) -> Converter:
-    """A strict integer >= ``minimum``; ``code value=`` when malformed."""
-    def convert(raw: str, command: str) -> int:
-        value = parse_int(raw, minimum=minimum)
-        if value is None:
-            raise BrokerError.of(code, value=raw)
-        return value
-    convert.__doc__ = f"`{code}` unless an integer >= {minimum}"
-    return convert
 
 
 # ------------------------------------------------------------------------------------------ session commands
@@ -117,33 +68,12 @@ class NoArgs(Args):
 
 
 @dataclass(frozen=True)
-class CreateArgs(Args):
-    """CREATE topic= [partitions=] [...policy]: a new topic or a presence-aware patch (None = omitted)."""
-
-    STRICT = True
-    topic: str = param(kind="custom", convert=topic_name, required=True, doc="topic name")
-    partitions: int | None = param(kind="custom", convert=_positive("invalid_partitions", MAX_PARTITIONS),
-                                   doc="partition count (only grows)")
-    replication_factor: int | None = param(kind="custom", convert=_positive("invalid_replication_factor"))
-    idempotent: bool | None = param(kind="bool", invalid="invalid_idempotent")
-    event_sourcing: bool | None = param(kind="bool", invalid="invalid_event_sourcing")
-    cleanup_policy: str | None = param(kind="custom", convert=_policy_choice("cleanup_policy", CLEANUP_POLICIES))
-    partitioner: str | None = param(kind="custom", convert=_policy_choice("partitioner", PARTITIONERS))
-    auth_policy: str | None = param(kind="custom", convert=_policy_choice("auth_policy", AUTH_POLICIES))
-    retention_hours: int | None = param(kind="custom", convert=_int_fields("invalid_retention_hours"))
-    retention_bytes: int | None = param(kind="custom", convert=_int_fields("invalid_retention_bytes"))
-    read_acl: tuple[str, ...] | None = param(kind="csv")
-    write_acl: tuple[str, ...] | None = param(kind="csv")
-    min_in_sync_replicas: int | str | None = param(kind="custom", convert=min_isr, doc="N or default")
-
-
-@dataclass(frozen=True)
 class AlterTopicConfigArgs(Args):
     """ALTER_TOPIC_CONFIG topic= min_in_sync_replicas=N|default."""
 
     STRICT = True
     topic: str = param(kind="custom", convert=topic_name, required=True)
-    min_in_sync_replicas: int | str = param(kind="custom", convert=min_isr, required=True, default="default")
+    min_in_sync_replicas: int | str = param(kind="custom", convert=min_isr_value, required=True, default="default")
 
 
 @dataclass(frozen=True)
@@ -295,7 +225,7 @@ ARGS: Mapping[Command, type[Args]] = {
     Command.AUTH: AuthArgs,
     Command.EXIT: NoArgs,
     Command.HELP: NoArgs,
-    Command.CREATE: CreateArgs,
+    Command.CREATE: TopicSpec,
     Command.LIST: NoArgs,
     Command.DESCRIBE: TopicArgs,
     Command.ALTER_TOPIC_CONFIG: AlterTopicConfigArgs,

@@ -10,12 +10,12 @@ from cursus.broker.args import (
     ARGS,
     BatchCommitArgs,
     CommitOffsetArgs,
-    CreateArgs,
     DeleteArgs,
     PublishArgs,
     ReadArgs,
 )
-from cursus.broker.params import params_of, parse_args, usage
+from cursus.metadata.topics import TopicSpec
+from cursus.params import params_of, parse_args, usage
 from cursus.wire.errors import REGISTRY, BrokerError
 
 
@@ -52,15 +52,15 @@ def test_missing_and_invalid_codes_in_declaration_order():
 
 
 def test_strict_commands_refuse_unknown_fields_but_allow_auth_fields():
-    assert _code(CreateArgs, {"topic": "t", "partitons": "3"}) == "invalid_field"
-    args = parse_args(CreateArgs, {"topic": "t", "partitions": "3", "principal": "p", "auth_token": "x"}, "CREATE")
+    assert _code(TopicSpec, {"topic": "t", "partitons": "3"}) == "invalid_field"
+    args = parse_args(TopicSpec, {"topic": "t", "partitions": "3", "principal": "p", "auth_token": "x"}, "CREATE")
     assert args.partitions == 3 and args.replication_factor is None and args.min_in_sync_replicas is None
-    assert parse_args(CreateArgs, {"topic": "t", "min_in_sync_replicas": "default"}, "CREATE").min_in_sync_replicas \
+    assert parse_args(TopicSpec, {"topic": "t", "min_in_sync_replicas": "default"}, "CREATE").min_in_sync_replicas \
         == "default"
-    assert _code(CreateArgs, {"topic": "t", "partitions": "0"}) == "invalid_partitions"
-    assert _code(CreateArgs, {"topic": "t", "partitions": "99999"}) == "invalid_partitions"
-    assert _code(CreateArgs, {"topic": "t", "cleanup_policy": "shred"}) == "invalid_topic_policy"
-    assert parse_args(CreateArgs, {"topic": "t", "read_acl": " a, ,b "}, "CREATE").read_acl == ("a", "b")
+    assert _code(TopicSpec, {"topic": "t", "partitions": "0"}) == "invalid_partitions"
+    assert _code(TopicSpec, {"topic": "t", "partitions": "99999"}) == "invalid_partitions"
+    assert _code(TopicSpec, {"topic": "t", "cleanup_policy": "shred"}) == "invalid_topic_policy"
+    assert parse_args(TopicSpec, {"topic": "t", "read_acl": " a, ,b "}, "CREATE").read_acl == ("a", "b")
 
 
 def test_flags_and_positionals():
