@@ -20,6 +20,18 @@ from cursus.wire.errors import BrokerError
 
 # --------------------------------------------------------------------------------------------- converters
 
+#: acks strings (facts decision 11) -> ack mode label: "none" suppresses the reply.
+ACK_MODES = {"0": "none", "none": "none", "": "leader", "1": "leader", "all": "all", "-1": "all"}
+
+
+def parse_acks(raw: str | None) -> str:
+    """Map an acks value to ``none`` / ``leader`` / ``all``. Raises BrokerError ``invalid_acks``."""
+    mode = ACK_MODES.get((raw if raw is not None else "1").strip().lower())
+    if mode is None:
+        raise BrokerError.of("invalid_acks", value=raw)
+    return mode
+
+
 
 def read_topic_name(raw: str, command: str) -> str:
     """`invalid_topic_name` unless a topic name (no wildcards: they belong to group subscriptions)"""
@@ -39,6 +51,11 @@ def member_id(raw: str, command: str) -> str:
 
 
 
+
+
+def acks_mode(raw: str, command: str) -> str:
+    """`invalid_acks` unless 0, none, 1, all or -1 (the mode: none, leader or all)"""
+    return parse_acks(raw)
 
 
 def isolation(raw: str, command: str) -> str:
@@ -109,7 +126,7 @@ class PublishArgs(Args):
     (A CBV2 batch PUBLISH carries these in its batch header instead: see :func:`cursus.wire.scan_batch`.)
     """
 
-    acks: str | None = param(doc="0 | 1 | all | -1 (default 1)")
+    acks: str = param(kind="custom", convert=acks_mode, default="leader", doc="0 | 1 | all | -1 (default 1)")
     topic: str = param(kind="custom", convert=topic_name, required=True)
     producer_id: str = param("producerId", required=True, missing="missing_producer_id")
     message: str = param(required=True, empty_ok=True)
