@@ -15,7 +15,7 @@ import logging
 import os
 import time
 import uuid
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -31,7 +31,7 @@ from cursus.metadata.apply import ApplyResult
 from cursus.metadata.backend import Metadata, StandaloneMetadata
 from cursus.metadata.commands import AlterTopicConfig, Command, CreateTopic, DeleteTopic, PutTopic
 from cursus.metadata.state import BrokerInfo
-from cursus.metadata.topics import AUTH_FIELDS, TopicDefinition, is_internal_topic
+from cursus.metadata.topics import TopicDefinition, TopicSpec, is_internal_topic
 from cursus.storage import (
     Completion,
     GroupCommitWriter,
@@ -332,18 +332,18 @@ class Broker:
         async with self._group_sync:
             await self.coordinator.on_topic_changed(defn)
 
-    async def create_topic(self, name: str, fields: Mapping[str, str]) -> TopicDefinition:
+    async def create_topic(self, spec: TopicSpec) -> TopicDefinition:
         """CREATE (new topic or presence-aware patch): committed, local partitions open, groups updated.
 
         Raises:
             BrokerError: CREATE validation errors; ``create_topic_failed`` when the commit or a partition
                 open fails, or while storage of a deleted topic of that name could not be removed yet.
         """
+        name = spec.topic
         if self.metadata.get(name) is None and await self.reconciler.retry_cleanup(name):
             raise BrokerError.of("create_topic_failed", topic=name, cleanup_pending=True,
                                  reason="storage of a deleted topic of this name is not removed yet")
-        command = CreateTopic(uuid.uuid4().hex, name, {k: v for k, v in fields.items() if k not in AUTH_FIELDS},
-                              self.config.default_partitions, self.config.log_cleanup_policy)
+        command = CreateTopic(uuid.uuid4().hex, spec, self.config.default_partitions, self.config.log_cleanup_policy)
         try:
             result = await self._submit(command)
         except OSError as exc:

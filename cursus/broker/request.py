@@ -125,4 +125,6 @@ class StreamReply:
         raise NotImplementedError
 
 
-Handler = Callable[["Broker", Request], Awaitable[Reply | NoReply | bytes | Parts | StreamReply]]
+#: What a handler answers (see :mod:`cursus.broker.session` for how each is written).
+Answer = Reply | NoReply | bytes | Parts | StreamReply
+Handler = Callable[["Broker", Request], Awaitable[Answer]]

@@ -107,7 +107,7 @@ def _delete(state: MetadataState, command: DeleteTopic) -> tuple[MetadataState, 
 def _next_definition(state: MetadataState, command: CreateTopic | PutTopic | AlterTopicConfig,
                      current: TopicDefinition | None) -> TopicDefinition:
     if isinstance(command, CreateTopic):
-        return apply_create(current, command.topic, command.fields,
+        return apply_create(current, command.spec,
                             default_partitions=command.default_partitions,
                             default_cleanup_policy=command.default_cleanup_policy,
                             max_replication_factor=len(state.active_brokers()))

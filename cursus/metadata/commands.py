@@ -12,12 +12,13 @@ Every command has a ``request_id`` (a retried command applies once) and topic co
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 from cursus.metadata.state import BrokerInfo
-from cursus.metadata.topics import TopicDefinition
+from cursus.metadata.topics import TopicDefinition, TopicSpec
+from cursus.params import parse_args
+from cursus.wire.errors import BrokerError
 
 COMMAND_VERSION = 1
 
@@ -26,16 +27,19 @@ COMMAND_VERSION = 1
 class CreateTopic:
     """CREATE: a new topic, or a presence-aware patch of an existing one (spec "CREATE").
 
-    ``fields`` are the request's CREATE fields (strings, authentication fields removed); the defaults are
-    the broker's ``default_partitions`` and ``log_cleanup_policy``.
+    ``spec`` is the request's validated arguments (a :class:`TopicSpec`, encoded as its canonical fields);
+    the defaults are the broker's ``default_partitions`` and ``log_cleanup_policy``.
     """
 
     request_id: str
-    topic: str
-    fields: Mapping[str, str] = field(default_factory=dict)
+    spec: TopicSpec
     default_partitions: int = 1
     default_cleanup_policy: str = "delete"
     expected_revision: int | None = None
+
+    @property
+    def topic(self) -> str:
+        return self.spec.topic
 
 
 @dataclass(frozen=True, slots=True)
@@ -91,7 +95,7 @@ _NAMES = {cls: name for name, cls in _TYPES.items()}
 
 def _body(command: Command) -> dict[str, Any]:
     if isinstance(command, CreateTopic):
-        return {"topic": command.topic, "fields": dict(command.fields),
+        return {"spec": command.spec.to_fields(),
                 "default_partitions": command.default_partitions,
                 "default_cleanup_policy": command.default_cleanup_policy,
                 "expected_revision": command.expected_revision}
@@ -131,7 +135,7 @@ def _str(value: Any) -> str:
 
 
 _FIELDS = {
-    "create_topic": {"topic", "fields", "default_partitions", "default_cleanup_policy", "expected_revision"},
+    "create_topic": {"spec", "default_partitions", "default_cleanup_policy", "expected_revision"},
     "put_topic": {"definition", "expected_revision"},
     "alter_topic_config": {"topic", "min_in_sync_replicas", "expected_revision"},
     "delete_topic": {"topic", "expected_revision"},
@@ -153,10 +157,14 @@ def decode(data: bytes) -> Command:
     request_id = _str(doc["request_id"])
     try:
         if kind == "create_topic":
-            fields = doc["fields"]
+            fields = doc["spec"]
             if not isinstance(fields, dict) or not all(isinstance(v, str) for v in fields.values()):
-                raise ValueError("fields must map strings to strings")
-            return CreateTopic(request_id, _str(doc["topic"]), dict(fields), _int(doc["default_partitions"]),
+                raise ValueError("spec must map strings to strings")
+            try:
+                spec = parse_args(TopicSpec, fields, "CREATE")
+            except BrokerError as exc:
+                raise ValueError(f"bad CREATE spec: {exc.error.code}") from None
+            return CreateTopic(request_id, spec, _int(doc["default_partitions"]),
                                _str(doc["default_cleanup_policy"]), _opt_int(doc["expected_revision"]))
         if kind == "put_topic":
             return PutTopic(request_id, TopicDefinition.from_manifest(doc["definition"]),

@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from cursus.params import Args, Converter, param
 from cursus.parsing import parse_int
 from cursus.storage.atomic import atomic_write
 from cursus.wire.errors import BrokerError
@@ -34,15 +35,6 @@ INTERNAL_TOPIC_PREFIX = "__"
 CLEANUP_POLICIES = ("delete", "compact", "delete,compact")
 PARTITIONERS = ("hash_key", "round_robin")
 AUTH_POLICIES = ("open", "deny_write", "deny_read", "acl")
-#: Fields every command may carry (authentication), never part of a topic definition.
-AUTH_FIELDS = frozenset({"principal", "auth_token"})
-CREATE_FIELDS = frozenset(
-    {
-        "topic", "partitions", "idempotent", "event_sourcing", "replication_factor", "min_in_sync_replicas",
-        "cleanup_policy", "retention_hours", "retention_bytes", "partitioner", "auth_policy", "read_acl",
-        "write_acl",
-    }
-)
 
 
 def validate_topic_name(name: str | None, *, command: str) -> str:
@@ -160,55 +152,105 @@ class TopicDefinition:
 # ---------------------------------------------------------------------------------------------- CREATE
 
 
-def _int_field(fields: Mapping[str, str], key: str, code: str, *, minimum: int) -> int | None:
-    raw = fields.get(key)
-    if raw is None:
-        return None
-    value = parse_int(raw, minimum=minimum)
-    if value is None:
-        if code in ("invalid_partitions", "invalid_replication_factor"):
+def topic_name(raw: str, command: str) -> str:
+    """`invalid_topic_name` unless 1-249 of A-Z a-z 0-9 . _ - ="""
+    return validate_topic_name(raw, command=command)
+
+
+def _positive(code: str, maximum: int | None = None) -> Converter:
+    def convert(raw: str, command: str) -> int:
+        value = parse_int(raw, minimum=1)
+        if value is None:
             raise BrokerError.of(code, reason="must be a positive integer", value=raw)
-        raise BrokerError.of(code, value=raw)
+        if maximum is not None and value > maximum:
+            raise BrokerError.of(code, reason=f"at most {maximum}", value=value)
+        return value
+    convert.__doc__ = f"`{code}` unless an integer >= 1" + (f" and <= {maximum}" if maximum else "")
+    return convert
+
+
+def _non_negative(code: str) -> Converter:
+    def convert(raw: str, command: str) -> int:
+        value = parse_int(raw, minimum=0)
+        if value is None:
+            raise BrokerError.of(code, value=raw)
+        return value
+    convert.__doc__ = f"`{code}` unless an integer >= 0"
+    return convert
+
+
+def _policy_choice(key: str, choices: tuple[str, ...]) -> Converter:
+    def convert(raw: str, command: str) -> str:
+        if raw not in choices:
+            raise BrokerError.of("invalid_topic_policy", field=key, reason=f"invalid {key} {raw}")
+        return raw
+    convert.__doc__ = f"`invalid_topic_policy` unless one of {', '.join(choices)}"
+    return convert
+
+
+def min_isr_value(raw: str, command: str) -> int | str:
+    """`invalid_min_in_sync_replicas` unless an integer >= 1 or `default`"""
+    if raw == "default":
+        return "default"
+    value = parse_int(raw, minimum=1)
+    if value is None:
+        raise BrokerError.of("invalid_min_in_sync_replicas", value=raw)
     return value
 
 
-def _bool_field(fields: Mapping[str, str], key: str) -> bool | None:
-    raw = fields.get(key)
-    if raw is None:
-        return None
-    if raw.lower() == "true":
-        return True
-    if raw.lower() == "false":
-        return False
-    raise BrokerError.of(f"invalid_{key}", value=raw)
+@dataclass(frozen=True)
+class TopicSpec(Args):
+    """CREATE topic= [partitions=] [...policy]: a new topic or a presence-aware patch (None = omitted).
 
+    The request's typed arguments and, unchanged, the payload of the ``CreateTopic`` metadata command:
+    :meth:`to_fields` is its canonical wire form and :func:`cursus.params.parse_args` reads it back.
+    """
 
-def _choice_field(fields: Mapping[str, str], key: str, choices: tuple[str, ...]) -> str | None:
-    raw = fields.get(key)
-    if raw is None:
-        return None
-    if raw not in choices:
-        raise BrokerError.of("invalid_topic_policy", field=key, reason=f"invalid {key} {raw}")
-    return raw
+    STRICT = True
+    topic: str = param(kind="custom", convert=topic_name, required=True, doc="topic name")
+    partitions: int | None = param(kind="custom", convert=_positive("invalid_partitions", MAX_PARTITIONS),
+                                   doc="partition count (only grows)")
+    replication_factor: int | None = param(kind="custom", convert=_positive("invalid_replication_factor"),
+                                           doc="standalone stores 1")
+    idempotent: bool | None = param(kind="bool", invalid="invalid_idempotent", doc="immutable")
+    event_sourcing: bool | None = param(kind="bool", invalid="invalid_event_sourcing", doc="immutable")
+    cleanup_policy: str | None = param(kind="custom", convert=_policy_choice("cleanup_policy", CLEANUP_POLICIES))
+    partitioner: str | None = param(kind="custom", convert=_policy_choice("partitioner", PARTITIONERS))
+    auth_policy: str | None = param(kind="custom", convert=_policy_choice("auth_policy", AUTH_POLICIES))
+    retention_hours: int | None = param(kind="custom", convert=_non_negative("invalid_retention_hours"),
+                                        doc="0 = the broker default")
+    retention_bytes: int | None = param(kind="custom", convert=_non_negative("invalid_retention_bytes"),
+                                        doc="0 = the broker default")
+    read_acl: tuple[str, ...] | None = param(kind="csv", empty_ok=True, doc="principals (empty clears)")
+    write_acl: tuple[str, ...] | None = param(kind="csv", empty_ok=True, doc="principals (empty clears)")
+    min_in_sync_replicas: int | str | None = param(kind="custom", convert=min_isr_value,
+                                                   doc="N (at most the stored replication factor) or default")
 
-
-def _acl_field(fields: Mapping[str, str], key: str) -> tuple[str, ...] | None:
-    raw = fields.get(key)
-    if raw is None:
-        return None
-    return tuple(p for p in (part.strip() for part in raw.split(",")) if p)
+    def to_fields(self) -> dict[str, str]:
+        """The canonical CRQ2 fields of this spec (present values only); parses back to an equal spec."""
+        out: dict[str, str] = {}
+        for f in dataclasses.fields(self):
+            value = getattr(self, f.name)
+            if value is None:
+                continue
+            if isinstance(value, bool):
+                out[f.name] = "true" if value else "false"
+            elif isinstance(value, tuple):
+                out[f.name] = ",".join(value)
+            else:
+                out[f.name] = str(value)
+        return out
 
 
 def apply_create(
     current: TopicDefinition | None,
-    name: str,
-    fields: Mapping[str, str],
+    spec: TopicSpec,
     *,
     default_partitions: int,
     default_cleanup_policy: str,
     max_replication_factor: int = 1,
 ) -> TopicDefinition:
-    """Build a new definition, or patch ``current``, from CREATE fields (spec "CREATE", facts B5).
+    """Build a new definition, or patch ``current``, from a validated CREATE spec (spec "CREATE", facts B5).
 
     A new topic records the requested replication factor capped at ``max_replication_factor`` (the active
     brokers; standalone 1, facts decision 11), and a min-ISR override must not exceed the *stored*
@@ -216,80 +258,71 @@ def apply_create(
     ``current`` itself when nothing effectively changes.
 
     Raises:
-        BrokerError: the typed validation errors of facts B5 (``invalid_partitions``, ``invalid_topic_policy``,
-            ``unsupported_topic_policy``, ``invalid_field`` for unknown fields, ...).
+        BrokerError: ``invalid_partitions`` (shrink), ``invalid_idempotent`` / ``invalid_event_sourcing``
+            (immutable), ``invalid_min_in_sync_replicas`` (above the stored replication factor),
+            ``unsupported_topic_policy``.
     """
-    unknown = sorted(set(fields) - CREATE_FIELDS - AUTH_FIELDS)
-    if unknown:
-        raise BrokerError.of("invalid_field", command="CREATE", field=unknown[0], reason="unknown CREATE field")
-    partitions = _int_field(fields, "partitions", "invalid_partitions", minimum=1)
-    if partitions is not None and partitions > MAX_PARTITIONS:
-        raise BrokerError.of("invalid_partitions", reason=f"at most {MAX_PARTITIONS}", value=partitions)
-    requested_rf = _int_field(fields, "replication_factor", "invalid_replication_factor", minimum=1)
-    idempotent = _bool_field(fields, "idempotent")
-    event_sourcing = _bool_field(fields, "event_sourcing")
-    cleanup = _choice_field(fields, "cleanup_policy", CLEANUP_POLICIES)
-    partitioner = _choice_field(fields, "partitioner", PARTITIONERS)
-    auth_policy = _choice_field(fields, "auth_policy", AUTH_POLICIES)
-    retention_hours = _int_field(fields, "retention_hours", "invalid_retention_hours", minimum=0)
-    retention_bytes = _int_field(fields, "retention_bytes", "invalid_retention_bytes", minimum=0)
-    read_acl = _acl_field(fields, "read_acl")
-    write_acl = _acl_field(fields, "write_acl")
+    name = spec.topic
     # The replication factor that will be stored: a new topic gets the requested value capped by the
     # brokers available for placement (standalone: 1, facts decision 11); an existing topic keeps its own.
-    stored_rf = current.replication_factor if current else min(requested_rf or 1, max(1, max_replication_factor))
-    min_isr_raw = fields.get("min_in_sync_replicas")
-    min_isr: int | None | str = None
-    if min_isr_raw is not None:
-        min_isr = "default" if min_isr_raw == "default" else parse_min_isr(min_isr_raw, stored_rf)
+    stored_rf = current.replication_factor if current else min(spec.replication_factor or 1,
+                                                                max(1, max_replication_factor))
+    min_isr = spec.min_in_sync_replicas
+    if isinstance(min_isr, int):
+        check_min_isr(min_isr, stored_rf)
 
     # Policies that are stored but not yet enforced are refused rather than silently ignored.
-    if cleanup is not None and cleanup != "delete":
-        raise BrokerError.of("unsupported_topic_policy", field="cleanup_policy", value=cleanup,
+    if spec.cleanup_policy is not None and spec.cleanup_policy != "delete":
+        raise BrokerError.of("unsupported_topic_policy", field="cleanup_policy", value=spec.cleanup_policy,
                              reason="compaction is not available yet")
-    if auth_policy == "acl":
-        raise BrokerError.of("unsupported_topic_policy", field="auth_policy", value=auth_policy,
+    if spec.auth_policy == "acl":
+        raise BrokerError.of("unsupported_topic_policy", field="auth_policy", value=spec.auth_policy,
                              reason="acl policies arrive with token authentication")
 
     if current is None:
         policy = TopicPolicy(
-            cleanup_policy=cleanup or default_cleanup_policy,
-            partitioner=partitioner or "hash_key",
-            auth_policy=auth_policy or "open",
-            read_acl=read_acl or (),
-            write_acl=write_acl or (),
-            retention_hours=retention_hours or 0,
-            retention_bytes=retention_bytes or 0,
+            cleanup_policy=spec.cleanup_policy or default_cleanup_policy,
+            partitioner=spec.partitioner or "hash_key",
+            auth_policy=spec.auth_policy or "open",
+            read_acl=spec.read_acl or (),
+            write_acl=spec.write_acl or (),
+            retention_hours=spec.retention_hours or 0,
+            retention_bytes=spec.retention_bytes or 0,
         )
         return TopicDefinition(
             name=name,
-            partitions=partitions or default_partitions,
+            partitions=spec.partitions or default_partitions,
             revision=1,
             replication_factor=stored_rf,
             lifecycle_epoch=0,
-            idempotent=bool(idempotent),
-            event_sourcing=bool(event_sourcing),
+            idempotent=bool(spec.idempotent),
+            event_sourcing=bool(spec.event_sourcing),
             policy=policy,
             min_in_sync_replicas=min_isr if isinstance(min_isr, int) else None,
         )
 
-    if partitions is not None and partitions < current.partitions:
+    if spec.partitions is not None and spec.partitions < current.partitions:
         raise BrokerError.of("invalid_partitions", reason="partition count can only increase",
-                             current=current.partitions, value=partitions)
-    if idempotent is not None and idempotent != current.idempotent:
-        raise BrokerError.of("invalid_idempotent", value=fields["idempotent"], reason="immutable after creation")
-    if event_sourcing is not None and event_sourcing != current.event_sourcing:
-        raise BrokerError.of("invalid_event_sourcing", value=fields["event_sourcing"],
+                             current=current.partitions, value=spec.partitions)
+    if spec.idempotent is not None and spec.idempotent != current.idempotent:
+        raise BrokerError.of("invalid_idempotent", value=str(spec.idempotent).lower(),
+                             reason="immutable after creation")
+    if spec.event_sourcing is not None and spec.event_sourcing != current.event_sourcing:
+        raise BrokerError.of("invalid_event_sourcing", value=str(spec.event_sourcing).lower(),
                              reason="immutable after creation")
     pol = current.policy
+
+    def keep(new: Any, old: Any) -> Any:
+        return old if new is None else new
+
     new_policy = TopicPolicy(
-        cleanup_policy=cleanup if cleanup is not None else pol.cleanup_policy,
-        partitioner=partitioner if partitioner is not None else pol.partitioner,
-        auth_policy=auth_policy if auth_policy is not None else pol.auth_policy,
-        read_acl=read_acl if read_acl is not None else pol.read_acl,
-        write_acl=write_acl if write_acl is not None else pol.write_acl,
-        retention_hours=retention_hours if retention_hours is not None else pol.retention_hours,
-        retention_bytes=retention_bytes if retention_bytes is not None else pol.retention_bytes,
+        cleanup_policy=keep(spec.cleanup_policy, pol.cleanup_policy),
+        partitioner=keep(spec.partitioner, pol.partitioner),
+        auth_policy=keep(spec.auth_policy, pol.auth_policy),
+        read_acl=keep(spec.read_acl, pol.read_acl),
+        write_acl=keep(spec.write_acl, pol.write_acl),
+        retention_hours=keep(spec.retention_hours, pol.retention_hours),
+        retention_bytes=keep(spec.retention_bytes, pol.retention_bytes),
     )
     if min_isr is None:
         new_min_isr = current.min_in_sync_replicas
@@ -297,7 +330,7 @@ def apply_create(
         new_min_isr = None if min_isr == "default" else int(min_isr)
     patched = dataclasses.replace(
         current,
-        partitions=partitions if partitions is not None else current.partitions,
+        partitions=keep(spec.partitions, current.partitions),
         policy=new_policy,
         min_in_sync_replicas=new_min_isr,
     )
@@ -306,17 +339,14 @@ def apply_create(
     return dataclasses.replace(patched, revision=current.revision + 1)
 
 
-def parse_min_isr(raw: str, replication_factor: int) -> int:
-    """A min-ISR override: an integer in ``1..replication_factor`` (the topic's stored replication factor).
+def check_min_isr(value: int, replication_factor: int) -> int:
+    """A min-ISR override must lie in ``1..replication_factor`` (the topic's *stored* replication factor).
 
     Raises:
         BrokerError: ``invalid_min_in_sync_replicas``.
     """
-    value = parse_int(raw, minimum=1)
-    if value is None:
-        raise BrokerError.of("invalid_min_in_sync_replicas", value=raw)
-    if value > replication_factor:
-        raise BrokerError.of("invalid_min_in_sync_replicas", value=raw,
+    if not 1 <= value <= replication_factor:
+        raise BrokerError.of("invalid_min_in_sync_replicas", value=value,
                              reason=f"must be between 1 and the replication factor {replication_factor}")
     return value
 

@@ -11,7 +11,16 @@ from cursus.broker.config import load_config
 from cursus.broker.core import Broker, Clock
 from cursus.broker.metrics import BrokerMetrics
 from cursus.metadata.commands import CreateTopic, DeleteTopic
+from cursus.metadata.topics import TopicSpec
+from cursus.params import parse_args
 from cursus.wire.errors import BrokerError
+
+
+def create_topic(request_id: str, topic: str, fields: dict[str, str], default_partitions: int = 1,
+                 default_cleanup_policy: str = "delete", expected_revision: int | None = None) -> CreateTopic:
+    """A CreateTopic command from CREATE's string fields (validated as the session would)."""
+    spec = parse_args(TopicSpec, {"topic": topic, **fields}, "CREATE")
+    return CreateTopic(request_id, spec, default_partitions, default_cleanup_policy, expected_revision)
 
 
 class FakeClock:
@@ -32,7 +41,7 @@ def test_partition_assigned_but_not_yet_open_is_a_retryable_error(tmp_path):
         broker = await _open(tmp_path)
         try:
             assert broker.broker_id == "127.0.0.1-9000"
-            await broker.metadata.submit(CreateTopic("r1", "t", {"partitions": "3"}, 1, "delete"))
+            await broker.metadata.submit(create_topic("r1", "t", {"partitions": "3"}, 1, "delete"))
             # committed, but the reconciler's pool has not installed the replicas yet
             with pytest.raises(BrokerError) as info:
                 broker.replica("t", 2)
@@ -52,7 +61,7 @@ def test_delete_while_partitions_are_opening_leaves_no_storage(tmp_path):
     async def scenario() -> None:
         broker = await _open(tmp_path, recovery_threads=1)
         try:
-            await broker.metadata.submit(CreateTopic("r1", "t", {"partitions": "20"}, 1, "delete"))
+            await broker.metadata.submit(create_topic("r1", "t", {"partitions": "20"}, 1, "delete"))
             await broker.metadata.submit(DeleteTopic("r2", "t"))
             assert await broker.reconciler.removal("t") is False
             await broker.reconciler.wait_open(("t", p) for p in range(20))
@@ -67,7 +76,7 @@ def test_delete_while_partitions_are_opening_leaves_no_storage(tmp_path):
 def test_create_then_restart_reopens_every_partition_in_parallel(tmp_path):
     async def scenario() -> None:
         broker = await _open(tmp_path, recovery_threads=3)
-        await broker.create_topic("t", {"partitions": "12"})
+        await broker.create_topic(parse_args(TopicSpec, {"topic": "t", "partitions": "12"}, "CREATE"))
         await broker.close()
         again = await _open(tmp_path, recovery_threads=3)
         try:
@@ -84,7 +93,7 @@ def test_producer_expiry_follows_the_injected_clock(tmp_path):
         wall = FakeClock()
         broker = await _open(tmp_path, Clock(monotonic_ms=FakeClock(), wall_ms=wall), producer_state_ttl_ms=1000)
         try:
-            await broker.create_topic("t", {"partitions": "1", "idempotent": "true"})
+            await broker.create_topic(parse_args(TopicSpec, {"topic": "t", "partitions": "1", "idempotent": "true"}, "CREATE"))
             table = broker.producer_table("t", 0)
             table.record("p1", 0, 0, 0, 0, wall())
             wall.now += 1000

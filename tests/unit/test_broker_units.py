@@ -9,7 +9,8 @@ import pytest
 from cursus.broker.health import health_response
 from cursus.broker.producer_state import Duplicate, ProducerStateTable
 from cursus.broker.session import ByteBudget
-from cursus.metadata.topics import TopicDefinition, apply_create
+from cursus.metadata.topics import TopicDefinition, TopicSpec, apply_create
+from cursus.params import parse_args
 from cursus.wire.errors import BrokerError
 
 
@@ -61,15 +62,22 @@ def test_producer_state_rules_and_ttl():
     assert table.entries == {}
 
 
+def _spec(fields: dict[str, str]) -> TopicSpec:
+    return parse_args(TopicSpec, {"topic": "t", **fields}, "CREATE")
+
+
 def test_create_patch_rules():
-    base = apply_create(None, "t", {"partitions": "2"}, default_partitions=4, default_cleanup_policy="delete")
+    base = apply_create(None, _spec({"partitions": "2"}), default_partitions=4, default_cleanup_policy="delete")
     assert base == TopicDefinition(name="t", partitions=2)
-    assert apply_create(base, "t", {"partitions": "2", "replication_factor": "3"}, default_partitions=4,
+    assert apply_create(base, _spec({"partitions": "2", "replication_factor": "3"}), default_partitions=4,
                         default_cleanup_policy="delete") is base
-    patched = apply_create(base, "t", {"read_acl": ""}, default_partitions=4, default_cleanup_policy="delete")
+    patched = apply_create(base, _spec({"read_acl": ""}), default_partitions=4, default_cleanup_policy="delete")
     assert patched is base  # empty acl restated: no change
-    patched = apply_create(base, "t", {"retention_hours": "5"}, default_partitions=4, default_cleanup_policy="delete")
+    patched = apply_create(base, _spec({"retention_hours": "5"}), default_partitions=4, default_cleanup_policy="delete")
     assert patched.revision == 2 and patched.policy.retention_hours == 5
     with pytest.raises(BrokerError) as exc:
-        apply_create(base, "t", {"event_sourcing": "yes"}, default_partitions=4, default_cleanup_policy="delete")
+        _spec({"event_sourcing": "yes"})
+    assert exc.value.error.code == "invalid_event_sourcing"
+    with pytest.raises(BrokerError) as exc:
+        apply_create(base, _spec({"event_sourcing": "true"}), default_partitions=4, default_cleanup_policy="delete")
     assert exc.value.error.code == "invalid_event_sourcing"

@@ -22,8 +22,17 @@ from cursus.metadata.commands import (
     encode,
 )
 from cursus.metadata.state import BrokerInfo, MetadataState, ring_replicas
-from cursus.metadata.topics import MANIFEST_NAME, TopicDefinition, TopicPolicy, load_manifest
+from cursus.metadata.topics import MANIFEST_NAME, TopicDefinition, TopicPolicy, TopicSpec, load_manifest
+from cursus.params import parse_args
 from cursus.wire.errors import BrokerError
+
+
+def create_topic(request_id: str, topic: str, fields: dict[str, str], default_partitions: int = 1,
+                 default_cleanup_policy: str = "delete", expected_revision: int | None = None) -> CreateTopic:
+    """A CreateTopic command from CREATE's string fields (validated as the session would)."""
+    spec = parse_args(TopicSpec, {"topic": topic, **fields}, "CREATE")
+    return CreateTopic(request_id, spec, default_partitions, default_cleanup_policy, expected_revision)
+
 
 NAMES = st.sampled_from(["a", "b", "c.d"])
 REQUEST_IDS = st.sampled_from([f"r{i}" for i in range(6)])
@@ -31,14 +40,14 @@ REVISIONS = st.none() | st.integers(0, 4)
 BROKERS = st.builds(BrokerInfo, st.sampled_from(["b1", "b2", "b3"]), st.just("h:1"), st.just(""),
                     st.sampled_from(["active", "inactive"]))
 CREATE_FIELDS = st.fixed_dictionaries({}, optional={
-    "partitions": st.sampled_from(["1", "2", "3", "0", "x"]),
+    "partitions": st.sampled_from(["1", "2", "3"]),
     "replication_factor": st.sampled_from(["1", "3"]),
     "min_in_sync_replicas": st.sampled_from(["1", "2", "default"]),
     "retention_hours": st.sampled_from(["0", "5"]),
     "partitioner": st.sampled_from(["hash_key", "round_robin"]),
 })
 COMMANDS: st.SearchStrategy[Command] = st.one_of(
-    st.builds(CreateTopic, REQUEST_IDS, NAMES, CREATE_FIELDS, st.integers(1, 3), st.just("delete"), REVISIONS),
+    st.builds(create_topic, REQUEST_IDS, NAMES, CREATE_FIELDS, st.integers(1, 3), st.just("delete"), REVISIONS),
     st.builds(AlterTopicConfig, REQUEST_IDS, NAMES, st.none() | st.integers(0, 3), REVISIONS),
     st.builds(DeleteTopic, REQUEST_IDS, NAMES, REVISIONS),
     st.builds(RegisterBroker, REQUEST_IDS, BROKERS),
@@ -138,7 +147,7 @@ def test_compare_and_set_on_topic_revision(commands, command):
 
 def test_a_retried_request_applies_once():
     state = start_state()
-    create = CreateTopic("req-1", "t", {"partitions": "2"}, 4, "delete")
+    create = create_topic("req-1", "t", {"partitions": "2"}, 4, "delete")
     once, first = apply(state, create)
     assert first.changed and first.added == (("t", 0), ("t", 1))
     twice, second = apply(once, create)
@@ -153,22 +162,22 @@ def test_create_places_on_the_active_brokers_and_caps_the_replication_factor():
     state = start_state()
     state, _ = apply(state, RegisterBroker("r1", BrokerInfo("b", "b:1")))
     state, _ = apply(state, RegisterBroker("r2", BrokerInfo("c", "c:1", status="inactive")))
-    state, result = apply(state, CreateTopic("r3", "t", {"partitions": "8", "replication_factor": "3"}, 1, "delete"))
+    state, result = apply(state, create_topic("r3", "t", {"partitions": "8", "replication_factor": "3"}, 1, "delete"))
     assert result.topic is not None and result.topic.replication_factor == 2
     for p in range(8):
         a = state.assignments[("t", p)]
         assert sorted(a.replicas) == ["b", "h-9000"] and a.leader == a.replicas[0] and a.isr == a.replicas
     with pytest.raises(BrokerError) as info:
-        apply(state, CreateTopic("r4", "u", {"replication_factor": "3", "min_in_sync_replicas": "3"}, 1, "delete"))
+        apply(state, create_topic("r4", "u", {"replication_factor": "3", "min_in_sync_replicas": "3"}, 1, "delete"))
     assert info.value.error.code == "invalid_min_in_sync_replicas"
 
 
 def test_standalone_create_stores_rf_1_and_refuses_a_higher_min_isr():
     state = start_state()
     with pytest.raises(BrokerError) as info:
-        apply(state, CreateTopic("r", "t", {"replication_factor": "3", "min_in_sync_replicas": "2"}, 1, "delete"))
+        apply(state, create_topic("r", "t", {"replication_factor": "3", "min_in_sync_replicas": "2"}, 1, "delete"))
     assert info.value.error.code == "invalid_min_in_sync_replicas"
-    state, result = apply(state, CreateTopic("r", "t", {"replication_factor": "3"}, 1, "delete"))
+    state, result = apply(state, create_topic("r", "t", {"replication_factor": "3"}, 1, "delete"))
     assert result.topic is not None and result.topic.replication_factor == 1
     assert state.assignments[("t", 0)].replicas == ("h-9000",)
 
@@ -195,8 +204,8 @@ def test_standalone_backend_persists_then_publishes(tmp_path):
             seen.append((old.revision, new.revision))
 
         backend.subscribe(listener)
-        await backend.submit(CreateTopic("r1", "t", {"partitions": "3"}, 4, "delete"))
-        await backend.submit(CreateTopic("r2", "t", {"partitions": "3"}, 4, "delete"))  # no-op: no publish
+        await backend.submit(create_topic("r1", "t", {"partitions": "3"}, 4, "delete"))
+        await backend.submit(create_topic("r2", "t", {"partitions": "3"}, 4, "delete"))  # no-op: no publish
         await backend.submit(AlterTopicConfig("r3", "t", 1))
         assert seen == [(1, 2), (2, 3)]
         reopened = StandaloneMetadata(tmp_path, run_blocking, LOCAL)
@@ -216,7 +225,7 @@ def test_standalone_backend_commit_failure_changes_nothing(tmp_path):
         backend = StandaloneMetadata(tmp_path, failing, LOCAL)
         backend.subscribe(lambda old, new: pytest.fail("published an uncommitted state"))
         with pytest.raises(OSError):
-            await backend.submit(CreateTopic("r1", "t", {}, 4, "delete"))
+            await backend.submit(create_topic("r1", "t", {}, 4, "delete"))
         assert backend.get("t") is None and backend.state.revision == 1
 
     asyncio.run(scenario())

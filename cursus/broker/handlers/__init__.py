@@ -1,14 +1,37 @@
-"""Command handlers, one module per area, registered in one table."""
+"""Command handlers, one module per area, registered in one table.
+
+Each entry pairs a command with its argument type (:data:`cursus.broker.args.ARGS`) and its handler: the
+request's fields are parsed and validated once, here, and the handler receives the typed arguments
+(``handler(broker, request, args)``). PUBLISH alone parses inside its handler (see the table).
+"""
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Awaitable, Callable, Mapping
+from typing import Any
 
+from cursus.broker.args import ARGS
 from cursus.broker.handlers import admin, fetch, groups, produce, session_cmds, stream, topics
-from cursus.broker.request import Handler
+from cursus.broker.request import Answer, Handler, Request
+from cursus.params import Args, parse_args
 from cursus.wire import Command
 
-HANDLERS: Mapping[Command, Handler] = {
+TypedHandler = Callable[[Any, Request, Any], Awaitable[Answer]]
+
+
+def typed(command: Command, handler: TypedHandler) -> Handler:
+    """``handler`` behind the parse of ``command``'s arguments (raises the spec's typed errors first)."""
+    args_type: type[Args] = ARGS[command]
+
+    async def run(broker: Any, req: Request) -> Answer:
+        return await handler(broker, req, parse_args(args_type, req.fields, command.name, req.positionals))
+
+    run.__name__ = run.__qualname__ = getattr(handler, "__name__", "handler")
+    run.__doc__ = handler.__doc__
+    return run
+
+
+_TYPED: Mapping[Command, TypedHandler] = {
     Command.AUTH: session_cmds.handle_auth,
     Command.EXIT: session_cmds.handle_exit,
     Command.HELP: session_cmds.handle_help,
@@ -19,9 +42,6 @@ HANDLERS: Mapping[Command, Handler] = {
     Command.DELETE: admin.handle_delete,
     Command.METADATA: topics.handle_metadata,
     Command.LIST_OFFSETS: topics.handle_list_offsets,
-    Command.PUBLISH: produce.handle_publish,
-    Command.CONSUME: fetch.handle_consume,
-    Command.STREAM: stream.handle_stream,
     Command.REGISTER_GROUP: groups.handle_register_group,
     Command.JOIN_GROUP: groups.handle_join_group,
     Command.SYNC_GROUP: groups.handle_sync_group,
@@ -33,4 +53,13 @@ HANDLERS: Mapping[Command, Handler] = {
     Command.GROUP_STATUS: groups.handle_group_status,
     Command.LIST_GROUPS: groups.handle_list_groups,
     Command.FIND_COORDINATOR: groups.handle_find_coordinator,
+    Command.CONSUME: fetch.handle_consume,
+    Command.STREAM: stream.handle_stream,
+}
+
+HANDLERS: Mapping[Command, Handler] = {
+    **{command: typed(command, handler) for command, handler in _TYPED.items()},
+    # PUBLISH parses its own arguments: a CBV2 batch carries them in its header, and an acks=0 request
+    # must stay silent even when its arguments are wrong.
+    Command.PUBLISH: produce.handle_publish,
 }

@@ -4,25 +4,19 @@ from __future__ import annotations
 
 import json
 
+from cursus.broker.args import AlterTopicConfigArgs, DeleteArgs, TopicArgs
 from cursus.broker.core import Broker
-from cursus.broker.handlers.common import topic_arg
 from cursus.broker.request import Request
-from cursus.metadata.topics import (
-    AUTH_FIELDS,
-    definition_fields,
-    is_internal_topic,
-    parse_min_isr,
-    validate_topic_name,
-)
+from cursus.metadata.topics import check_min_isr, definition_fields, is_internal_topic
 from cursus.wire.errors import BrokerError
 from cursus.wire.responses import ok_text
 
 
-async def handle_describe(broker: Broker, req: Request) -> bytes:
+async def handle_describe(broker: Broker, req: Request, args: TopicArgs) -> bytes:
     """DESCRIBE: the definition plus per-partition leader, replicas, ISR and leader epoch (from the metadata
     assignment) and, where a local replica serves the partition, its log start, LEO and HWM as JSON (else
     the committed HWM the metadata knows)."""
-    defn = topic_arg(broker, req)
+    defn = broker.topic(args.topic)
     state = broker.metadata.state
     partitions: list[dict[str, object]] = []
     for p in range(defn.partitions):
@@ -51,29 +45,22 @@ async def handle_describe(broker: Broker, req: Request) -> bytes:
     return json.dumps(doc, indent=2).encode("utf-8")
 
 
-async def handle_alter_topic_config(broker: Broker, req: Request) -> bytes:
+async def handle_alter_topic_config(broker: Broker, req: Request, args: AlterTopicConfigArgs) -> bytes:
     """ALTER_TOPIC_CONFIG topic= min_in_sync_replicas=N|default: replace only the min-ISR override."""
-    unknown = sorted(set(req.fields) - {"topic", "min_in_sync_replicas"} - AUTH_FIELDS)
-    if unknown:
-        raise BrokerError.of("invalid_field", command="ALTER_TOPIC_CONFIG", field=unknown[0],
-                             reason="unknown ALTER_TOPIC_CONFIG field")
-    raw = req.require("min_in_sync_replicas")
-    defn = topic_arg(broker, req)
-    override = None if raw == "default" else parse_min_isr(raw, defn.replication_factor)
+    defn = broker.topic(args.topic)
+    value = args.min_in_sync_replicas
+    override = None if value == "default" else check_min_isr(int(value), defn.replication_factor)
     defn = await broker.alter_min_isr(defn.name, override)
     return ok_text(*definition_fields(defn, broker.config.min_insync_replicas))
 
 
-async def handle_delete(broker: Broker, req: Request) -> bytes:
+async def handle_delete(broker: Broker, req: Request, args: DeleteArgs) -> bytes:
     """DELETE topic= [if_exists=]: manifest removal committed first, then storage removed."""
-    name = validate_topic_name(req.get("topic"), command="DELETE")
-    raw_if_exists = (req.get("if_exists") or "false").lower()
-    if raw_if_exists not in ("true", "false"):
-        raise BrokerError.of("invalid_if_exists", value=req.get("if_exists"))
+    name = args.topic
     if is_internal_topic(name):
         raise BrokerError.of("internal_topic_delete_forbidden", topic=name)
     if broker.metadata.get(name) is None:
-        if raw_if_exists == "true":
+        if args.if_exists:
             # a retry also retries the storage cleanup of an earlier deletion of this name
             pending = await broker.reconciler.retry_cleanup(name)
             return ok_text(("topic", name), ("deleted", False), ("cleanup_pending", True if pending else None))

@@ -13,11 +13,11 @@ import logging
 import struct
 from dataclasses import dataclass
 
+from cursus.broker.args import ReadArgs
 from cursus.broker.core import Broker
-from cursus.broker.handlers.common import check_topic_access, max_bytes_arg, partition_of
+from cursus.broker.handlers.common import check_topic_access, partition_of
 from cursus.broker.replica import Replica
 from cursus.broker.request import Parts, Request
-from cursus.metadata.topics import validate_topic_name
 from cursus.storage import CorruptLogError, OffsetOutOfRange, PartitionLog
 from cursus.storage.producer_state import record_producer
 from cursus.wire import MAX_RECORDS_PER_BATCH, encode_batch_header
@@ -26,7 +26,6 @@ from cursus.wire.errors import BrokerError
 DEFAULT_BATCH_RECORDS = 8192
 #: Upper bound on one long poll; clients time out their sockets long before this (5 s by default).
 MAX_WAIT_MS = 300_000
-ISOLATION_LEVELS = ("read_committed", "read_uncommitted")
 _U32 = struct.Struct(">I")
 log = logging.getLogger("cursus.fetch")
 
@@ -34,13 +33,6 @@ log = logging.getLogger("cursus.fetch")
 def _out_of_range(replica: Replica, requested: int) -> BrokerError:
     return BrokerError.of("OFFSET_OUT_OF_RANGE", requested=requested, earliest=replica.log_start_offset,
                           latest=replica.hwm)
-
-
-def _isolation(req: Request) -> str:
-    raw = req.get("isolation") or req.get("isolation_level") or "read_committed"
-    if raw not in ISOLATION_LEVELS:
-        raise BrokerError.of("invalid_isolation", value=raw, command=req.command.name)
-    return raw
 
 
 @dataclass(frozen=True, slots=True)
@@ -56,41 +48,35 @@ class ReadTarget:
     start: int
 
 
-def read_target(broker: Broker, req: Request, *, default_batch: int) -> ReadTarget:
-    """Validate topic, partition, isolation, batch and byte limits and resolve the start offset.
+def read_target(broker: Broker, args: ReadArgs, *, default_batch: int) -> ReadTarget:
+    """Resolve a validated CONSUME/STREAM request: topic and access, partition, limits, start offset.
 
     Raises:
-        BrokerError: ``invalid_topic_name`` (also for wildcards), ``topic_not_found``, ``NOT_AUTHORIZED_FOR_TOPIC``,
-            ``invalid_partition``/``partition_not_found``, ``invalid_isolation``, ``invalid_batch``,
-            ``invalid_max_bytes``, ``invalid_offset``.
+        BrokerError: ``topic_not_found``, ``NOT_AUTHORIZED_FOR_TOPIC``, ``invalid_partition`` /
+            ``partition_not_found``, ``leader_not_available`` (the argument errors were raised by the parse).
     """
-    raw_topic = req.get("topic")
-    if raw_topic and ("*" in raw_topic or "?" in raw_topic):
-        raise BrokerError.of("invalid_topic_name", topic=raw_topic, reason="wildcards belong to group subscriptions")
-    defn = broker.topic(validate_topic_name(raw_topic, command=req.command.name))
+    defn = broker.topic(args.topic)
     check_topic_access(defn, "read")
-    replica = partition_of(broker, defn, req.int_field("partition", code="invalid_partition"))
-    _isolation(req)  # without transactions both levels read up to the HWM
-    max_records = min(req.int_field("batch", default_batch, minimum=1, code="invalid_batch"), MAX_RECORDS_PER_BATCH)
-    max_bytes = max_bytes_arg(broker, req)
-    committed = broker.coordinator.committed(req.get("group"), defn.name, replica.partition)
+    replica = partition_of(broker, defn, args.partition)
+    # without transactions both isolation levels read up to the HWM
+    max_records = min(args.batch or default_batch, MAX_RECORDS_PER_BATCH)
+    max_bytes = min(args.max_bytes or broker.config.consume_default_max_bytes, broker.config.consume_max_bytes_limit)
+    committed = broker.coordinator.committed(args.group, defn.name, replica.partition)
     if committed is not None and committed > replica.leo:
         committed = None  # stale (the log was truncated below it): never block the partition
-    if req.get("offset") in (None, ""):
-        reset = req.get("autoOffsetReset") or req.get("auto_offset_reset") or "earliest"
-        start = replica.hwm if reset == "latest" else replica.log_start_offset
+    if args.offset is None:
+        start = replica.hwm if args.auto_offset_reset == "latest" else replica.log_start_offset
         start = committed if committed is not None else start
     else:
-        start = req.int_field("offset", minimum=0, code="invalid_offset")
-        start = max(start, committed) if committed is not None else start
+        start = max(args.offset, committed) if committed is not None else args.offset
     return ReadTarget(defn.name, replica, max_records, max_bytes, start)
 
 
-async def handle_consume(broker: Broker, req: Request) -> Parts:
+async def handle_consume(broker: Broker, req: Request, args: ReadArgs) -> Parts:
     """CONSUME topic partition offset [batch] [wait_ms] [max_bytes] [isolation] [autoOffsetReset] [group]."""
-    target = read_target(broker, req, default_batch=DEFAULT_BATCH_RECORDS)
+    target = read_target(broker, args, default_batch=DEFAULT_BATCH_RECORDS)
     replica, offset = target.replica, target.start
-    wait_ms = min(req.int_field("wait_ms", 0, minimum=0, code="invalid_wait_ms"), MAX_WAIT_MS)
+    wait_ms = min(args.wait_ms, MAX_WAIT_MS)
     if offset < replica.log_start_offset or offset > replica.leo:
         raise _out_of_range(replica, offset)
     if offset >= replica.hwm and wait_ms > 0:

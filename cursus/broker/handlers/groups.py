@@ -10,42 +10,29 @@ from __future__ import annotations
 
 import re
 
+from cursus.broker.args import (
+    BatchCommitArgs,
+    CommitOffsetArgs,
+    FetchOffsetArgs,
+    FindCoordinatorArgs,
+    GroupArgs,
+    MemberArgs,
+    NoArgs,
+    RegisterGroupArgs,
+    SyncGroupArgs,
+)
 from cursus.broker.core import Broker
 from cursus.broker.request import Request
-from cursus.coordinator.groups import Group, Selector, validate_group_name, validate_member_id
-from cursus.metadata.topics import validate_topic_name
+from cursus.coordinator.groups import Group, Selector
 from cursus.wire.errors import BrokerError
 from cursus.wire.responses import json_envelope, ok_text
 
 #: BATCH_COMMIT carries at most this many unique partitions (spec BATCH_COMMIT).
 MAX_BATCH_PARTITIONS = 1024
 _BATCH_ENTRY = re.compile(r"P([0-9]{1,10}):([0-9]{1,19})")
-_TRUE = ("true", "1", "yes")
 
 
 # ------------------------------------------------------------------------------------------------ parsing
-
-
-def _group(req: Request) -> str:
-    return validate_group_name(req.get("group"), command=req.command.name)
-
-
-def _member(req: Request) -> str:
-    return validate_member_id(req.get("member"), command=req.command.name)
-
-
-def _optional_topic(req: Request) -> str | None:
-    raw = req.get("topic")
-    return None if raw in (None, "") else validate_topic_name(raw, command=req.command.name)
-
-
-def _generation(req: Request, *, required: bool) -> int | None:
-    """``generation=``: ``missing_generation command=`` when required and absent, ``invalid_generation``."""
-    if req.get("generation") in (None, ""):
-        if required:
-            raise BrokerError.of("missing_generation", command=req.command.name)
-        return None
-    return req.int_field("generation", minimum=0, code="invalid_generation")
 
 
 def _client_host(req: Request) -> str:
@@ -73,19 +60,20 @@ def _bracketed(partitions: list[int]) -> str:
     return "[" + ",".join(str(p) for p in partitions) + "]"
 
 
-def parse_batch_offsets(req: Request, *, group: str, topic: str) -> dict[int, int]:
+def parse_batch_offsets(args: BatchCommitArgs) -> dict[int, int]:
     """BATCH_COMMIT ``offsets=P<p>:<next>,...`` or its one positional alias (decision 8), validated whole.
 
     Raises:
         BrokerError: ``invalid_batch_commit_entry reason=`` (missing field, several positionals, malformed entry,
             more than 1,024 partitions), ``no_valid_offsets`` (empty list), ``duplicate_partition``.
     """
-    raw = req.get("offsets")
+    group, topic = args.group, args.topic
+    raw = args.offsets
     if raw is None:
-        if len(req.positionals) > 1:
+        if len(args.positionals) > 1:
             raise BrokerError.of("invalid_batch_commit_entry", command="BATCH_COMMIT",
                                  reason="positional_offsets_must_be_one_list")
-        raw = req.positionals[0] if req.positionals else None
+        raw = args.positionals[0] if args.positionals else None
     if raw is None:
         raise BrokerError.of("invalid_batch_commit_entry", command="BATCH_COMMIT", reason="missing_offsets")
     if not raw.strip():
@@ -109,129 +97,96 @@ def parse_batch_offsets(req: Request, *, group: str, topic: str) -> dict[int, in
 # ------------------------------------------------------------------------------------------------ handlers
 
 
-async def handle_register_group(broker: Broker, req: Request) -> bytes:
+async def handle_register_group(broker: Broker, req: Request, args: RegisterGroupArgs) -> bytes:
     """REGISTER_GROUP group= (topic= | topics= | pattern=) -> ``OK group=G topic=T registered=true``
     (``topics=a,b`` / ``pattern=P`` for the other selectors), plus the expansion's ``partitions=N``."""
-    name = _group(req)
-    selector = Selector.parse(topic=req.get("topic"), topics=req.get("topics"), pattern=req.get("pattern"),
-                              command="REGISTER_GROUP")
-    group = await broker.coordinator.register(name, selector)
+    selector = Selector.parse(topic=args.topic, topics=args.topics, pattern=args.pattern, command="REGISTER_GROUP")
+    group = await broker.coordinator.register(args.group, selector)
     key = "pattern" if selector.kind == "pattern" else selector.kind
     value = selector.pattern if selector.kind == "pattern" else ",".join(selector.topics)
-    return ok_text(("group", name), (key, value), ("registered", True), ("partitions", group.partition_count),
-                   ("epoch", group.epoch))
+    return ok_text(("group", args.group), (key, value), ("registered", True),
+                   ("partitions", group.partition_count), ("epoch", group.epoch))
 
 
-async def handle_join_group(broker: Broker, req: Request) -> bytes:
+async def handle_join_group(broker: Broker, req: Request, args: MemberArgs) -> bytes:
     """JOIN_GROUP [topic=] group= member= [generation=] ->
     ``OK generation=N member=<id>-NNNN assignments=[0,1,2]`` (``topic_assignments=`` for multi-topic groups,
     ``resumed=true`` when a full id with ``generation=`` was kept). Creates a missing group for ``topic``. A retry
     of a join whose reply was lost (same client id and host, the member not heard from since) answers the same
     member."""
-    name = _group(req)
-    member = _member(req)
-    topic = _optional_topic(req)
-    generation = _generation(req, required=False)
-    result = await broker.coordinator.join(name, member, topic=topic, generation=generation,
+    result = await broker.coordinator.join(args.group, args.member, topic=args.topic, generation=args.generation,
                                            origin=_client_host(req))
     group = result.group
     return ok_text(("generation", group.generation), ("member", result.member_id),
-                   *_assignment_fields(group, result.member_id, topic),
+                   *_assignment_fields(group, result.member_id, args.topic),
                    ("resumed", True if result.resumed else None))
 
 
-async def handle_sync_group(broker: Broker, req: Request) -> bytes:
+async def handle_sync_group(broker: Broker, req: Request, args: SyncGroupArgs) -> bytes:
     """SYNC_GROUP [topic=] group= member= generation= -> ``OK generation=N member=M assignments=[...]``."""
-    name = _group(req)
-    member = _member(req)
-    topic = _optional_topic(req)
-    generation = _generation(req, required=True)
-    assert generation is not None
-    group = broker.coordinator.sync(name, member, generation, topic)
-    return ok_text(("generation", group.generation), ("member", member), *_assignment_fields(group, member, topic))
+    group = broker.coordinator.sync(args.group, args.member, args.generation, args.topic)
+    return ok_text(("generation", group.generation), ("member", args.member),
+                   *_assignment_fields(group, args.member, args.topic))
 
 
-async def handle_heartbeat(broker: Broker, req: Request) -> bytes:
+async def handle_heartbeat(broker: Broker, req: Request, args: MemberArgs) -> bytes:
     """HEARTBEAT [topic=] group= member= [generation=] -> ``OK member=M generation=N``; a stale generation is
     ``GEN_MISMATCH`` (the member must rejoin)."""
-    name = _group(req)
-    member = _member(req)
-    topic = _optional_topic(req)
-    generation = _generation(req, required=False)
-    group = broker.coordinator.heartbeat(name, member, generation, topic)
-    return ok_text(("member", member), ("generation", group.generation))
+    group = broker.coordinator.heartbeat(args.group, args.member, args.generation, args.topic)
+    return ok_text(("member", args.member), ("generation", group.generation))
 
 
-async def handle_leave_group(broker: Broker, req: Request) -> bytes:
+async def handle_leave_group(broker: Broker, req: Request, args: MemberArgs) -> bytes:
     """LEAVE_GROUP [topic=] group= member= [generation=] -> ``OK group=G member=M left=true``."""
-    name = _group(req)
-    member = _member(req)
-    _optional_topic(req)
-    generation = _generation(req, required=False)
-    await broker.coordinator.leave(name, member, generation)
-    return ok_text(("group", name), ("member", member), ("left", True))
+    await broker.coordinator.leave(args.group, args.member, args.generation)
+    return ok_text(("group", args.group), ("member", args.member), ("left", True))
 
 
-def _commit_target(broker: Broker, req: Request) -> tuple[str, str, str, int]:
-    """(group, topic, member, generation) of a commit; validation errors first, then ``topic_not_found``."""
-    topic = validate_topic_name(req.get("topic"), command=req.command.name)
-    name = _group(req)
-    member = _member(req)
-    generation = _generation(req, required=True)
-    assert generation is not None
-    broker.topic(topic)
-    return name, topic, member, generation
-
-
-async def handle_commit_offset(broker: Broker, req: Request) -> bytes:
+async def handle_commit_offset(broker: Broker, req: Request, args: CommitOffsetArgs) -> bytes:
     """COMMIT_OFFSET topic= partition= group= offset= member= generation= -> ``OK``.
 
     Durable (fsynced) before OK, monotonic, idempotent for the same value. ``validate_only=true`` or
     ``ownership_only=true`` check the fencing only and answer ``OK validated=true`` (facts B5).
     """
-    partition = req.int_field("partition", minimum=0, code="invalid_partition")
-    offset = req.int_field("offset", minimum=0, code="invalid_offset")
-    name, topic, member, generation = _commit_target(broker, req)
-    if any((req.get(k) or "").lower() in _TRUE for k in ("validate_only", "ownership_only")):
-        await broker.coordinator.validate_commit(name, topic, member, generation, {partition: offset})
+    broker.topic(args.topic)
+    offsets = {args.partition: args.offset}
+    if args.validate_only:
+        await broker.coordinator.validate_commit(args.group, args.topic, args.member, args.generation, offsets)
         return ok_text(("validated", True))
-    await broker.coordinator.commit(name, topic, member, generation, {partition: offset})
+    await broker.coordinator.commit(args.group, args.topic, args.member, args.generation, offsets)
     return ok_text()
 
 
-async def handle_batch_commit(broker: Broker, req: Request) -> bytes:
+async def handle_batch_commit(broker: Broker, req: Request, args: BatchCommitArgs) -> bytes:
     """BATCH_COMMIT topic= group= member= generation= offsets=P0:n,P1:n -> ``OK batched=N``; all or nothing."""
-    name, topic, member, generation = _commit_target(broker, req)
-    offsets = parse_batch_offsets(req, group=name, topic=topic)
-    count = await broker.coordinator.commit(name, topic, member, generation, offsets)
+    broker.topic(args.topic)
+    offsets = parse_batch_offsets(args)
+    count = await broker.coordinator.commit(args.group, args.topic, args.member, args.generation, offsets)
     return ok_text(("batched", count))
 
 
-async def handle_fetch_offset(broker: Broker, req: Request) -> bytes:
+async def handle_fetch_offset(broker: Broker, req: Request, args: FetchOffsetArgs) -> bytes:
     """FETCH_OFFSET topic= partition= group= -> ``OK offset=N`` (0 when nothing is committed; decision 9)."""
-    topic = validate_topic_name(req.get("topic"), command="FETCH_OFFSET")
-    partition = req.int_field("partition", minimum=0, code="invalid_partition")
-    name = _group(req)
-    return ok_text(("offset", broker.coordinator.fetch_offset(name, topic, partition)))
+    return ok_text(("offset", broker.coordinator.fetch_offset(args.group, args.topic, args.partition)))
 
 
-async def handle_group_status(broker: Broker, req: Request) -> bytes:
+async def handle_group_status(broker: Broker, req: Request, args: GroupArgs) -> bytes:
     """GROUP_STATUS group= -> compact JSON with ``"status":"OK"`` (facts B5; shape in docs/groups.md)."""
-    return json_envelope(broker.coordinator.status(_group(req)))
+    return json_envelope(broker.coordinator.status(args.group))
 
 
-async def handle_list_groups(broker: Broker, req: Request) -> bytes:
+async def handle_list_groups(broker: Broker, req: Request, args: NoArgs) -> bytes:
     """LIST_GROUPS -> ``OK count=N groups=a,b`` (sorted)."""
     names = broker.coordinator.list_groups()
     return ok_text(("count", len(names)), ("groups", ",".join(names)))
 
 
-async def handle_find_coordinator(broker: Broker, req: Request) -> bytes:
+async def handle_find_coordinator(broker: Broker, req: Request, args: FindCoordinatorArgs) -> bytes:
     """FIND_COORDINATOR group= | transactional_id= (txn=, transaction=) ->
     ``OK coordinator_id=<broker_id> coordinator_type=group|transaction host=H port=P`` (its registered address)."""
-    if req.get("group"):
+    if args.group:
         kind = "group"
-    elif any(req.get(k) for k in ("transactional_id", "txn", "transaction")):
+    elif args.transactional_id:
         kind = "transaction"
     else:
         raise BrokerError.of("missing_coordinator_key", command="FIND_COORDINATOR")

@@ -12,12 +12,13 @@ import functools
 import json
 import logging
 
+from cursus.broker.args import ACK_MODES, PublishArgs, parse_acks
 from cursus.broker.core import Broker, now_ms
-from cursus.broker.handlers.common import ACK_MODES, check_topic_access, parse_acks, partition_of
+from cursus.broker.handlers.common import check_topic_access, partition_of
 from cursus.broker.replica import Replica
 from cursus.broker.request import NO_REPLY, NoReply, Reply, Request
 from cursus.metadata.topics import TopicDefinition, is_internal_topic, validate_topic_name
-from cursus.parsing import I32_MAX, U64_MAX
+from cursus.params import parse_args
 from cursus.partitioning import partition_for_key
 from cursus.wire import (
     BatchView,
@@ -145,41 +146,32 @@ async def _publish_batch(broker: Broker, req: Request, view: BatchView) -> Reply
 
 async def _publish_text(broker: Broker, req: Request) -> Reply | NoReply | bytes:
     """Text PUBLISH: one record built by the broker (record version 2)."""
-    mode = parse_acks(req.get("acks"))
     for name in _TXN_FIELDS:
         if name in req.fields:
             raise BrokerError.of("transaction_metadata_forbidden", command="PUBLISH", field=name)
-    defn = _target(broker, req.require("topic"))
-    producer_id = req.require("producerId", code="missing_producer_id")
-    if "message" not in req.fields:
-        raise BrokerError.of("missing_message", command="PUBLISH")
-    message = req.fields["message"].encode("utf-8")
-    raw_idem = (req.get("isIdempotent") or "false").lower()
-    if raw_idem not in ("true", "false"):
-        raise BrokerError.of("invalid_is_idempotent", value=req.get("isIdempotent"))
-    idempotent = raw_idem == "true"
-    seq = req.int_field("seqNum", 0, minimum=0, maximum=U64_MAX, code="invalid_seq_num")
-    epoch = req.int_field("epoch", 0, code="invalid_epoch")  # i64 on the wire
-    if idempotent and mode != "all":
+    args = parse_args(PublishArgs, req.fields, "PUBLISH")
+    mode = args.acks
+    defn = _target(broker, args.topic)
+    if args.idempotent and mode != "all":
         raise BrokerError.of("invalid_acks", value=req.get("acks"), reason="idempotent producers need acks=all")
-    if idempotent and seq < 1:
-        raise BrokerError.of("invalid_seq_num", producer=producer_id, value=seq)
-    key = req.get("key")
-    partition = req.int_field("partition", -1, minimum=-1, maximum=I32_MAX, code="invalid_partition")
+    if args.idempotent and args.seq_num < 1:
+        raise BrokerError.of("invalid_seq_num", producer=args.producer_id, value=args.seq_num)
+    partition = args.partition
     if partition == -1:
-        partition = _choose_partition(broker, defn, key)
+        partition = _choose_partition(broker, defn, args.key)
     replica = partition_of(broker, defn, partition)
-    record = Record(topic=defn.name, partition=partition, payload=message, producer_id=producer_id,
-                    seq_num=seq, producer_epoch=epoch, key=key)
+    record = Record(topic=defn.name, partition=partition, payload=args.message.encode("utf-8"),
+                    producer_id=args.producer_id, seq_num=args.seq_num, producer_epoch=args.epoch, key=args.key)
     encoded = encode_record(record)
     if len(encoded) > broker.config.max_message_bytes:
         raise BrokerError.of("message_too_large", size=len(encoded), limit=broker.config.max_message_bytes)
     _check_min_isr(broker, defn, replica, mode)
     buf = bytearray(len(encoded).to_bytes(4, "big") + encoded)
     positions = [_U32_LEN + record_offset_field_position(len(defn.name.encode("utf-8")))]
-    producer = (producer_id, epoch, seq, seq) if seq > 0 else None
+    seq, epoch = args.seq_num, args.epoch
+    producer = (args.producer_id, epoch, seq, seq) if seq > 0 else None
     return await _append_and_ack(broker, replica, mode, buf, positions, memoryview(buf), 1,
-                                 producer=producer, idempotent=idempotent)
+                                 producer=producer, idempotent=args.idempotent)
 
 
 def _choose_partition(broker: Broker, defn: TopicDefinition, key: str | None) -> int:

@@ -27,6 +27,7 @@ import asyncio
 import logging
 import time
 
+from cursus.broker.args import ReadArgs
 from cursus.broker.core import Broker
 from cursus.broker.handlers.fetch import read_batch, read_target
 from cursus.broker.replica import Replica
@@ -47,11 +48,11 @@ def _wall_ms() -> int:
     return int(time.time() * 1000)
 
 
-async def handle_stream(broker: Broker, req: Request) -> StreamReply:
+async def handle_stream(broker: Broker, req: Request, args: ReadArgs) -> StreamReply:
     """Validate a STREAM request and return the :class:`PartitionStream` the session drives."""
-    target = read_target(broker, req, default_batch=DEFAULT_STREAM_BATCH)
+    target = read_target(broker, args, default_batch=DEFAULT_STREAM_BATCH)
     replica, start = target.replica, target.start
-    group, member = req.get("group") or None, req.get("member") or None
+    group, member = args.group, args.member
     if start > replica.leo:
         raise BrokerError.of("OFFSET_OUT_OF_RANGE", requested=start, earliest=replica.log_start_offset,
                              latest=replica.hwm)

@@ -2,34 +2,34 @@
 
 from __future__ import annotations
 
+from cursus.broker.args import ListOffsetsArgs, NoArgs, TopicArgs
 from cursus.broker.core import Broker
-from cursus.broker.handlers.common import partition_of, topic_arg
+from cursus.broker.handlers.common import partition_of
 from cursus.broker.request import Request
-from cursus.metadata.topics import definition_fields, is_internal_topic, validate_topic_name
+from cursus.metadata.topics import TopicSpec, definition_fields, is_internal_topic
 from cursus.wire.errors import BrokerError
 from cursus.wire.responses import ok_text
 
 
-async def handle_create(broker: Broker, req: Request) -> bytes:
+async def handle_create(broker: Broker, req: Request, args: TopicSpec) -> bytes:
     """CREATE: new topic or presence-aware patch; committed to the metadata before it is visible, and the
     local partitions are open when the reply is sent."""
-    name = validate_topic_name(req.get("topic"), command="CREATE")
-    if is_internal_topic(name):
-        raise BrokerError.of("invalid_topic_name", topic=name, reason="names starting with __ are broker-owned")
-    defn = await broker.create_topic(name, req.fields)
+    if is_internal_topic(args.topic):
+        raise BrokerError.of("invalid_topic_name", topic=args.topic, reason="names starting with __ are broker-owned")
+    defn = await broker.create_topic(args)
     return ok_text(*definition_fields(defn, broker.config.min_insync_replicas))
 
 
-async def handle_list(broker: Broker, req: Request) -> bytes:
+async def handle_list(broker: Broker, req: Request, args: NoArgs) -> bytes:
     """LIST: ``OK count=N topics=a,b`` (internal topics hidden)."""
     names = [n for n in broker.metadata.names() if not is_internal_topic(n)]
     return ok_text(("count", len(names)), ("topics", ",".join(names)))
 
 
-async def handle_metadata(broker: Broker, req: Request) -> bytes:
+async def handle_metadata(broker: Broker, req: Request, args: TopicArgs) -> bytes:
     """METADATA: per partition the leader's client address and leader epoch, from the metadata assignment
     (no local replica needed), plus the topic policy."""
-    defn = topic_arg(broker, req)
+    defn = broker.topic(args.topic)
     state = broker.metadata.state
     assignments = [state.assignment(defn.name, p) for p in range(defn.partitions)]
     leaders = [broker.broker_address(a.leader if a else None) for a in assignments]
@@ -55,12 +55,11 @@ async def handle_metadata(broker: Broker, req: Request) -> bytes:
     )
 
 
-async def handle_list_offsets(broker: Broker, req: Request) -> bytes:
+async def handle_list_offsets(broker: Broker, req: Request, args: ListOffsetsArgs) -> bytes:
     """LIST_OFFSETS: ``P<n>:earliest=E:latest=L:leo=X:hwm=H`` per partition (latest = HWM)."""
-    defn = topic_arg(broker, req)
-    if req.get("partition") is not None:
-        raw = req.int_field("partition", code="invalid_partition")
-        partitions = [partition_of(broker, defn, raw).partition]
+    defn = broker.topic(args.topic)
+    if args.partition is not None:
+        partitions = [partition_of(broker, defn, args.partition).partition]
     else:
         partitions = list(range(defn.partitions))
     entries = []
