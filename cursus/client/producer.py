@@ -68,9 +68,18 @@ from cursus.client.errors import (
     error_from_ack,
     error_from_frame,
 )
-from cursus.client.records import RecordEncoder, RecordMetadata, encode_string_field
+from cursus.client.records import RecordMetadata
 from cursus.partitioning import partition_for_key
-from cursus.wire import MAX_RECORDS_PER_BATCH, Command, Frame, ProtocolError, Status, encode_batch_header
+from cursus.wire import (
+    MAX_RECORDS_PER_BATCH,
+    Command,
+    Frame,
+    ProtocolError,
+    RecordEncoder,
+    Status,
+    encode_batch_header,
+    encode_text_field,
+)
 
 __all__ = ["AsyncProducer", "Producer", "ProducerConfig", "ProducerCore", "RecordMetadata", "normalize_acks"]
 
@@ -523,7 +532,7 @@ def _key_field(key: str | bytes | None) -> tuple[str | None, bytes | None]:
     if key is None:
         return None, None
     text = key.decode("utf-8") if isinstance(key, bytes | bytearray) else str(key)
-    return text, encode_string_field(text)
+    return text, encode_text_field(text)
 
 
 _LAZY_FUTURE_LOCK = threading.Lock()

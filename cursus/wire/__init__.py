@@ -20,11 +20,13 @@ from cursus.wire.batch import (
     Batch,
     Presence,
     Record,
+    RecordEncoder,
     decode_batch,
     decode_record,
     encode_batch,
     encode_batch_header,
     encode_record,
+    encode_text_field,
     is_cbv2,
     iter_record_slices,
 )
@@ -89,7 +91,13 @@ from cursus.wire.negotiation import (
     select_compression,
 )
 from cursus.wire.responses import json_envelope, ok_text
-from cursus.wire.scan import BatchView, record_offset_field_position, scan_batch, stamp_offsets
+from cursus.wire.scan import (
+    BatchView,
+    decode_batch_records,
+    record_offset_field_position,
+    scan_batch,
+    stamp_offsets,
+)
 
 __all__ = [
     "ACKS_VALUES",
@@ -137,6 +145,7 @@ __all__ = [
     "Presence",
     "ProtocolError",
     "Record",
+    "RecordEncoder",
     "Status",
     "TypedError",
     "check_compression",
@@ -144,6 +153,7 @@ __all__ = [
     "command_from_id",
     "compress",
     "decode_batch",
+    "decode_batch_records",
     "decode_crq2",
     "decode_error",
     "decode_header",
@@ -160,6 +170,7 @@ __all__ = [
     "encode_negotiation_request",
     "encode_negotiation_response",
     "encode_record",
+    "encode_text_field",
     "flags_for",
     "is_cbv2",
     "is_crq2",
