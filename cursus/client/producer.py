@@ -308,6 +308,15 @@ class ProducerCore:
         return was_empty or len(pstate.queue) == self.config.batch_size or \
             pstate.queued_bytes >= self.config.batch_bytes
 
+    def take(self, topic: str, partition: int, now: float) -> ProducerBatch | None:
+        """Seal ``(topic, partition)``'s queued records into a batch now, for delivery by the caller, or
+        None when the partition already has a batch in flight (or waiting for a retry), nothing is queued,
+        or the producer stopped."""
+        pstate = self.partitions.get((topic, partition))
+        if self.fatal is not None or pstate is None or pstate.busy or not pstate.queue:
+            return None
+        return self._seal(pstate, now)
+
     def leader_of(self, topic: str, partition: int) -> Address:
         """Where the partition's batches currently go."""
         return self.partitions[(topic, partition)].leader
@@ -550,10 +559,14 @@ class DeliveryFuture(Future):
     complete it with two attribute writes (:func:`_resolve_sync`). Behaviour is otherwise that of ``Future``.
     """
 
-    def __init__(self) -> None:  # deliberately not calling Future.__init__
-        self._state = _FUTURE_PENDING
-        self._result = None
-        self._exception = None
+    # Class-level defaults: creating one costs no attribute writes (deliberately not calling
+    # Future.__init__); resolving writes the instance's own values.
+    _state = _FUTURE_PENDING
+    _result = None
+    _exception = None
+
+    def __init__(self) -> None:
+        pass
 
     def __getattr__(self, name: str) -> Any:
         factory = _LAZY_FUTURE_FIELDS.get(name)
@@ -649,7 +662,13 @@ class Producer:
         self._refresh_client = Client(bootstrap, _metadata_options(self.options))
         self._core = ProducerCore(self.config, self._client.bootstrap[0])
         self._lock = threading.Lock()
+        #: Waiters for completions (flush, produce, a full buffer); senders wait on ``_ready``.
         self._cond = threading.Condition(self._lock)
+        #: Sender threads wait here for a batch to become due: notified once per due batch, not per record.
+        self._ready = threading.Condition(self._lock)
+        #: The connection ``produce`` delivers on from the calling thread (no hand-off to a sender).
+        self._direct_lock = threading.Lock()
+        self._direct_conn: Connection | None = None
         self._threads: dict[Address, list[threading.Thread]] = {}
         self._connections: set[Connection] = set()
         self._stopping = False
@@ -686,32 +705,44 @@ class Producer:
                 (``TopicNotFoundError`` ...); ``ValidationError`` for a bad explicit partition.
             TypeError: value is not bytes or str.
         """
-        data = _as_bytes(value)
-        key_text, key_field = _key_field(key)
-        if topic not in self._core.topics:
-            self._load_metadata(topic)
         future = DeliveryFuture()
-        pending = _Pending(data, key_field, timestamp_ms, future)
-        with self._cond:
-            core = self._core
+        key_text, key_field = _key_field(key)
+        self._append(topic, _Pending(_as_bytes(value), key_field, timestamp_ms, future), key_text, partition)
+        return future
+
+    def _append(self, topic: str, pending: _Pending, key_text: str | None, partition: int | None) -> int:
+        """Queue ``pending`` (routed by ``key_text``/``partition``); returns the partition chosen."""
+        core = self._core
+        if topic not in core.topics:
+            self._load_metadata(topic)
+        with self._lock:
             if self._closed or core.closing:
                 raise ClientClosedError("producer is closed")
             if core.fatal is not None:
                 raise core.fatal
             if core.buffered >= self.config.buffer_records:
-                deadline = time.monotonic() + self.config.max_block_s
-                while core.buffered >= self.config.buffer_records and core.fatal is None and not core.closing:
-                    remaining = deadline - time.monotonic()
-                    if remaining <= 0:
-                        raise BufferFullError(f"{core.buffered} records buffered for {self.config.max_block_s}s")
-                    self._cond.wait(remaining)
-                if core.fatal is not None:
-                    raise core.fatal
+                self._wait_for_room()
             chosen = core.route(topic, key_text, partition)
+            known = len(core.partitions)
             if core.append(topic, chosen, pending, time.monotonic()):
-                self._cond.notify_all()
-            self._ensure_senders(core.leader_of(topic, chosen))
-        return future
+                self._ready.notify()
+            if len(core.partitions) != known:  # a new partition: its leader may need senders
+                self._ensure_senders(core.leader_of(topic, chosen))
+        return chosen
+
+    def _wait_for_room(self) -> None:
+        """Block (lock held) until the buffer has room; raises BufferFullError or the terminal error."""
+        core = self._core
+        deadline = time.monotonic() + self.config.max_block_s
+        while core.buffered >= self.config.buffer_records and core.fatal is None and not core.closing:
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                raise BufferFullError(f"{core.buffered} records buffered for {self.config.max_block_s}s")
+            self._cond.wait(remaining)
+        if core.fatal is not None:
+            raise core.fatal
+        if core.closing:
+            raise ClientClosedError("producer is closed")
 
     def produce(self, topic: str, value: bytes | bytearray | memoryview | str, *,
                 key: str | bytes | None = None, partition: int | None = None, timestamp_ms: int | None = None,
@@ -720,14 +751,28 @@ class Producer:
 
         Raises what :meth:`send` raises, the record's delivery error, or ``TimeoutError``.
         """
-        future = self.send(topic, value, key=key, partition=partition, timestamp_ms=timestamp_ms)
-        with self._cond:
+        future = DeliveryFuture()
+        key_text, key_field = _key_field(key)
+        chosen = self._append(topic, _Pending(_as_bytes(value), key_field, timestamp_ms, future), key_text,
+                              partition)
+        if self._direct_lock.acquire(blocking=False):
+            # Deliver from this thread when the partition is idle: no wake-up of a sender and back.
+            try:
+                with self._lock:
+                    batch = self._core.take(topic, chosen, time.monotonic())
+                if batch is not None:
+                    self._direct_conn = self._deliver(batch, self._direct_conn)
+            finally:
+                self._direct_lock.release()
+            if future.done():
+                return future.result()
+        with self._lock:
             self._core.flushing += 1
-            self._cond.notify_all()
+            self._ready.notify_all()
         try:
             return future.result(timeout_s)
         finally:
-            with self._cond:
+            with self._lock:
                 self._core.flushing -= 1
 
     def partitions_for(self, topic: str) -> int:
@@ -749,7 +794,7 @@ class Producer:
         with self._cond:
             core = self._core
             core.flushing += 1
-            self._cond.notify_all()
+            self._ready.notify_all()
             try:
                 while core.buffered > 0:
                     remaining = None if deadline is None else deadline - time.monotonic()
@@ -775,6 +820,7 @@ class Producer:
                 return
             self._core.closing = True
             self._cond.notify_all()
+            self._ready.notify_all()
         failure: BaseException | None = None
         try:
             self.flush(timeout_s)
@@ -826,7 +872,7 @@ class Producer:
             self._core.set_metadata(metadata, time.monotonic())
             for address in self._core.addresses():
                 self._ensure_senders(address)
-            self._cond.notify_all()
+            self._ready.notify_all()
 
     def _ensure_senders(self, address: Address) -> None:
         """Start the sender threads for ``address`` (call with the lock held)."""
@@ -842,66 +888,78 @@ class Producer:
             thread.start()
 
     def _next_batch(self, address: Address) -> ProducerBatch | None:
-        with self._cond:
+        with self._lock:
             while not self._stopping:
                 batch, wait = self._core.poll(address, time.monotonic())
                 if batch is not None:
                     return batch
-                self._cond.wait(wait)
+                self._ready.wait(wait)
             return None
 
     def _sender(self, address: Address) -> None:
         """Sender thread: one connection to ``address``, one batch in flight at a time."""
         conn: Connection | None = None
-        core = self._core
         try:
             while True:
                 batch = self._next_batch(address)
                 if batch is None:
                     return
-                payload = core.encode(batch)
-                error: BaseException | None = None
-                written = False
-                last_offset: int | None = None
-                try:
-                    if conn is None or conn.closed:
-                        conn = self.options.connect(address)
-                        with self._lock:
-                            self._connections.add(conn)
-                    written = True
-                    if self.config.acks == "0":
-                        conn.send(Command.PUBLISH, payload)
-                    else:
-                        last_offset = parse_ack(conn.request(Command.PUBLISH, payload,
-                                                             timeout_s=self.config.request_timeout_s))
-                except ProtocolViolationError as exc:  # unreadable ack: outcome unknown, drop the connection
-                    error = exc
-                    if conn is not None:
-                        conn.close()
-                except (OSError, ProtocolError, CursusError) as exc:
-                    error = exc
-                redirect: Address | None = None
-                with self._cond:
-                    if error is None:
-                        resolutions = core.succeed(batch, last_offset)
-                    else:
-                        resolutions, redirect = core.failed(batch, error, written=written, now=time.monotonic())
-                        if redirect is not None:
-                            self._ensure_senders(redirect)
-                    self._cond.notify_all()
-                _resolve_sync(resolutions)
-                if _needs_refresh(error):
-                    self._refresh_metadata(batch.topic)
+                conn = self._deliver(batch, conn)
         finally:
             if conn is not None:
                 conn.close()
                 with self._lock:
                     self._connections.discard(conn)
 
+    def _deliver(self, batch: ProducerBatch, conn: Connection | None) -> Connection | None:
+        """One attempt of ``batch`` on ``conn`` (reopened to the batch's leader when needed); applies the
+        outcome (the core decides: done, retry later, failed). Returns the connection for the next batch."""
+        core = self._core
+        payload = core.encode(batch)
+        error: BaseException | None = None
+        written = False
+        last_offset: int | None = None
+        address = batch.state.leader
+        try:
+            if conn is None or conn.closed or conn.address != address:
+                if conn is not None:
+                    conn.close()
+                conn = self.options.connect(address)
+                with self._lock:
+                    self._connections.add(conn)
+            written = True
+            if self.config.acks == "0":
+                conn.send(Command.PUBLISH, payload)
+            else:
+                last_offset = parse_ack(conn.request(Command.PUBLISH, payload,
+                                                     timeout_s=self.config.request_timeout_s))
+        except ProtocolViolationError as exc:  # unreadable ack: outcome unknown, drop the connection
+            error = exc
+            if conn is not None:
+                conn.close()
+        except (OSError, ProtocolError, CursusError) as exc:
+            error = exc
+        with self._lock:
+            if error is None:
+                resolutions = core.succeed(batch, last_offset)
+            else:
+                resolutions, redirect = core.failed(batch, error, written=written, now=time.monotonic())
+                if redirect is not None:
+                    self._ensure_senders(redirect)
+                self._ready.notify_all()  # a retry is scheduled (or the producer stopped)
+            if batch.state.queue:
+                self._ready.notify()  # records queued behind the batch are due now
+            self._cond.notify_all()
+        _resolve_sync(resolutions)
+        if _needs_refresh(error):
+            self._refresh_metadata(batch.topic)
+        return conn
+
     def _stop(self) -> None:
         with self._cond:
             self._stopping = True
             self._cond.notify_all()
+            self._ready.notify_all()
             threads = [t for group in self._threads.values() for t in group]
             connections = list(self._connections)
         for conn in connections:  # unblock a sender stuck in a request

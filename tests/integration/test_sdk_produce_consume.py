@@ -233,3 +233,40 @@ def test_single_partition_poll_without_wait_reads(shared_broker, topic_name):
         producer.flush()
     with Consumer(topic_name, addr, start="earliest", wait_ms=0) as consumer:
         assert [r.value for r in consumer.poll()] == [b"v0", b"v1", b"v2"]
+
+
+def test_produce_from_many_threads_interleaved_with_send_keeps_order_and_sequences(shared_broker, topic_name):
+    """produce() may deliver from the calling thread; with senders busy on the same partition it must wait
+    its turn: per-partition order, contiguous idempotent sequences, every record exactly once."""
+    _create(shared_broker, topic_name, 2, idempotent=True)
+    with Producer(_addr(shared_broker), idempotent=True, linger_ms=1, batch_size=50) as producer:
+        futures = {}
+
+        def worker(index: int) -> None:
+            for i in range(60):
+                value = b"%d-%d" % (index, i)
+                if i % 3:
+                    futures[value] = producer.send(topic_name, value, partition=i % 2)
+                else:
+                    meta = producer.produce(topic_name, value, partition=i % 2)
+                    assert meta.offset is not None and meta.partition == i % 2
+                    futures[value] = meta
+
+        threads = [threading.Thread(target=worker, args=(n,)) for n in range(4)]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join(timeout=60)
+        producer.flush()
+    metas = {v: (f if not hasattr(f, "result") else f.result()) for v, f in futures.items()}
+    with Consumer(topic_name, _addr(shared_broker)) as consumer:
+        records = list(consumer.records(until_end=True))
+    assert sorted(r.value for r in records) == sorted(metas)  # each record once
+    for partition in (0, 1):
+        mine = [r for r in records if r.partition == partition]
+        assert [r.seq_num for r in mine] == list(range(1, len(mine) + 1))
+        assert {(r.offset, r.value) for r in mine} == {(m.offset, v) for v, m in metas.items()
+                                                        if m.partition == partition}
+        for n in range(4):  # each thread's records keep their order within a partition
+            own = [int(r.value.split(b"-")[1]) for r in mine if r.value.startswith(b"%d-" % n)]
+            assert own == sorted(own)
