@@ -180,6 +180,17 @@ class AsyncConnection:
                 self._fail()
                 raise
 
+    async def receive(self, request_id: int, command: Command, *, timeout_s: float | None = None) -> Frame:
+        """See :meth:`cursus.client.connection.Connection.receive`."""
+        async with self._lock:
+            try:
+                frame = await self._read_frame(self.timeout_s if timeout_s is None else timeout_s)
+                _check_correlation(frame, request_id, command)
+                return frame
+            except BaseException:
+                self._fail()
+                raise
+
     async def request(self, command: Command, payload: bytes, *, timeout_s: float | None = None) -> Frame:
         """Send one request and return its reply frame (correlation checked); ``timeout_s`` overrides the
         read timeout for this reply."""

@@ -452,6 +452,19 @@ class Connection:
                 self._fail()
                 raise
 
+    def receive(self, request_id: int, command: Command, *, timeout_s: float | None = None) -> Frame:
+        """Read the reply to a request written earlier with :meth:`send` (pipelining: replies come in
+        request order), checking correlation; closes the connection on any failure."""
+        with self._lock:
+            try:
+                self._set_timeout(self.timeout_s if timeout_s is None else timeout_s)
+                frame = self._read_frame()
+                self._check_correlation(frame, request_id, command)
+                return frame
+            except BaseException:
+                self._fail()
+                raise
+
     def request(self, command: Command, payload: bytes, *, timeout_s: float | None = None) -> Frame:
         """Send one request and return its (single) reply frame, checking correlation (facts A2).
 

@@ -31,7 +31,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from cursus.client.admin import TopicMetadata, parse_list_offsets, parse_metadata
-from cursus.client.aio import AsyncClient
+from cursus.client.aio import AsyncClient, open_connection
 from cursus.client.connection import (
     DEFAULT_ADDRESS,
     Address,
@@ -42,21 +42,44 @@ from cursus.client.connection import (
 )
 from cursus.client.errors import (
     ClientClosedError,
+    CursusError,
     NotFoundError,
     NotLeaderError,
     OffsetOutOfRangeError,
     ProtocolViolationError,
 )
 from cursus.client.records import ConsumerRecord, decode_consumed_batch
-from cursus.wire import TXN_CONTROL_MARKER_PAYLOAD, Command, Frame, InvalidFrame, is_cbv2
+from cursus.wire import (
+    TXN_CONTROL_MARKER_PAYLOAD,
+    Command,
+    CommandPayload,
+    Frame,
+    InvalidFrame,
+    ProtocolError,
+    Status,
+    encode_crq2,
+    is_cbv2,
+)
 
-__all__ = ["AsyncConsumer", "Consumer", "ConsumerCore", "PartitionCursor", "StartPosition"]
+__all__ = ["AsyncConsumer", "Consumer", "ConsumerCore", "PartitionCursor", "Prefetch", "StartPosition"]
 
 StartPosition = str | int | Mapping[int, int]
 _RESETS = ("earliest", "latest", "error")
 _ISOLATION_LEVELS = ("read_committed", "read_uncommitted")
 #: Shortest per-partition long poll when several partitions share one consumer.
 _MIN_LONG_POLL_MS = 50
+
+
+@dataclass(slots=True)
+class Prefetch:
+    """A CONSUME written ahead (``wait_ms=0``) on its own connection, its reply not read yet: the broker
+    reads the next batch while the application processes the current one."""
+
+    partition: int
+    position: int
+    leader: Address
+    request_id: int
+    connection: Any
 
 
 @dataclass(slots=True)
@@ -99,6 +122,8 @@ class ConsumerCore:
         self._rotation = 0
         #: Fetched records not handed out yet (an iteration stopped mid-batch); served before fetching.
         self.buffer: list[ConsumerRecord] = []
+        #: At most one CONSUME in flight ahead of the application (bounded prefetch).
+        self.prefetched: Prefetch | None = None
 
     def assign(self, cursors: dict[int, PartitionCursor]) -> None:
         """Replace the assignment; records buffered from the previous one are dropped (the new positions
@@ -127,20 +152,19 @@ class ConsumerCore:
         self.buffer = [r for r in self.buffer if r.partition != partition]
         self.cursors[partition].position = offset
 
-    def iterate(self, records: list[ConsumerRecord], ends: Mapping[int, int] | None) -> Iterator[ConsumerRecord]:
-        """Yield ``records`` (skipping those at or past ``ends``); whatever is not yielded when the consumer
-        of this iterator stops is put back with :meth:`unread`."""
-        index = 0
-        try:
-            while index < len(records):
-                record = records[index]
-                if ends is not None and record.offset >= ends.get(record.partition, 0):
-                    break
-                index += 1
-                yield record
-        finally:
-            if index < len(records):
+    def cut(self, records: list[ConsumerRecord], ends: Mapping[int, int] | None) -> list[ConsumerRecord]:
+        """The records before the first one at or past its partition's end in ``ends`` (all without
+        ``ends``); the rest are put back with :meth:`unread`."""
+        if ends is None or not records:
+            return records
+        last = records[-1]
+        if records[0].partition == last.partition and last.offset < ends.get(last.partition, 0):
+            return records  # one partition, offsets ascending: all before the end
+        for index, record in enumerate(records):
+            if record.offset >= ends.get(record.partition, 0):
                 self.unread(records[index:])
+                return records[:index]
+        return records
 
     def reached(self, ends: Mapping[int, int]) -> bool:
         """True when every assigned partition's application position is at or past ``ends``."""
@@ -161,12 +185,28 @@ class ConsumerCore:
         return fields
 
     def order(self) -> list[PartitionCursor]:
-        """Cursors in poll order, rotating the starting partition between calls (fairness)."""
+        """Cursors in poll order, rotating the starting partition between calls (fairness); a partition
+        with a prefetched CONSUME goes first, so its reply is used."""
         cursors = list(self.cursors.values())
         if not cursors:
             return cursors
         self._rotation = (self._rotation + 1) % len(cursors)
+        if self.prefetched is not None and self.prefetched.partition in self.cursors:
+            self._rotation = list(self.cursors).index(self.prefetched.partition)
         return cursors[self._rotation:] + cursors[:self._rotation]
+
+    def take_prefetch(self) -> Prefetch | None:
+        """Return and forget the outstanding prefetch (its reply must then be read or its connection
+        closed)."""
+        prefetch, self.prefetched = self.prefetched, None
+        return prefetch
+
+    @staticmethod
+    def prefetch_matches(prefetch: Prefetch, cursor: PartitionCursor) -> bool:
+        """Whether a prefetched reply answers what ``cursor`` would ask now (same partition, position and
+        leader: nothing sought, reset or redirected meanwhile)."""
+        return (prefetch.partition, prefetch.position, prefetch.leader) == \
+            (cursor.partition, cursor.position, cursor.leader)
 
     def on_reply(self, cursor: PartitionCursor, frame: Frame) -> list[ConsumerRecord]:
         """Records of an OK CONSUME reply at or after the cursor's position; advances the position.
@@ -262,6 +302,9 @@ class _ConsumerSettings:
         self._started = False
         self._closed = False
         self._metadata: TopicMetadata | None = None
+        #: Connections that carry prefetched CONSUMEs, one per leader (never shared with other requests,
+        #: so an unread reply cannot be mistaken for another request's).
+        self._prefetch_connections: dict[Address, Any] = {}
 
 
 class Consumer(_ConsumerSettings):
@@ -363,12 +406,21 @@ class Consumer(_ConsumerSettings):
     # ----------------------------------------------------------------------------------------- reading
 
     def _fetch(self, cursor: PartitionCursor, wait_ms: int) -> list[ConsumerRecord]:
+        frame = self._prefetched_reply(cursor) or self._consume(cursor, wait_ms)
+        if frame is None:
+            return []
+        records = self._core.on_reply(cursor, frame)
+        if records:
+            self._prefetch(cursor)
+        return records
+
+    def _consume(self, cursor: PartitionCursor, wait_ms: int) -> Frame | None:
         fields = self._core.fields(cursor, wait_ms)
         for _ in range(self.options.redirects_max + 1):
             try:
-                frame = self._client.call(Command.CONSUME, fields, address=cursor.leader,
-                                          timeout_s=self.options.timeout_s + wait_ms / 1000.0,
-                                          follow_redirects=False)
+                return self._client.call(Command.CONSUME, fields, address=cursor.leader,
+                                         timeout_s=self.options.timeout_s + wait_ms / 1000.0,
+                                         follow_redirects=False)
             except NotLeaderError as exc:
                 cursor.leader = exc.leader or self._refresh_leader(cursor.partition)
                 continue
@@ -376,9 +428,33 @@ class Consumer(_ConsumerSettings):
                 if not self._core.on_out_of_range(cursor, exc):
                     bounds = self._list_offsets(cursor.partition)[0]
                     self._core.reset(cursor, bounds.earliest, bounds.latest)
-                return []
-            return self._core.on_reply(cursor, frame)
-        return []
+                return None
+        return None
+
+    def _prefetched_reply(self, cursor: PartitionCursor) -> Frame | None:
+        """The reply of the prefetched CONSUME when it answers ``cursor`` now; None otherwise (an error
+        reply too: the regular request then handles redirects and resets)."""
+        prefetch = self._core.take_prefetch()
+        if prefetch is None:
+            return None
+        try:
+            frame = prefetch.connection.receive(prefetch.request_id, Command.CONSUME)
+        except (OSError, ProtocolError):
+            return None  # the connection is closed; the next prefetch reopens it
+        if frame.status == Status.ERROR or not self._core.prefetch_matches(prefetch, cursor):
+            return None
+        return frame
+
+    def _prefetch(self, cursor: PartitionCursor) -> None:
+        """Write the next CONSUME of ``cursor`` (no wait) on the prefetch connection; best effort."""
+        conn = self._prefetch_connections.get(cursor.leader)
+        try:
+            if conn is None or conn.closed:
+                conn = self._prefetch_connections[cursor.leader] = self.options.connect(cursor.leader)
+            request_id = conn.send(Command.CONSUME, encode_crq2(CommandPayload((), self._core.fields(cursor, 0))))
+        except (OSError, ProtocolError, CursusError):
+            return
+        self._core.prefetched = Prefetch(cursor.partition, cursor.position, cursor.leader, request_id, conn)
 
     def _refresh_leader(self, partition: int) -> Address:
         self._metadata = None
@@ -437,9 +513,16 @@ class Consumer(_ConsumerSettings):
             if max_records is not None and len(records) > max_records - count:
                 self._core.unread(records[max_records - count:])
                 records = records[:max_records - count]
-            for record in self._core.iterate(records, ends):
-                count += 1
-                yield record
+            records = self._core.cut(records, ends)
+            pending = iter(records)
+            try:
+                yield from pending
+            finally:
+                count += len(records)
+                rest = list(pending)  # not handed out (the caller stopped early): returned first next time
+                if rest:
+                    count -= len(rest)
+                    self._core.unread(rest)
 
     def __iter__(self) -> Iterator[ConsumerRecord]:
         return self.records()
@@ -448,6 +531,8 @@ class Consumer(_ConsumerSettings):
         """Close connections (idempotent); iteration stops."""
         self._closed = True
         self._client.close()
+        for conn in self._prefetch_connections.values():
+            conn.close()
 
     def __enter__(self) -> Consumer:
         return self
@@ -514,12 +599,47 @@ class AsyncConsumer(_ConsumerSettings):
         self._core.seek(partition, offset)
 
     async def _fetch(self, cursor: PartitionCursor, wait_ms: int) -> list[ConsumerRecord]:
+        frame = await self._prefetched_reply(cursor) or await self._consume(cursor, wait_ms)
+        if frame is None:
+            return []
+        records = self._core.on_reply(cursor, frame)
+        if records:
+            await self._prefetch(cursor)
+        return records
+
+    async def _prefetched_reply(self, cursor: PartitionCursor) -> Frame | None:
+        """See :meth:`Consumer._prefetched_reply`."""
+        prefetch = self._core.take_prefetch()
+        if prefetch is None:
+            return None
+        try:
+            frame = await prefetch.connection.receive(prefetch.request_id, Command.CONSUME)
+        except (OSError, ProtocolError):
+            return None
+        if frame.status == Status.ERROR or not self._core.prefetch_matches(prefetch, cursor):
+            return None
+        return frame
+
+    async def _prefetch(self, cursor: PartitionCursor) -> None:
+        """See :meth:`Consumer._prefetch`."""
+        conn = self._prefetch_connections.get(cursor.leader)
+        try:
+            if conn is None or conn.closed:
+                conn = self._prefetch_connections[cursor.leader] = await open_connection(self.options,
+                                                                                         cursor.leader)
+            request_id = await conn.send(Command.CONSUME,
+                                         encode_crq2(CommandPayload((), self._core.fields(cursor, 0))))
+        except (OSError, ProtocolError, CursusError):
+            return
+        self._core.prefetched = Prefetch(cursor.partition, cursor.position, cursor.leader, request_id, conn)
+
+    async def _consume(self, cursor: PartitionCursor, wait_ms: int) -> Frame | None:
         fields = self._core.fields(cursor, wait_ms)
         for _ in range(self.options.redirects_max + 1):
             try:
-                frame = await self._client.call(Command.CONSUME, fields, address=cursor.leader,
-                                                timeout_s=self.options.timeout_s + wait_ms / 1000.0,
-                                                follow_redirects=False)
+                return await self._client.call(Command.CONSUME, fields, address=cursor.leader,
+                                               timeout_s=self.options.timeout_s + wait_ms / 1000.0,
+                                               follow_redirects=False)
             except NotLeaderError as exc:
                 if exc.leader is None:
                     self._metadata = None
@@ -532,9 +652,8 @@ class AsyncConsumer(_ConsumerSettings):
                 if not self._core.on_out_of_range(cursor, exc):
                     bounds = (await self._list_offsets(cursor.partition))[0]
                     self._core.reset(cursor, bounds.earliest, bounds.latest)
-                return []
-            return self._core.on_reply(cursor, frame)
-        return []
+                return None
+        return None
 
     async def poll(self, timeout_s: float | None = None) -> list[ConsumerRecord]:
         """See :meth:`Consumer.poll`."""
@@ -584,9 +703,17 @@ class AsyncConsumer(_ConsumerSettings):
             if max_records is not None and len(records) > max_records - count:
                 self._core.unread(records[max_records - count:])
                 records = records[:max_records - count]
-            for record in self._core.iterate(records, ends):
-                count += 1
-                yield record
+            records = self._core.cut(records, ends)
+            pending = iter(records)
+            try:
+                for record in pending:
+                    yield record
+            finally:
+                count += len(records)
+                rest = list(pending)
+                if rest:
+                    count -= len(rest)
+                    self._core.unread(rest)
 
     def __aiter__(self) -> AsyncIterator[ConsumerRecord]:
         return self.records()
@@ -595,6 +722,8 @@ class AsyncConsumer(_ConsumerSettings):
         """Close connections (idempotent)."""
         self._closed = True
         await self._client.close()
+        for conn in self._prefetch_connections.values():
+            await conn.close()
 
     async def __aenter__(self) -> AsyncConsumer:
         return self

@@ -270,3 +270,43 @@ def test_produce_from_many_threads_interleaved_with_send_keeps_order_and_sequenc
         for n in range(4):  # each thread's records keep their order within a partition
             own = [int(r.value.split(b"-")[1]) for r in mine if r.value.startswith(b"%d-" % n)]
             assert own == sorted(own)
+
+
+def test_prefetched_batches_are_contiguous_and_a_seek_discards_the_prefetch(shared_broker, topic_name):
+    _create(shared_broker, topic_name, 1)
+    with Producer(_addr(shared_broker)) as producer:
+        for i in range(2500):
+            producer.send(topic_name, b"%d" % i)
+    with Consumer(topic_name, _addr(shared_broker), batch_size=1000, start="earliest") as consumer:
+        first = consumer.poll()
+        assert consumer._core.prefetched is not None  # the next CONSUME is already on its way
+        second = consumer.poll()
+        assert [r.offset for r in first + second] == list(range(2000))
+        consumer.seek(0, 5)  # the outstanding prefetch (offset 2000) no longer answers the question
+        after = consumer.poll()
+        assert after[0].offset == 5 and after[0].value == b"5"
+        it = consumer.records(until_end=True)
+        assert next(it).offset == after[-1].offset + 1
+        it.close()  # stopping early keeps the rest for the next iteration
+        rest = list(consumer.records(until_end=True))
+        assert [r.offset for r in rest] == list(range(after[-1].offset + 2, 2500))
+
+
+def test_async_prefetch_matches_the_blocking_consumer(shared_broker, topic_name):
+    _create(shared_broker, topic_name, 2)
+    with Producer(_addr(shared_broker)) as producer:
+        for i in range(3000):
+            producer.send(topic_name, b"%d" % i, partition=i % 2)
+
+    async def read() -> list[tuple[int, int]]:
+        async with AsyncConsumer(topic_name, _addr(shared_broker), batch_size=400) as consumer:
+            got = [(r.partition, r.offset) async for r in consumer.records(until_end=True)]
+            await consumer.seek(1, 0)
+            again = await consumer.poll()
+            assert again[0].partition == 1 and again[0].offset == 0
+            return got
+
+    got = asyncio.run(read())
+    assert sorted(got) == [(p, o) for p in (0, 1) for o in range(1500)]
+    for p in (0, 1):
+        assert [o for q, o in got if q == p] == list(range(1500))
