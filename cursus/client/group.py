@@ -35,9 +35,9 @@ import queue
 import socket
 import threading
 import time
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Generator, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypeVar
 
 from cursus.client.admin import parse_list_offsets
 from cursus.client.aio import AsyncClient
@@ -59,7 +59,7 @@ from cursus.client.errors import (
     error_from_frame,
 )
 from cursus.client.records import ConsumerRecord, decode_consumed_batch
-from cursus.wire import Command, CommandPayload, ProtocolError, Status, encode_crq2
+from cursus.wire import Command, CommandPayload, Frame, ProtocolError, Status, encode_crq2
 
 __all__ = ["AsyncGroupConsumer", "GroupConsumer", "GroupMembership", "REJOIN_CODES"]
 
@@ -69,6 +69,7 @@ log = logging.getLogger("cursus.client.group")
 REJOIN_CODES = frozenset({"GEN_MISMATCH", "NOT_OWNER", "member_not_found", "group_not_found"})
 _RESETS = ("earliest", "latest", "error")
 _MODES = ("poll", "stream")
+_R = TypeVar("_R")
 
 Callback = Callable[[list[int]], Any]
 
@@ -173,6 +174,108 @@ class GroupMembership:
         return kept
 
 
+
+
+#: One request of a sans-IO step sequence: (command, CRQ2 fields); the driver sends it and sends back the
+#: reply frame, or throws the typed error in.
+Step = tuple[Command, dict[str, str]]
+Steps = Generator[Step, Frame, _R]
+
+
+def commit_steps(state: GroupMembership, offsets: Mapping[int, int]) -> Steps[dict[int, int]]:
+    """COMMIT/BATCH_COMMIT of ``offsets`` beyond what is committed; returns what was committed.
+
+    A fencing error marks the membership for a rejoin and is re-raised.
+    """
+    pending = state.pending_commits(offsets)
+    if not pending:
+        return {}
+    try:
+        yield state.commit_request(pending)
+    except CursusError as exc:
+        if state.is_rejoin_error(exc):
+            state.rejoin_needed = True
+        raise
+    state.on_committed(pending)
+    return pending
+
+
+def rejoin_steps(state: GroupMembership, auto_offset_reset: str,
+                 on_revoked: Callback | None) -> Steps[tuple[dict[int, int], list[int]] | None]:
+    """JOIN (+SYNC), commit the processed work of partitions still owned, FETCH_OFFSET each assigned
+    partition (LIST_OFFSETS once for ``auto_offset_reset="latest"``).
+
+    Returns (start position per assigned partition, the assignment), or None when the generation moved on
+    during the commit (the next poll rejoins again).
+    """
+    old = set(state.assignment) if state.member_id is not None else set()
+    frame = yield Command.JOIN_GROUP, state.join_fields()
+    if not state.on_join(ok_fields(frame), frame.payload.decode("utf-8", "replace")):
+        sync = yield Command.SYNC_GROUP, state.member_fields()
+        state.on_sync(sync.payload.decode("utf-8", "replace"))
+    new = set(state.assignment)
+    if old - new and on_revoked is not None:
+        on_revoked(sorted(old - new))
+    for p in old - new:
+        state.processed.pop(p, None)
+        state.committed.pop(p, None)
+    kept = {p: o for p, o in state.processed.items() if p in new}
+    if kept:
+        try:
+            yield from commit_steps(state, kept)  # still-owned work, under the new generation
+        except CursusError as exc:
+            log.info("commit of still-owned partitions after rejoin failed: %s", exc)
+            if state.is_rejoin_error(exc):
+                return None
+    positions = {}
+    latest: dict[int, int] | None = None
+    for p in sorted(new):
+        reply = yield Command.FETCH_OFFSET, {"topic": state.topic, "partition": str(p), "group": state.group}
+        offset = int(ok_fields(reply)["offset"])
+        if offset == 0 and auto_offset_reset == "latest":
+            if latest is None:
+                bounds = yield Command.LIST_OFFSETS, {"topic": state.topic}
+                latest = {b.partition: b.latest for b in parse_list_offsets(ok_fields(bounds))}
+            offset = latest.get(p, 0)
+        positions[p] = max(offset, state.processed.get(p, 0)) if p in kept else offset
+        state.committed[p] = max(state.committed.get(p, -1), offset)
+        state.processed[p] = positions[p]
+    state.rejoin_needed = False
+    log.info("group %s member %s generation %d assignment %s", state.group, state.member_id, state.generation,
+             sorted(new))
+    return positions, sorted(new)
+
+
+def run_steps(steps: Steps[_R], call: Callable[[Command, dict[str, str]], Frame]) -> _R:
+    """Drive ``steps`` with a blocking ``call``: each request's reply (or typed error) goes back in."""
+    reply: Any = None
+    error: CursusError | None = None
+    while True:
+        try:
+            step = steps.throw(error) if error is not None else steps.send(reply)
+        except StopIteration as done:
+            return done.value
+        reply, error = None, None
+        try:
+            reply = call(*step)
+        except CursusError as exc:
+            error = exc
+
+
+async def run_steps_async(steps: Steps[_R], call: Callable[[Command, dict[str, str]], Awaitable[Frame]]) -> _R:
+    """:func:`run_steps` with an asyncio ``call``."""
+    reply: Any = None
+    error: CursusError | None = None
+    while True:
+        try:
+            step = steps.throw(error) if error is not None else steps.send(reply)
+        except StopIteration as done:
+            return done.value
+        reply, error = None, None
+        try:
+            reply = await call(*step)
+        except CursusError as exc:
+            error = exc
 
 
 class GroupConsumer:
@@ -296,53 +399,19 @@ class GroupConsumer:
             self._heartbeat_thread.start()
 
     def _rejoin(self) -> None:
-        """JOIN (+SYNC), commit still-owned work, FETCH_OFFSET, restart reading. Lock held."""
-        state = self.state
-        old = set(state.assignment) if state.member_id is not None else set()
+        """Rejoin (:func:`rejoin_steps`) and restart reading from the new positions. Lock held."""
         self._stop_streams()
-        frame = self._call(Command.JOIN_GROUP, state.join_fields())
-        raw = frame.payload.decode("utf-8", "replace")
-        if not state.on_join(ok_fields(frame), raw):
-            sync = self._call(Command.SYNC_GROUP, state.member_fields())
-            state.on_sync(sync.payload.decode("utf-8", "replace"))
-        new = set(state.assignment)
-        if old - new and self.on_revoked is not None:
-            self.on_revoked(sorted(old - new))
-        for p in old - new:
-            state.processed.pop(p, None)
-            state.committed.pop(p, None)
-        kept = {p: o for p, o in state.processed.items() if p in new}
-        if kept:
-            try:
-                self._commit_now(kept)  # processed work of partitions we still own, under the new generation
-            except CursusError as exc:
-                log.info("commit of still-owned partitions after rejoin failed: %s", exc)
-                if state.is_rejoin_error(exc):
-                    return  # the generation moved on again: the next poll rejoins
-        positions = {}
-        latest: dict[int, int] | None = None
-        for p in sorted(new):
-            offset = int(ok_fields(self._call(Command.FETCH_OFFSET, {"topic": self.topic, "partition": str(p),
-                                                                     "group": self.group}))["offset"])
-            if offset == 0 and self.auto_offset_reset == "latest":
-                if latest is None:
-                    bounds = parse_list_offsets(ok_fields(self._client.call(Command.LIST_OFFSETS,
-                                                                            {"topic": self.topic})))
-                    latest = {b.partition: b.latest for b in bounds}
-                offset = latest.get(p, 0)
-            positions[p] = max(offset, state.processed.get(p, 0)) if p in kept else offset
-            state.committed[p] = max(state.committed.get(p, -1), offset)
-            state.processed[p] = positions[p]
+        result = run_steps(rejoin_steps(self.state, self.auto_offset_reset, self.on_revoked), self._call)
+        if result is None:
+            return
+        positions, assignment = result
         self._assignment_token += 1
         if self.mode == "poll":
             self._consumer.assign(positions)
         else:
             self._start_streams(positions)
-        state.rejoin_needed = False
-        log.info("group %s member %s generation %d assignment %s", self.group, state.member_id, state.generation,
-                 sorted(new))
         if self.on_assigned is not None:
-            self.on_assigned(sorted(new))
+            self.on_assigned(assignment)
 
     def _heartbeat_loop(self) -> None:
         while not self._closed.wait(self.heartbeat_interval_s):
@@ -434,19 +503,10 @@ class GroupConsumer:
             return self._commit_now(self.state.pending_commits(offsets))
 
     def _commit_now(self, offsets: Mapping[int, int]) -> dict[int, int]:
-        pending = self.state.pending_commits(offsets)
-        if not pending:
-            return {}
-        command, fields = self.state.commit_request(pending)
-        try:
-            self._call(command, fields)
-        except CursusError as exc:
-            if self.state.is_rejoin_error(exc):
-                self.state.rejoin_needed = True
-            raise
-        self.state.on_committed(pending)
-        self._last_commit = time.monotonic()
-        return pending
+        committed = run_steps(commit_steps(self.state, offsets), self._call)
+        if committed:
+            self._last_commit = time.monotonic()
+        return committed
 
     def _auto_commit(self) -> None:
         self._last_commit = time.monotonic()
@@ -682,44 +742,19 @@ class AsyncGroupConsumer:
             self._heartbeat_task = asyncio.get_running_loop().create_task(self._heartbeat_loop())
 
     async def _rejoin(self) -> None:
-        state = self.state
-        old = set(state.assignment) if state.member_id is not None else set()
-        frame = await self._client.call(Command.JOIN_GROUP, state.join_fields(), retry_safe=True)
-        raw = frame.payload.decode("utf-8", "replace")
-        if not state.on_join(ok_fields(frame), raw):
-            sync = await self._client.call(Command.SYNC_GROUP, state.member_fields(), retry_safe=True)
-            state.on_sync(sync.payload.decode("utf-8", "replace"))
-        new = set(state.assignment)
-        if old - new and self.on_revoked is not None:
-            self.on_revoked(sorted(old - new))
-        for p in old - new:
-            state.processed.pop(p, None)
-            state.committed.pop(p, None)
-        kept = {p: o for p, o in state.processed.items() if p in new}
-        if kept:
-            try:
-                await self._commit_now(kept)
-            except CursusError as exc:
-                log.info("commit of still-owned partitions after rejoin failed: %s", exc)
-                if state.is_rejoin_error(exc):
-                    return
-        positions = {}
-        for p in sorted(new):
-            frame = await self._client.call(Command.FETCH_OFFSET, {"topic": self.topic, "partition": str(p),
-                                                                   "group": self.group})
-            offset = int(ok_fields(frame)["offset"])
-            if offset == 0 and self.auto_offset_reset == "latest":
-                bounds = parse_list_offsets(ok_fields(await self._client.call(
-                    Command.LIST_OFFSETS, {"topic": self.topic, "partition": str(p)})))
-                offset = bounds[0].latest if bounds else 0
-            positions[p] = max(offset, state.processed.get(p, 0)) if p in kept else offset
-            state.committed[p] = max(state.committed.get(p, -1), offset)
-            state.processed[p] = positions[p]
+        """See :meth:`GroupConsumer._rejoin`."""
+        result = await run_steps_async(rejoin_steps(self.state, self.auto_offset_reset, self.on_revoked),
+                                       self._call)
+        if result is None:
+            return
+        positions, assignment = result
         self._assignment_token += 1
         await self._consumer.assign(positions)
-        state.rejoin_needed = False
         if self.on_assigned is not None:
-            self.on_assigned(sorted(new))
+            self.on_assigned(assignment)
+
+    async def _call(self, command: Command, fields: Mapping[str, str]) -> Frame:
+        return await self._client.call(command, fields, retry_safe=True)
 
     async def _heartbeat_loop(self) -> None:
         while not self._closed:
@@ -759,19 +794,10 @@ class AsyncGroupConsumer:
             return await self._commit_now(self.state.pending_commits(offsets))
 
     async def _commit_now(self, offsets: Mapping[int, int]) -> dict[int, int]:
-        pending = self.state.pending_commits(offsets)
-        if not pending:
-            return {}
-        command, fields = self.state.commit_request(pending)
-        try:
-            await self._client.call(command, fields, retry_safe=True)
-        except CursusError as exc:
-            if self.state.is_rejoin_error(exc):
-                self.state.rejoin_needed = True
-            raise
-        self.state.on_committed(pending)
-        self._last_commit = time.monotonic()
-        return pending
+        committed = await run_steps_async(commit_steps(self.state, offsets), self._call)
+        if committed:
+            self._last_commit = time.monotonic()
+        return committed
 
     async def close(self) -> None:
         """Auto-commit (if enabled), leave the group, close connections (idempotent)."""
