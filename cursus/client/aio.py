@@ -309,19 +309,14 @@ class AsyncClient:
         """Send one request and return its OK reply frame; see ``Client.request`` for the rules."""
         safe = command in READ_ONLY_COMMANDS if retry_safe is None else retry_safe
         attempts = Attempts(address or self.bootstrap[0], self.options, safe, command.name,
-                            follow_redirects=follow_redirects)
-        rotate = address is None and len(self.bootstrap) > 1
+                            follow_redirects=follow_redirects, rotation=() if address else self.bootstrap)
         while True:
             try:
                 conn = await self.connection(attempts.target)
             except (OSError, ProtocolError, CursusError) as exc:
                 if isinstance(exc, ClientClosedError):
                     raise
-                delay = attempts.after_connect_failure(exc)
-                if rotate:
-                    index = self.bootstrap.index(attempts.target) if attempts.target in self.bootstrap else -1
-                    attempts.target = self.bootstrap[(index + 1) % len(self.bootstrap)]
-                await asyncio.sleep(delay)
+                await asyncio.sleep(attempts.after_connect_failure(exc))
                 continue
             try:
                 frame = await conn.request(command, payload, timeout_s=timeout_s)

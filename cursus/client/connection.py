@@ -568,6 +568,7 @@ class Attempts:
         retry_safe: whether the request may be sent again after its outcome became unknown (connection
             lost after writing it) or after a retryable error reply.
         label: command name for messages.
+        rotation: bootstrap addresses to rotate through on connect failures (empty: stay on ``target``).
     """
 
     target: Address
@@ -575,6 +576,7 @@ class Attempts:
     retry_safe: bool
     label: str
     follow_redirects: bool = True
+    rotation: Sequence[Address] = ()
     attempt: int = 0
     redirects: int = 0
     last_error: BaseException | None = None
@@ -587,8 +589,12 @@ class Attempts:
         """
         if isinstance(exc, CursusError):
             raise exc  # AUTH refused: retrying will not help
-        return self._next_delay(exc, BrokerUnavailableError(
+        delay = self._next_delay(exc, BrokerUnavailableError(
             f"cannot connect to {format_address(self.target)} for {self.label}: {exc}"))
+        if len(self.rotation) > 1:  # the next bootstrap broker (from the first if we were redirected away)
+            index = self.rotation.index(self.target) if self.target in self.rotation else -1
+            self.target = self.rotation[(index + 1) % len(self.rotation)]
+        return delay
 
     def after_transport_failure(self, exc: BaseException) -> float:
         """The connection failed after the request was written: outcome unknown."""
@@ -717,21 +723,15 @@ class Client:
                 ``ProtocolViolationError`` when the transport gave up; ``ClientClosedError`` after close().
         """
         safe = command in READ_ONLY_COMMANDS if retry_safe is None else retry_safe
-        rotate = address is None
         attempts = Attempts(address or self.bootstrap[0], self.options, safe, command.name,
-                            follow_redirects=follow_redirects)
+                            follow_redirects=follow_redirects, rotation=() if address else self.bootstrap)
         while True:
             try:
                 conn = self.connection(attempts.target)
             except (OSError, ProtocolError, CursusError) as exc:
                 if isinstance(exc, ClientClosedError):
                     raise
-                delay = attempts.after_connect_failure(exc)
-                if rotate and len(self.bootstrap) > 1:
-                    attempts.target = self.bootstrap[(self.bootstrap.index(attempts.target) + 1)
-                                                     % len(self.bootstrap)] \
-                        if attempts.target in self.bootstrap else self.bootstrap[0]
-                time.sleep(delay)
+                time.sleep(attempts.after_connect_failure(exc))
                 continue
             try:
                 frame = conn.request(command, payload, timeout_s=timeout_s)
