@@ -35,10 +35,11 @@ import socket
 import threading
 import time
 from collections import deque
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from concurrent.futures import Future, InvalidStateError
 from concurrent.futures import _base as _futures_base
 from dataclasses import dataclass, replace
+from itertools import repeat
 from typing import Any
 
 from cursus.client.admin import TopicMetadata, parse_metadata
@@ -401,11 +402,14 @@ class ProducerCore:
         count = len(batch.pendings)
         self.buffered -= count
         cfg = self.config
-        base = None if last_offset is None else last_offset - count + 1
-        topic, partition, seq = pstate.topic, pstate.partition, batch.seq_start
-        return [(p.future, RecordMetadata(topic, partition, None if base is None else base + i, cfg.producer_id,
-                                          cfg.producer_epoch, seq + i), False)
-                for i, p in enumerate(batch.pendings)]
+        seq = batch.seq_start
+        offsets: Iterable[int | None] = repeat(None) if last_offset is None else \
+            range(last_offset - count + 1, last_offset + 1)
+        # One metadata tuple per record, built by C iterators (this runs once per record acknowledged).
+        metadata = map(RecordMetadata._make, zip(repeat(pstate.topic), repeat(pstate.partition), offsets,
+                                                 repeat(cfg.producer_id), repeat(cfg.producer_epoch),
+                                                 range(seq, seq + count)))
+        return list(zip([p.future for p in batch.pendings], metadata, repeat(False)))
 
     def failed(self, batch: ProducerBatch, error: BaseException, *, written: bool,
                now: float) -> tuple[list[Resolution], Address | None]:
@@ -706,8 +710,9 @@ class Producer:
             TypeError: value is not bytes or str.
         """
         future = DeliveryFuture()
-        key_text, key_field = _key_field(key)
-        self._append(topic, _Pending(_as_bytes(value), key_field, timestamp_ms, future), key_text, partition)
+        key_text, key_field = (None, None) if key is None else _key_field(key)
+        self._append(topic, _Pending(value if type(value) is bytes else _as_bytes(value), key_field, timestamp_ms,
+                                     future), key_text, partition)
         return future
 
     def _append(self, topic: str, pending: _Pending, key_text: str | None, partition: int | None) -> int:
