@@ -26,7 +26,7 @@ can apply committed offsets (facts decision 14).
 from __future__ import annotations
 
 import time
-from collections.abc import AsyncIterator, Iterable, Iterator, Mapping, Sequence
+from collections.abc import AsyncIterator, Awaitable, Generator, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -305,6 +305,8 @@ class _ConsumerSettings:
         #: Connections that carry prefetched CONSUMEs, one per leader (never shared with other requests,
         #: so an unread reply cannot be mistaken for another request's).
         self._prefetch_connections: dict[Address, Any] = {}
+        #: The latest ``records()`` iteration of an AsyncConsumer (its unreturned records are reclaimed).
+        self._active: Any = None
 
 
 class Consumer(_ConsumerSettings):
@@ -541,6 +543,65 @@ class Consumer(_ConsumerSettings):
         self.close()
 
 
+class _Ready:
+    """An awaitable that is already done: ``await`` returns ``value`` without suspending."""
+
+    __slots__ = ("value",)
+
+    def __init__(self, value: ConsumerRecord) -> None:
+        self.value = value
+
+    def __await__(self) -> Generator[Any, None, ConsumerRecord]:
+        return self.value
+        yield  # a generator function: awaiting it finishes at once
+
+
+class _AsyncRecords:
+    """``async for`` over batches from an async generator, one record at a time, with no coroutine step
+    per record (only per batch)."""
+
+    __slots__ = ("_core", "_batches", "_batch", "_index", "_left")
+
+    def __init__(self, core: ConsumerCore, batches: AsyncIterator[list[ConsumerRecord]],
+                 max_records: int | None) -> None:
+        self._core = core
+        self._batches = batches
+        self._batch: list[ConsumerRecord] = []
+        self._index = 0
+        self._left = max_records
+
+    def __aiter__(self) -> _AsyncRecords:
+        return self
+
+    def __anext__(self) -> Awaitable[ConsumerRecord]:
+        index = self._index
+        if index < len(self._batch):
+            self._index = index + 1
+            return _Ready(self._batch[index])
+        return self._next_batch()
+
+    async def _next_batch(self) -> ConsumerRecord:
+        left = self._left
+        if left is not None and left <= 0:
+            raise StopAsyncIteration
+        batch = await self._batches.__anext__()  # StopAsyncIteration ends the iteration
+        if left is not None:
+            if len(batch) > left:
+                self._core.unread(batch[left:])
+                batch = batch[:left]
+            self._left = left - len(batch)
+        self._batch, self._index = batch, 1
+        return batch[0]
+
+    def reclaim(self) -> list[ConsumerRecord]:
+        """Return (and forget) the records fetched and not handed out yet."""
+        rest = self._batch[self._index:]
+        self._batch, self._index = [], 0
+        if self._left is not None:
+            self._left += len(rest)
+        return rest
+
+
 class AsyncConsumer(_ConsumerSettings):
     """asyncio partition consumer: ``async for record in consumer`` or ``await poll()``. Arguments, units,
     behaviour and errors are those of :class:`Consumer`.
@@ -579,6 +640,7 @@ class AsyncConsumer(_ConsumerSettings):
 
     async def assign(self, positions: Mapping[int, int]) -> None:
         """See :meth:`Consumer.assign`."""
+        self._reclaim()
         metadata = await self.metadata()
         default = self._client.bootstrap[0]
         self._core.assign({p: PartitionCursor(p, int(offset), metadata.leader_address(p) or default)
@@ -588,11 +650,13 @@ class AsyncConsumer(_ConsumerSettings):
     async def positions(self) -> dict[int, int]:
         """See :meth:`Consumer.positions`."""
         await self._ensure_started()
+        self._reclaim()
         return {p: self._core.position(p) for p in self._core.cursors}
 
     async def seek(self, partition: int, offset: int | str) -> None:
         """See :meth:`Consumer.seek`."""
         await self._ensure_started()
+        self._reclaim()
         if isinstance(offset, str):
             bounds = (await self._list_offsets(partition))[0]
             offset = _resolve_start(offset, partition, bounds.earliest, bounds.latest)
@@ -657,6 +721,10 @@ class AsyncConsumer(_ConsumerSettings):
 
     async def poll(self, timeout_s: float | None = None) -> list[ConsumerRecord]:
         """See :meth:`Consumer.poll`."""
+        self._reclaim()
+        return await self._poll(timeout_s)
+
+    async def _poll(self, timeout_s: float | None = None) -> list[ConsumerRecord]:
         await self._ensure_started()
         buffered = self._core.take_buffer()
         if buffered:
@@ -683,37 +751,38 @@ class AsyncConsumer(_ConsumerSettings):
                 return records
             index += 1
 
-    async def records(self, *, max_records: int | None = None, until_end: bool = False,
-                      idle_timeout_s: float | None = None) -> AsyncIterator[ConsumerRecord]:
-        """See :meth:`Consumer.records`."""
+    def records(self, *, max_records: int | None = None, until_end: bool = False,
+                idle_timeout_s: float | None = None) -> AsyncIterator[ConsumerRecord]:
+        """See :meth:`Consumer.records` (``async for``). Records of a batch are handed out without a
+        coroutine step each; those not handed out when an iteration is abandoned come first in the next
+        ``poll``/``records``."""
+        self._reclaim()
+        self._active = _AsyncRecords(self._core, self._batches(until_end, idle_timeout_s), max_records)
+        return self._active
+
+    def _reclaim(self) -> None:
+        """Put what the latest ``records()`` iteration fetched and did not hand out yet back in front of
+        the buffer (it goes on from there if it is resumed)."""
+        if self._active is not None:
+            self._core.unread(self._active.reclaim())
+
+    async def _batches(self, until_end: bool, idle_timeout_s: float | None) -> AsyncIterator[list[ConsumerRecord]]:
         await self._ensure_started()
         ends = None
         if until_end:
             ends = {o.partition: o.latest for o in await self._list_offsets()}
-        count = 0
         idle_since = time.monotonic()
-        while not self._closed and (max_records is None or count < max_records):
+        while not self._closed:
             if ends is not None and self._core.reached(ends):
                 return
-            records = await self.poll()
+            records = await self._poll()
             if records:
                 idle_since = time.monotonic()
             elif idle_timeout_s is not None and time.monotonic() - idle_since >= idle_timeout_s:
                 return
-            if max_records is not None and len(records) > max_records - count:
-                self._core.unread(records[max_records - count:])
-                records = records[:max_records - count]
             records = self._core.cut(records, ends)
-            pending = iter(records)
-            try:
-                for record in pending:
-                    yield record
-            finally:
-                count += len(records)
-                rest = list(pending)
-                if rest:
-                    count -= len(rest)
-                    self._core.unread(rest)
+            if records:
+                yield records
 
     def __aiter__(self) -> AsyncIterator[ConsumerRecord]:
         return self.records()

@@ -1027,6 +1027,7 @@ class AsyncProducer:
         self._refresh_client = AsyncClient(bootstrap, _metadata_options(self.options))
         self._core = ProducerCore(self.config, self._client.bootstrap[0])
         self._signal: _AsyncSignal | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
         self._tasks: dict[Address, list[asyncio.Task[None]]] = {}
         self._connections: set[AsyncConnection] = set()
         self._stopping = False
@@ -1047,8 +1048,8 @@ class AsyncProducer:
                    timestamp_ms: int | None = None) -> asyncio.Future[RecordMetadata]:
         """Queue one record; returns a future of its :class:`RecordMetadata`. Arguments and errors as
         :meth:`Producer.send` (waiting on a full buffer is asynchronous)."""
-        data = _as_bytes(value)
-        key_text, key_field = _key_field(key)
+        data = value if type(value) is bytes else _as_bytes(value)
+        key_text, key_field = (None, None) if key is None else _key_field(key)
         core = self._core
         if self._closed or core.closing:
             raise ClientClosedError("producer is closed")
@@ -1068,11 +1069,20 @@ class AsyncProducer:
                 raise core.fatal
             if core.closing:
                 raise ClientClosedError("producer is closed")
-        future: asyncio.Future[RecordMetadata] = asyncio.get_running_loop().create_future()
+        loop = self._loop
+        if loop is None:
+            loop = self._loop = asyncio.get_running_loop()
+        future: asyncio.Future[RecordMetadata] = loop.create_future()
         chosen = core.route(topic, key_text, partition)
-        if core.append(topic, chosen, _Pending(data, key_field, timestamp_ms, future), time.monotonic()):
+        known = len(core.partitions)
+        due = core.append(topic, chosen, _Pending(data, key_field, timestamp_ms, future), time.monotonic())
+        if len(core.partitions) != known:  # a new partition: its leader may need senders
+            self._ensure_senders(core.leader_of(topic, chosen))
+        if due:
             self._wake().notify_all()
-        self._ensure_senders(core.leader_of(topic, chosen))
+            # A batch became due: let the sender tasks run now (a loop of sends never suspends otherwise,
+            # and the senders would wait for the buffer to fill). Once per batch, not per record.
+            await asyncio.sleep(0)
         return future
 
     async def send_and_wait(self, topic: str, value: bytes | bytearray | memoryview | str, *,

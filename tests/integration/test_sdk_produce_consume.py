@@ -310,3 +310,24 @@ def test_async_prefetch_matches_the_blocking_consumer(shared_broker, topic_name)
     assert sorted(got) == [(p, o) for p in (0, 1) for o in range(1500)]
     for p in (0, 1):
         assert [o for q, o in got if q == p] == list(range(1500))
+
+
+def test_async_iteration_stopped_early_hands_the_rest_out_next(shared_broker, topic_name):
+    _create(shared_broker, topic_name, 1)
+    with Producer(_addr(shared_broker)) as producer:
+        for i in range(700):
+            producer.send(topic_name, b"%d" % i)
+
+    async def read() -> None:
+        async with AsyncConsumer(topic_name, _addr(shared_broker), batch_size=300) as consumer:
+            first = [r.offset async for r in consumer.records(max_records=5)]
+            assert first == list(range(5))
+            async for record in consumer.records():
+                if record.offset == 9:
+                    break
+            assert await consumer.positions() == {0: 10}
+            assert (await consumer.poll())[0].offset == 10
+            rest = [r.offset async for r in consumer.records(until_end=True)]
+            assert rest[0] > 10 and rest[-1] == 699 and rest == list(range(rest[0], 700))
+
+    asyncio.run(read())
