@@ -622,7 +622,49 @@ def _metadata_options(options: ConnectionOptions) -> ConnectionOptions:
 
 
 
-class Producer:
+class _ProducerSettings:
+    """Constructor shared by :class:`Producer` and :class:`AsyncProducer`: settings, clients and the
+    sans-IO :class:`ProducerCore`; ``_client_type`` picks the transport, ``_setup`` adds the flavour's own
+    synchronisation (threads or tasks)."""
+
+    _client_type: Any
+    _id_prefix: str
+
+    def __init__(self, bootstrap: str | Sequence[str] = DEFAULT_ADDRESS, *, acks: str | int | None = None,
+                 idempotent: bool = False, batch_size: int = 1000, batch_bytes: int = 1 << 20,
+                 linger_ms: float = 5.0, connections_per_broker: int = 2, buffer_records: int = 100_000,
+                 max_block_s: float = 60.0, delivery_timeout_s: float = 120.0, request_timeout_s: float = 30.0,
+                 producer_id: str | None = None, producer_epoch: int | None = None,
+                 options: ConnectionOptions | None = None, **overrides: Any) -> None:
+        self.options = options_from(options, overrides)
+        self.config = ProducerConfig.build(
+            acks=acks, idempotent=idempotent, batch_size=batch_size, batch_bytes=batch_bytes,
+            linger_ms=linger_ms, connections_per_broker=connections_per_broker, buffer_records=buffer_records,
+            max_block_s=max_block_s, delivery_timeout_s=delivery_timeout_s, request_timeout_s=request_timeout_s,
+            backoff=self.options.backoff, producer_id=producer_id, producer_epoch=producer_epoch,
+            id_prefix=self._id_prefix)
+        self._client = self._client_type(bootstrap, self.options)
+        self._refresh_client = self._client_type(bootstrap, _metadata_options(self.options))
+        self._core = ProducerCore(self.config, self._client.bootstrap[0])
+        self._stopping = False
+        self._closed = False
+        self._setup()
+
+    def _setup(self) -> None:
+        raise NotImplementedError
+
+    @property
+    def producer_id(self) -> str:
+        """The producer id records carry."""
+        return self.config.producer_id
+
+    @property
+    def producer_epoch(self) -> int:
+        """The producer epoch records carry."""
+        return self.config.producer_epoch
+
+
+class Producer(_ProducerSettings):
     """Thread-safe blocking producer with background sender threads.
 
     Use it as a context manager, or call :meth:`close`.
@@ -649,22 +691,10 @@ class Producer:
         ValueError: inconsistent settings (e.g. idempotent with acks=1).
     """
 
-    def __init__(self, bootstrap: str | Sequence[str] = DEFAULT_ADDRESS, *, acks: str | int | None = None,
-                 idempotent: bool = False, batch_size: int = 1000, batch_bytes: int = 1 << 20,
-                 linger_ms: float = 5.0, connections_per_broker: int = 2, buffer_records: int = 100_000,
-                 max_block_s: float = 60.0, delivery_timeout_s: float = 120.0, request_timeout_s: float = 30.0,
-                 producer_id: str | None = None, producer_epoch: int | None = None,
-                 options: ConnectionOptions | None = None, **overrides: Any) -> None:
-        self.options = options_from(options, overrides)
-        self.config = ProducerConfig.build(
-            acks=acks, idempotent=idempotent, batch_size=batch_size, batch_bytes=batch_bytes,
-            linger_ms=linger_ms, connections_per_broker=connections_per_broker, buffer_records=buffer_records,
-            max_block_s=max_block_s, delivery_timeout_s=delivery_timeout_s, request_timeout_s=request_timeout_s,
-            backoff=self.options.backoff, producer_id=producer_id, producer_epoch=producer_epoch,
-            id_prefix="py-")
-        self._client = Client(bootstrap, self.options)
-        self._refresh_client = Client(bootstrap, _metadata_options(self.options))
-        self._core = ProducerCore(self.config, self._client.bootstrap[0])
+    _client_type = Client
+    _id_prefix = "py-"
+
+    def _setup(self) -> None:
         self._lock = threading.Lock()
         #: Waiters for completions (flush, produce, a full buffer); senders wait on ``_ready``.
         self._cond = threading.Condition(self._lock)
@@ -675,18 +705,6 @@ class Producer:
         self._direct_conn: Connection | None = None
         self._threads: dict[Address, list[threading.Thread]] = {}
         self._connections: set[Connection] = set()
-        self._stopping = False
-        self._closed = False
-
-    @property
-    def producer_id(self) -> str:
-        """The producer id records carry."""
-        return self.config.producer_id
-
-    @property
-    def producer_epoch(self) -> int:
-        """The producer epoch records carry."""
-        return self.config.producer_epoch
 
     # ----------------------------------------------------------------------------------------- public
 
@@ -1002,7 +1020,7 @@ class _AsyncSignal:
             pass
 
 
-class AsyncProducer:
+class AsyncProducer(_ProducerSettings):
     """asyncio producer: the same behaviour as :class:`Producer`, with sender tasks on the running loop.
 
     ``await send(...)`` queues a record and returns an ``asyncio.Future`` of its :class:`RecordMetadata`;
@@ -1010,33 +1028,14 @@ class AsyncProducer:
     units and errors are those of :class:`Producer`; the producer id defaults to ``py-async-<hex>``.
     """
 
-    def __init__(self, bootstrap: str | Sequence[str] = DEFAULT_ADDRESS, *, acks: str | int | None = None,
-                 idempotent: bool = False, batch_size: int = 1000, batch_bytes: int = 1 << 20,
-                 linger_ms: float = 5.0, connections_per_broker: int = 2, buffer_records: int = 100_000,
-                 max_block_s: float = 60.0, delivery_timeout_s: float = 120.0, request_timeout_s: float = 30.0,
-                 producer_id: str | None = None, producer_epoch: int | None = None,
-                 options: ConnectionOptions | None = None, **overrides: Any) -> None:
-        self.options = options_from(options, overrides)
-        self.config = ProducerConfig.build(
-            acks=acks, idempotent=idempotent, batch_size=batch_size, batch_bytes=batch_bytes,
-            linger_ms=linger_ms, connections_per_broker=connections_per_broker, buffer_records=buffer_records,
-            max_block_s=max_block_s, delivery_timeout_s=delivery_timeout_s, request_timeout_s=request_timeout_s,
-            backoff=self.options.backoff, producer_id=producer_id, producer_epoch=producer_epoch,
-            id_prefix="py-async-")
-        self._client = AsyncClient(bootstrap, self.options)
-        self._refresh_client = AsyncClient(bootstrap, _metadata_options(self.options))
-        self._core = ProducerCore(self.config, self._client.bootstrap[0])
+    _client_type = AsyncClient
+    _id_prefix = "py-async-"
+
+    def _setup(self) -> None:
         self._signal: _AsyncSignal | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
         self._tasks: dict[Address, list[asyncio.Task[None]]] = {}
         self._connections: set[AsyncConnection] = set()
-        self._stopping = False
-        self._closed = False
-
-    @property
-    def producer_id(self) -> str:
-        """The producer id records carry."""
-        return self.config.producer_id
 
     def _wake(self) -> _AsyncSignal:
         if self._signal is None:
