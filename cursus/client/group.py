@@ -278,7 +278,58 @@ async def run_steps_async(steps: Steps[_R], call: Callable[[Command, dict[str, s
             error = exc
 
 
-class GroupConsumer:
+class _GroupSettings:
+    """Constructor shared by :class:`GroupConsumer` and :class:`AsyncGroupConsumer` (arguments: see
+    :class:`GroupConsumer`); ``_client_type``/``_consumer_type`` pick the transport, ``_setup`` adds the
+    flavour's own synchronisation (threads or tasks)."""
+
+    _client_type: Any
+    _consumer_type: Any
+    _modes: tuple[str, ...]
+
+    def __init__(self, topic: str, group: str, bootstrap: str | Sequence[str] = DEFAULT_ADDRESS, *,
+                 client_id: str | None = None, mode: str = "poll", auto_commit: bool = True,
+                 auto_commit_interval_s: float = 5.0, auto_offset_reset: str = "earliest",
+                 isolation_level: str = "read_committed", batch_size: int = 1000, max_bytes: int | None = None,
+                 wait_ms: int = 500, heartbeat_interval_s: float = 3.0, on_assigned: Callback | None = None,
+                 on_revoked: Callback | None = None, options: ConnectionOptions | None = None,
+                 **overrides: Any) -> None:
+        if mode not in self._modes:
+            raise ValueError(f"mode must be one of {self._modes}")
+        if auto_offset_reset not in _RESETS:
+            raise ValueError(f"auto_offset_reset must be one of {_RESETS}")
+        if heartbeat_interval_s <= 0 or auto_commit_interval_s < 0:
+            raise ValueError("heartbeat_interval_s must be positive and auto_commit_interval_s >= 0")
+        self.topic = topic
+        self.group = group
+        self.mode = mode
+        self.auto_commit = auto_commit
+        self.auto_commit_interval_s = auto_commit_interval_s
+        self.auto_offset_reset = auto_offset_reset
+        self.isolation_level = isolation_level
+        self.batch_size = batch_size
+        self.max_bytes = max_bytes
+        self.wait_ms = wait_ms
+        self.heartbeat_interval_s = heartbeat_interval_s
+        self.on_assigned = on_assigned
+        self.on_revoked = on_revoked
+        self.options = options_from(options, overrides)
+        self.state = GroupMembership(topic, group, client_id or _default_client_id())
+        self._client = self._client_type(bootstrap, self.options)
+        self._heartbeat_client = self._client_type(bootstrap, self.options)
+        self._consumer = self._consumer_type(topic, bootstrap, auto_offset_reset=auto_offset_reset,
+                                             isolation_level=isolation_level, batch_size=batch_size,
+                                             max_bytes=max_bytes, wait_ms=wait_ms, group=group,
+                                             options=self.options)
+        self._last_commit = time.monotonic()
+        self._assignment_token = 0
+        self._setup()
+
+    def _setup(self) -> None:
+        raise NotImplementedError
+
+
+class GroupConsumer(_GroupSettings):
     """Blocking group consumer: ``for record in consumer`` or :meth:`poll`, plus :meth:`commit`.
 
     ``mode="poll"`` reads with CONSUME long polls; ``mode="stream"`` opens one STREAM per assigned
@@ -307,47 +358,17 @@ class GroupConsumer:
     stays unreachable; ``ClientClosedError`` after close.
     """
 
-    def __init__(self, topic: str, group: str, bootstrap: str | Sequence[str] = DEFAULT_ADDRESS, *,
-                 client_id: str | None = None, mode: str = "poll", auto_commit: bool = True,
-                 auto_commit_interval_s: float = 5.0, auto_offset_reset: str = "earliest",
-                 isolation_level: str = "read_committed", batch_size: int = 1000, max_bytes: int | None = None,
-                 wait_ms: int = 500, heartbeat_interval_s: float = 3.0, on_assigned: Callback | None = None,
-                 on_revoked: Callback | None = None, options: ConnectionOptions | None = None,
-                 **overrides: Any) -> None:
-        if mode not in _MODES:
-            raise ValueError(f"mode must be one of {_MODES}")
-        if auto_offset_reset not in _RESETS:
-            raise ValueError(f"auto_offset_reset must be one of {_RESETS}")
-        if heartbeat_interval_s <= 0 or auto_commit_interval_s < 0:
-            raise ValueError("heartbeat_interval_s must be positive and auto_commit_interval_s >= 0")
-        self.topic = topic
-        self.group = group
-        self.mode = mode
-        self.auto_commit = auto_commit
-        self.auto_commit_interval_s = auto_commit_interval_s
-        self.auto_offset_reset = auto_offset_reset
-        self.isolation_level = isolation_level
-        self.batch_size = batch_size
-        self.max_bytes = max_bytes
-        self.wait_ms = wait_ms
-        self.heartbeat_interval_s = heartbeat_interval_s
-        self.on_assigned = on_assigned
-        self.on_revoked = on_revoked
-        self.options = options_from(options, overrides)
-        self.state = GroupMembership(topic, group, client_id or _default_client_id())
-        self._client = Client(bootstrap, self.options)
-        self._heartbeat_client = Client(bootstrap, self.options)
-        self._consumer = Consumer(topic, bootstrap, auto_offset_reset=auto_offset_reset,
-                                  isolation_level=isolation_level, batch_size=batch_size, max_bytes=max_bytes,
-                                  wait_ms=wait_ms, group=group, options=self.options)
+    _client_type = Client
+    _consumer_type = Consumer
+    _modes = _MODES
+
+    def _setup(self) -> None:
         self._coordinator: Address | None = None
         self._lock = threading.RLock()
         self._closed = threading.Event()
         self._heartbeat_thread: threading.Thread | None = None
-        self._last_commit = time.monotonic()
         self._streams: list[_PartitionStreamThread] = []
         self._stream_queue: queue.Queue[tuple[int, int, list[ConsumerRecord]]] = queue.Queue()
-        self._assignment_token = 0
 
     # ---------------------------------------------------------------------------------------- properties
 
@@ -659,63 +680,20 @@ class _PartitionStreamThread(threading.Thread):
             self._halt.wait(0.5)  # facts A6: the client reconnects after 0.5 s
 
 
-class AsyncGroupConsumer:
+class AsyncGroupConsumer(_GroupSettings):
     """asyncio group consumer (``mode="poll"`` only): ``await poll()`` and ``await commit()``; same protocol
-    and semantics as :class:`GroupConsumer`, heartbeats on a task.
-
-    Args:
-        topic: the topic the group reads.
-        group: the consumer group.
-        bootstrap: ``host:port`` of a broker (or a list).
-        client_id: the member id prefix sent on the first JOIN (default ``consumer-<random>``).
-        auto_commit: commit processed offsets from poll every ``auto_commit_interval_s`` and on close.
-        auto_commit_interval_s: seconds between auto-commits.
-        auto_offset_reset: ``earliest`` | ``latest`` | ``error``: where to start a partition without a
-            committed offset (0 counts as none) and what ``OFFSET_OUT_OF_RANGE`` does.
-        isolation_level: ``read_committed`` | ``read_uncommitted``.
-        batch_size: records per CONSUME reply or STREAM frame at most.
-        max_bytes: bytes per reply at most (None: broker default).
-        wait_ms: long-poll time of one CONSUME, milliseconds.
-        heartbeat_interval_s: seconds between heartbeats (the spec recommends 3).
-        on_assigned, on_revoked: callbacks with the list of partitions gained / given up.
-        options: :class:`~cursus.client.connection.ConnectionOptions`; keyword arguments override fields.
-
-    Errors: ``FencingError`` from :meth:`commit` when the membership ended (the consumer rejoins on the next
-    poll); ``ConflictError`` (``offset_regression``) for a commit below the committed offset;
-    ``OffsetOutOfRangeError`` with ``auto_offset_reset="error"``; ``BrokerUnavailableError`` when the broker
-    stays unreachable; ``ClientClosedError`` after close.
+    and semantics as :class:`GroupConsumer`, heartbeats on a task. Arguments, units and errors are those of
+    :class:`GroupConsumer` (``mode`` accepts only ``"poll"``).
     """
 
-    def __init__(self, topic: str, group: str, bootstrap: str | Sequence[str] = DEFAULT_ADDRESS, *,
-                 client_id: str | None = None, auto_commit: bool = True, auto_commit_interval_s: float = 5.0,
-                 auto_offset_reset: str = "earliest", isolation_level: str = "read_committed",
-                 batch_size: int = 1000, max_bytes: int | None = None, wait_ms: int = 500,
-                 heartbeat_interval_s: float = 3.0, on_assigned: Callback | None = None,
-                 on_revoked: Callback | None = None, options: ConnectionOptions | None = None,
-                 **overrides: Any) -> None:
-        if auto_offset_reset not in _RESETS:
-            raise ValueError(f"auto_offset_reset must be one of {_RESETS}")
-        self.topic = topic
-        self.group = group
-        self.auto_commit = auto_commit
-        self.auto_commit_interval_s = auto_commit_interval_s
-        self.auto_offset_reset = auto_offset_reset
-        self.wait_ms = wait_ms
-        self.heartbeat_interval_s = heartbeat_interval_s
-        self.on_assigned = on_assigned
-        self.on_revoked = on_revoked
-        self.options = options_from(options, overrides)
-        self.state = GroupMembership(topic, group, client_id or _default_client_id())
-        self._client = AsyncClient(bootstrap, self.options)
-        self._heartbeat_client = AsyncClient(bootstrap, self.options)
-        self._consumer = AsyncConsumer(topic, bootstrap, auto_offset_reset=auto_offset_reset,
-                                       isolation_level=isolation_level, batch_size=batch_size,
-                                       max_bytes=max_bytes, wait_ms=wait_ms, group=group, options=self.options)
+    _client_type = AsyncClient
+    _consumer_type = AsyncConsumer
+    _modes = ("poll",)
+
+    def _setup(self) -> None:
         self._lock = asyncio.Lock()
         self._closed = False
         self._heartbeat_task: asyncio.Task[None] | None = None
-        self._last_commit = time.monotonic()
-        self._assignment_token = 0
 
     @property
     def member_id(self) -> str | None:
