@@ -26,7 +26,16 @@ can apply committed offsets (facts decision 14).
 from __future__ import annotations
 
 import time
-from collections.abc import AsyncIterator, Awaitable, Generator, Iterable, Iterator, Mapping, Sequence
+from collections.abc import (
+    AsyncIterator,
+    Awaitable,
+    Callable,
+    Generator,
+    Iterable,
+    Iterator,
+    Mapping,
+    Sequence,
+)
 from dataclasses import dataclass
 from typing import Any
 
@@ -89,6 +98,10 @@ class PartitionCursor:
     partition: int
     position: int
     leader: Address
+
+
+#: One poll's fetches: yields (cursor, wait_ms), is sent the records, returns the batch (see poll_plan).
+PollPlan = Generator[tuple["PartitionCursor", int], list[ConsumerRecord], list[ConsumerRecord]]
 
 
 class ConsumerCore:
@@ -194,6 +207,34 @@ class ConsumerCore:
         if self.prefetched is not None and self.prefetched.partition in self.cursors:
             self._rotation = list(self.cursors).index(self.prefetched.partition)
         return cursors[self._rotation:] + cursors[:self._rotation]
+
+    def poll_plan(self, wait_ms: int, timeout_s: float | None,
+                  clock: Callable[[], float] = time.monotonic) -> PollPlan:
+        """The CONSUMEs of one poll, as a generator: it yields (cursor, wait in ms) to fetch and is sent
+        each fetch's records; it returns the first non-empty batch, or ``[]`` once ``timeout_s`` (default
+        ``wait_ms``) has passed. Buffered records come first; then every partition is asked once without
+        waiting (so ``wait_ms=0`` still reads), then the partitions are long-polled in turn."""
+        buffered = self.take_buffer()
+        if buffered:
+            return buffered
+        deadline = clock() + (wait_ms / 1000.0 if timeout_s is None else timeout_s)
+        cursors = self.order()
+        if not cursors:
+            return []
+        for cursor in cursors:
+            records = yield cursor, 0
+            if records:
+                return records
+        per_poll_ms = wait_ms if len(cursors) == 1 else max(_MIN_LONG_POLL_MS, wait_ms // len(cursors))
+        index = 0
+        while True:
+            remaining_ms = int((deadline - clock()) * 1000)
+            if remaining_ms <= 0:
+                return []
+            records = yield cursors[index % len(cursors)], min(per_poll_ms, remaining_ms)
+            if records:
+                return records
+            index += 1
 
     def take_prefetch(self) -> Prefetch | None:
         """Return and forget the outstanding prefetch (its reply must then be read or its connection
@@ -466,30 +507,15 @@ class Consumer(_ConsumerSettings):
         """Records from the next partition that has some, in offset order; ``[]`` if none arrive within
         ``timeout_s`` seconds (default: one long poll of ``wait_ms``)."""
         self._ensure_started()
-        buffered = self._core.take_buffer()
-        if buffered:
-            return buffered
-        budget_s = self.wait_ms / 1000.0 if timeout_s is None else timeout_s
-        deadline = time.monotonic() + budget_s
-        cursors = self._core.order()
-        if not cursors:
-            return []
-        for cursor in cursors:  # a non-blocking sweep first, so wait_ms=0 still reads
-            records = self._fetch(cursor, 0)
-            if records:
-                return records
-        per_poll_ms = self.wait_ms if len(cursors) == 1 else max(_MIN_LONG_POLL_MS, self.wait_ms // len(cursors))
-        index = 0
-        while True:
-            remaining_ms = int((deadline - time.monotonic()) * 1000)
-            if remaining_ms <= 0:
-                return []
-            if self._closed:
-                raise ClientClosedError("consumer is closed")
-            records = self._fetch(cursors[index % len(cursors)], min(per_poll_ms, remaining_ms))
-            if records:
-                return records
-            index += 1
+        plan = self._core.poll_plan(self.wait_ms, timeout_s)
+        try:
+            cursor, wait_ms = next(plan)
+            while True:
+                if self._closed:
+                    raise ClientClosedError("consumer is closed")
+                cursor, wait_ms = plan.send(self._fetch(cursor, wait_ms))
+        except StopIteration as done:
+            return done.value
 
     def records(self, *, max_records: int | None = None, until_end: bool = False,
                 idle_timeout_s: float | None = None) -> Iterator[ConsumerRecord]:
@@ -726,30 +752,15 @@ class AsyncConsumer(_ConsumerSettings):
 
     async def _poll(self, timeout_s: float | None = None) -> list[ConsumerRecord]:
         await self._ensure_started()
-        buffered = self._core.take_buffer()
-        if buffered:
-            return buffered
-        budget_s = self.wait_ms / 1000.0 if timeout_s is None else timeout_s
-        deadline = time.monotonic() + budget_s
-        cursors = self._core.order()
-        if not cursors:
-            return []
-        for cursor in cursors:  # a non-blocking sweep first, so wait_ms=0 still reads
-            records = await self._fetch(cursor, 0)
-            if records:
-                return records
-        per_poll_ms = self.wait_ms if len(cursors) == 1 else max(_MIN_LONG_POLL_MS, self.wait_ms // len(cursors))
-        index = 0
-        while True:
-            remaining_ms = int((deadline - time.monotonic()) * 1000)
-            if remaining_ms <= 0:
-                return []
-            if self._closed:
-                raise ClientClosedError("consumer is closed")
-            records = await self._fetch(cursors[index % len(cursors)], min(per_poll_ms, remaining_ms))
-            if records:
-                return records
-            index += 1
+        plan = self._core.poll_plan(self.wait_ms, timeout_s)
+        try:
+            cursor, wait_ms = next(plan)
+            while True:
+                if self._closed:
+                    raise ClientClosedError("consumer is closed")
+                cursor, wait_ms = plan.send(await self._fetch(cursor, wait_ms))
+        except StopIteration as done:
+            return done.value
 
     def records(self, *, max_records: int | None = None, until_end: bool = False,
                 idle_timeout_s: float | None = None) -> AsyncIterator[ConsumerRecord]:
