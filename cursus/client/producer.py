@@ -733,8 +733,10 @@ class Producer(_ProducerSettings):
                                      future), key_text, partition)
         return future
 
-    def _append(self, topic: str, pending: _Pending, key_text: str | None, partition: int | None) -> int:
-        """Queue ``pending`` (routed by ``key_text``/``partition``); returns the partition chosen."""
+    def _append(self, topic: str, pending: _Pending, key_text: str | None, partition: int | None,
+                take: bool = False) -> tuple[int, ProducerBatch | None]:
+        """Queue ``pending`` (routed by ``key_text``/``partition``). Returns the partition chosen and, with
+        ``take``, the batch sealed at once for the caller to deliver (None when the partition is busy)."""
         core = self._core
         if topic not in core.topics:
             self._load_metadata(topic)
@@ -747,11 +749,14 @@ class Producer(_ProducerSettings):
                 self._wait_for_room()
             chosen = core.route(topic, key_text, partition)
             known = len(core.partitions)
-            if core.append(topic, chosen, pending, time.monotonic()):
-                self._ready.notify()
+            now = time.monotonic()
+            due = core.append(topic, chosen, pending, now)
             if len(core.partitions) != known:  # a new partition: its leader may need senders
                 self._ensure_senders(core.leader_of(topic, chosen))
-        return chosen
+            batch = core.take(topic, chosen, now) if take else None
+            if due and batch is None:
+                self._ready.notify()
+        return chosen, batch
 
     def _wait_for_room(self) -> None:
         """Block (lock held) until the buffer has room; raises BufferFullError or the terminal error."""
@@ -775,20 +780,21 @@ class Producer(_ProducerSettings):
         Raises what :meth:`send` raises, the record's delivery error, or ``TimeoutError``.
         """
         future = DeliveryFuture()
-        key_text, key_field = _key_field(key)
-        chosen = self._append(topic, _Pending(_as_bytes(value), key_field, timestamp_ms, future), key_text,
-                              partition)
-        if self._direct_lock.acquire(blocking=False):
-            # Deliver from this thread when the partition is idle: no wake-up of a sender and back.
-            try:
-                with self._lock:
-                    batch = self._core.take(topic, chosen, time.monotonic())
-                if batch is not None:
-                    self._direct_conn = self._deliver(batch, self._direct_conn)
-            finally:
+        key_text, key_field = (None, None) if key is None else _key_field(key)
+        pending = _Pending(value if type(value) is bytes else _as_bytes(value), key_field, timestamp_ms, future)
+        direct = self._direct_lock.acquire(blocking=False)
+        try:
+            # With the partition idle, seal and deliver from this thread: no sender wake-up and back.
+            _, batch = self._append(topic, pending, key_text, partition, take=direct)
+            if batch is not None:
+                self._direct_conn = self._deliver(batch, self._direct_conn)
+        finally:
+            if direct:
                 self._direct_lock.release()
-            if future.done():
-                return future.result()
+        if future._state == _FUTURE_FINISHED:  # delivered (or failed) already: no waiting machinery
+            if future._exception is not None:
+                raise future._exception
+            return future._result  # type: ignore[return-value]
         with self._lock:
             self._core.flushing += 1
             self._ready.notify_all()
