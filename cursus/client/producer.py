@@ -782,9 +782,10 @@ class Producer(_ProducerSettings):
         future = DeliveryFuture()
         key_text, key_field = (None, None) if key is None else _key_field(key)
         pending = _Pending(value if type(value) is bytes else _as_bytes(value), key_field, timestamp_ms, future)
-        direct = self._direct_lock.acquire(blocking=False)
+        # With the partition idle, seal and deliver from this thread: no sender wake-up and back. Not with
+        # a timeout: this thread must then stay free to give up waiting after timeout_s.
+        direct = timeout_s is None and self._direct_lock.acquire(blocking=False)
         try:
-            # With the partition idle, seal and deliver from this thread: no sender wake-up and back.
             _, batch = self._append(topic, pending, key_text, partition, take=direct)
             if batch is not None:
                 self._direct_conn = self._deliver(batch, self._direct_conn)

@@ -331,3 +331,23 @@ def test_async_iteration_stopped_early_hands_the_rest_out_next(shared_broker, to
             assert rest[0] > 10 and rest[-1] == 699 and rest == list(range(rest[0], 700))
 
     asyncio.run(read())
+
+
+def test_produce_with_a_timeout_gives_up_on_time_when_the_broker_stalls(broker_factory):
+    """produce(timeout_s=) must not deliver from the calling thread (it would wait request_timeout_s)."""
+    import os
+    import signal
+
+    broker = broker_factory("stall").start()
+    _create(broker, "stall-topic")
+    with Producer(_addr(broker), request_timeout_s=20, delivery_timeout_s=30) as producer:
+        producer.produce("stall-topic", b"warm")  # metadata and connections
+        os.kill(broker.proc.pid, signal.SIGSTOP)
+        try:
+            started = time.monotonic()
+            with pytest.raises(TimeoutError):
+                producer.produce("stall-topic", b"late", timeout_s=0.5)
+            assert time.monotonic() - started < 5
+        finally:
+            os.kill(broker.proc.pid, signal.SIGCONT)
+        producer.flush(timeout_s=30)  # the late record is still delivered once the broker resumes
