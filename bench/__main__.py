@@ -1,7 +1,8 @@
 """Run every ``bench/bench_*.py`` module and print each result dict as one JSON line.
 
-Usage: ``python -m bench`` (all modules) or ``python -m bench wire storage`` (only the
-named ones, without the ``bench_`` prefix).
+Usage: ``python -m bench`` (all modules but ``compare``) or ``python -m bench wire storage`` (only the
+named ones, without the ``bench_`` prefix). ``python -m bench compare`` runs the side-by-side comparison
+with RabbitMQ Streams and Redis (:mod:`bench.bench_compare`), which needs those servers installed.
 """
 
 from __future__ import annotations
@@ -11,13 +12,16 @@ import json
 import sys
 from pathlib import Path
 
+#: Modules run only when named: they start third-party servers and take minutes.
+_ON_REQUEST = {"bench_compare"}
+
 
 def _module_names(selected: list[str]) -> list[str]:
     names = sorted(path.stem for path in Path(__file__).resolve().parent.glob("bench_*.py"))
     if selected:
         wanted = {f"bench_{name.removeprefix('bench_')}" for name in selected}
-        names = [name for name in names if name in wanted]
-    return names
+        return [name for name in names if name in wanted]
+    return [name for name in names if name not in _ON_REQUEST]
 
 
 def main(argv: list[str]) -> int:

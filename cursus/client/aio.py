@@ -23,12 +23,16 @@ from cursus.client.connection import (
     Attempts,
     ConnectionClosed,
     ConnectionOptions,
+    auth_payload,
+    check_auth_reply,
+    check_correlation,
     compression_of,
-    negotiation_offers,
+    negotiated_compression,
+    negotiation_request,
     options_from,
     parse_address,
 )
-from cursus.client.errors import AuthenticationError, ClientClosedError, CursusError, error_from_frame
+from cursus.client.errors import ClientClosedError, CursusError, error_from_frame
 from cursus.wire import (
     Command,
     CommandPayload,
@@ -36,13 +40,10 @@ from cursus.wire import (
     Frame,
     FrameDecoder,
     Kind,
-    NegotiationRequest,
     ProtocolError,
     Status,
-    decode_negotiation_response,
     encode_crq2,
     encode_frame,
-    encode_negotiation_request,
     parse_command_text,
 )
 
@@ -106,27 +107,13 @@ class AsyncConnection:
         return self.host, self.port
 
     async def _negotiate(self) -> None:
-        offers = negotiation_offers(self.preferred)
-        payload = encode_negotiation_request(NegotiationRequest(2, 2, offers))
-        self._writer.write(encode_frame(Kind.NEGOTIATION_REQUEST, Command.NEGOTIATE, Status.NONE, 0, payload,
-                                        compression=None))
-        frame = await self._read_frame(self.timeout_s)
-        if frame.kind != Kind.NEGOTIATION_RESPONSE or frame.status != Status.OK:
-            raise ProtocolError(f"negotiation refused: kind={frame.kind.name} status={frame.status.name}")
-        version, selected = decode_negotiation_response(frame.payload)
-        if version != 2 or selected not in offers:
-            raise ProtocolError(f"broker selected version {version} compression {selected}")
-        self.compression = selected
-        self._decoder.negotiated = selected
+        request, offers = negotiation_request(self.preferred)
+        self._writer.write(request)
+        self.compression = self._decoder.negotiated = negotiated_compression(
+            await self._read_frame(self.timeout_s), offers)
 
     async def _authenticate(self, principal: str, token: str) -> None:
-        payload = encode_crq2(CommandPayload((), {"principal": principal, "token": token}))
-        frame = await self._request(Command.AUTH, payload, self.timeout_s)
-        if frame.status == Status.ERROR:
-            raise error_from_frame(frame)
-        text = frame.payload.decode("utf-8", "replace")
-        if text != "OK" and not text.startswith("OK "):
-            raise AuthenticationError("authentication_failed", f"AUTH reply: {text[:120]}")
+        check_auth_reply(await self._request(Command.AUTH, auth_payload(principal, token), self.timeout_s))
 
     def _fail(self) -> None:
         if not self.closed:
@@ -159,7 +146,7 @@ class AsyncConnection:
     async def _request(self, command: Command, payload: bytes, timeout_s: float | None) -> Frame:
         request_id = await self._send(command, payload)
         frame = await self._read_frame(timeout_s if timeout_s is not None else self.timeout_s)
-        _check_correlation(frame, request_id, command)
+        check_correlation(frame, request_id, command)
         return frame
 
     async def read_frame(self) -> Frame:
@@ -176,6 +163,17 @@ class AsyncConnection:
         async with self._lock:
             try:
                 return await self._send(command, payload)
+            except BaseException:
+                self._fail()
+                raise
+
+    async def receive(self, request_id: int, command: Command, *, timeout_s: float | None = None) -> Frame:
+        """See :meth:`cursus.client.connection.Connection.receive`."""
+        async with self._lock:
+            try:
+                frame = await self._read_frame(self.timeout_s if timeout_s is None else timeout_s)
+                check_correlation(frame, request_id, command)
+                return frame
             except BaseException:
                 self._fail()
                 raise
@@ -199,7 +197,7 @@ class AsyncConnection:
                 request_id = await self._send(command, payload)
                 while True:
                     frame = await self._read_frame(self.timeout_s)
-                    _check_correlation(frame, request_id, command)
+                    check_correlation(frame, request_id, command)
                     finished = frame.status in (Status.STREAM_END, Status.ERROR)
                     yield frame
                     if finished:
@@ -233,14 +231,6 @@ class AsyncConnection:
 
     async def __aexit__(self, *exc: object) -> None:
         await self.close()
-
-
-def _check_correlation(frame: Frame, request_id: int, command: Command) -> None:
-    if frame.request_id != request_id or frame.command != command:
-        raise ProtocolError(f"correlation mismatch: got request {frame.request_id} {frame.command.name}, "
-                            f"expected {request_id} {command.name}")
-    if frame.kind not in (Kind.RESPONSE, Kind.STREAM):
-        raise ProtocolError(f"reply to request {request_id} has kind {frame.kind.name}")
 
 
 async def open_connection(options: ConnectionOptions, address: Address) -> AsyncConnection:
@@ -298,19 +288,14 @@ class AsyncClient:
         """Send one request and return its OK reply frame; see ``Client.request`` for the rules."""
         safe = command in READ_ONLY_COMMANDS if retry_safe is None else retry_safe
         attempts = Attempts(address or self.bootstrap[0], self.options, safe, command.name,
-                            follow_redirects=follow_redirects)
-        rotate = address is None and len(self.bootstrap) > 1
+                            follow_redirects=follow_redirects, rotation=() if address else self.bootstrap)
         while True:
             try:
                 conn = await self.connection(attempts.target)
             except (OSError, ProtocolError, CursusError) as exc:
                 if isinstance(exc, ClientClosedError):
                     raise
-                delay = attempts.after_connect_failure(exc)
-                if rotate:
-                    index = self.bootstrap.index(attempts.target) if attempts.target in self.bootstrap else -1
-                    attempts.target = self.bootstrap[(index + 1) % len(self.bootstrap)]
-                await asyncio.sleep(delay)
+                await asyncio.sleep(attempts.after_connect_failure(exc))
                 continue
             try:
                 frame = await conn.request(command, payload, timeout_s=timeout_s)

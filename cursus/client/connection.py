@@ -303,6 +303,55 @@ def options_from(options: ConnectionOptions | None, overrides: Mapping[str, Any]
 # ------------------------------------------------------------------------------------------ connection
 
 
+# --------------------------------------------------------------------------------- handshake (sans-IO)
+#
+# What both transports write and how they judge the replies; they only move the bytes.
+
+
+def negotiation_request(preferred: Compression) -> tuple[bytes, tuple[Compression, ...]]:
+    """The NEGOTIATE frame offering ``preferred`` (then none), and the offers (facts A3)."""
+    offers = negotiation_offers(preferred)
+    payload = encode_negotiation_request(NegotiationRequest(2, 2, offers))
+    return encode_frame(Kind.NEGOTIATION_REQUEST, Command.NEGOTIATE, Status.NONE, 0, payload,
+                        compression=None), offers
+
+
+def negotiated_compression(frame: Frame, offers: tuple[Compression, ...]) -> Compression:
+    """The compression a NEGOTIATE reply selects. Raises ``ProtocolError`` for a refusal, another
+    version or a compression that was not offered."""
+    if frame.kind != Kind.NEGOTIATION_RESPONSE or frame.status != Status.OK:
+        raise ProtocolError(f"negotiation refused: kind={frame.kind.name} status={frame.status.name}")
+    version, selected = decode_negotiation_response(frame.payload)
+    if version != 2 or selected not in offers:
+        raise ProtocolError(f"broker selected version {version} compression {selected}")
+    return selected
+
+
+def auth_payload(principal: str, token: str) -> bytes:
+    """The CRQ2 payload of ``AUTH principal= token=``."""
+    return encode_crq2(CommandPayload((), {"principal": principal, "token": token}))
+
+
+def check_auth_reply(frame: Frame) -> None:
+    """Raise the broker's typed error, or ``AuthenticationError`` for a reply that is not OK."""
+    if frame.status == Status.ERROR:
+        raise error_from_frame(frame)
+    text = frame.payload.decode("utf-8", "replace")
+    if text != "OK" and not text.startswith("OK "):
+        raise AuthenticationError("authentication_failed", f"AUTH reply: {text[:120]}")
+
+
+def check_correlation(frame: Frame, request_id: int, command: Command) -> None:
+    """Raise ``ProtocolError`` unless ``frame`` answers request ``request_id`` of ``command`` (facts A2)."""
+    if frame.request_id != request_id or frame.command != command:
+        raise ProtocolError(
+            f"correlation mismatch: got request {frame.request_id} {frame.command.name}, "
+            f"expected {request_id} {command.name}"
+        )
+    if frame.kind not in (Kind.RESPONSE, Kind.STREAM):
+        raise ProtocolError(f"reply to request {request_id} has kind {frame.kind.name}")
+
+
 class Connection:
     """One negotiated Wire v2 connection (blocking).
 
@@ -368,27 +417,12 @@ class Connection:
     # ----------------------------------------------------------------------------------------- basics
 
     def _negotiate(self) -> None:
-        offers = negotiation_offers(self.preferred)
-        payload = encode_negotiation_request(NegotiationRequest(2, 2, offers))
-        self.sock.sendall(encode_frame(Kind.NEGOTIATION_REQUEST, Command.NEGOTIATE, Status.NONE, 0, payload,
-                                       compression=None))
-        frame = self._read_frame()
-        if frame.kind != Kind.NEGOTIATION_RESPONSE or frame.status != Status.OK:
-            raise ProtocolError(f"negotiation refused: kind={frame.kind.name} status={frame.status.name}")
-        version, selected = decode_negotiation_response(frame.payload)
-        if version != 2 or selected not in offers:
-            raise ProtocolError(f"broker selected version {version} compression {selected}")
-        self.compression = selected
-        self._decoder.negotiated = selected
+        request, offers = negotiation_request(self.preferred)
+        self.sock.sendall(request)
+        self.compression = self._decoder.negotiated = negotiated_compression(self._read_frame(), offers)
 
     def _authenticate(self, principal: str, token: str) -> None:
-        frame = self._request(Command.AUTH, encode_crq2(CommandPayload((), {"principal": principal,
-                                                                             "token": token})), None)
-        if frame.status == Status.ERROR:
-            raise error_from_frame(frame)
-        text = frame.payload.decode("utf-8", "replace")
-        if text != "OK" and not text.startswith("OK "):
-            raise AuthenticationError("authentication_failed", f"AUTH reply: {text[:120]}")
+        check_auth_reply(self._request(Command.AUTH, auth_payload(principal, token), None))
 
     def _fail(self) -> None:
         self.closed = True
@@ -428,7 +462,7 @@ class Connection:
         request_id = self._send(command, payload)
         self._set_timeout(self.timeout_s if timeout_s is None else timeout_s)
         frame = self._read_frame()
-        self._check_correlation(frame, request_id, command)
+        check_correlation(frame, request_id, command)
         return frame
 
     def read_frame(self) -> Frame:
@@ -448,6 +482,19 @@ class Connection:
         with self._lock:
             try:
                 return self._send(command, payload)
+            except BaseException:
+                self._fail()
+                raise
+
+    def receive(self, request_id: int, command: Command, *, timeout_s: float | None = None) -> Frame:
+        """Read the reply to a request written earlier with :meth:`send` (pipelining: replies come in
+        request order), checking correlation; closes the connection on any failure."""
+        with self._lock:
+            try:
+                self._set_timeout(self.timeout_s if timeout_s is None else timeout_s)
+                frame = self._read_frame()
+                check_correlation(frame, request_id, command)
+                return frame
             except BaseException:
                 self._fail()
                 raise
@@ -476,7 +523,7 @@ class Connection:
                 request_id = self._send(command, payload)
                 while True:
                     frame = self._read_frame()
-                    self._check_correlation(frame, request_id, command)
+                    check_correlation(frame, request_id, command)
                     if frame.status in (Status.STREAM_END, Status.ERROR):
                         finished = True
                     yield frame
@@ -485,16 +532,6 @@ class Connection:
             finally:
                 if not finished:
                     self._fail()
-
-    @staticmethod
-    def _check_correlation(frame: Frame, request_id: int, command: Command) -> None:
-        if frame.request_id != request_id or frame.command != command:
-            raise ProtocolError(
-                f"correlation mismatch: got request {frame.request_id} {frame.command.name}, "
-                f"expected {request_id} {command.name}"
-            )
-        if frame.kind not in (Kind.RESPONSE, Kind.STREAM):
-            raise ProtocolError(f"reply to request {request_id} has kind {frame.kind.name}")
 
     # ----------------------------------------------------------------------------------------- text
 
@@ -555,6 +592,7 @@ class Attempts:
         retry_safe: whether the request may be sent again after its outcome became unknown (connection
             lost after writing it) or after a retryable error reply.
         label: command name for messages.
+        rotation: bootstrap addresses to rotate through on connect failures (empty: stay on ``target``).
     """
 
     target: Address
@@ -562,6 +600,7 @@ class Attempts:
     retry_safe: bool
     label: str
     follow_redirects: bool = True
+    rotation: Sequence[Address] = ()
     attempt: int = 0
     redirects: int = 0
     last_error: BaseException | None = None
@@ -574,8 +613,12 @@ class Attempts:
         """
         if isinstance(exc, CursusError):
             raise exc  # AUTH refused: retrying will not help
-        return self._next_delay(exc, BrokerUnavailableError(
+        delay = self._next_delay(exc, BrokerUnavailableError(
             f"cannot connect to {format_address(self.target)} for {self.label}: {exc}"))
+        if len(self.rotation) > 1:  # the next bootstrap broker (from the first if we were redirected away)
+            index = self.rotation.index(self.target) if self.target in self.rotation else -1
+            self.target = self.rotation[(index + 1) % len(self.rotation)]
+        return delay
 
     def after_transport_failure(self, exc: BaseException) -> float:
         """The connection failed after the request was written: outcome unknown."""
@@ -704,21 +747,15 @@ class Client:
                 ``ProtocolViolationError`` when the transport gave up; ``ClientClosedError`` after close().
         """
         safe = command in READ_ONLY_COMMANDS if retry_safe is None else retry_safe
-        rotate = address is None
         attempts = Attempts(address or self.bootstrap[0], self.options, safe, command.name,
-                            follow_redirects=follow_redirects)
+                            follow_redirects=follow_redirects, rotation=() if address else self.bootstrap)
         while True:
             try:
                 conn = self.connection(attempts.target)
             except (OSError, ProtocolError, CursusError) as exc:
                 if isinstance(exc, ClientClosedError):
                     raise
-                delay = attempts.after_connect_failure(exc)
-                if rotate and len(self.bootstrap) > 1:
-                    attempts.target = self.bootstrap[(self.bootstrap.index(attempts.target) + 1)
-                                                     % len(self.bootstrap)] \
-                        if attempts.target in self.bootstrap else self.bootstrap[0]
-                time.sleep(delay)
+                time.sleep(attempts.after_connect_failure(exc))
                 continue
             try:
                 frame = conn.request(command, payload, timeout_s=timeout_s)

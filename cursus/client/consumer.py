@@ -26,12 +26,21 @@ can apply committed offsets (facts decision 14).
 from __future__ import annotations
 
 import time
-from collections.abc import AsyncIterator, Iterable, Iterator, Mapping, Sequence
+from collections.abc import (
+    AsyncIterator,
+    Awaitable,
+    Callable,
+    Generator,
+    Iterable,
+    Iterator,
+    Mapping,
+    Sequence,
+)
 from dataclasses import dataclass
 from typing import Any
 
 from cursus.client.admin import TopicMetadata, parse_list_offsets, parse_metadata
-from cursus.client.aio import AsyncClient
+from cursus.client.aio import AsyncClient, open_connection
 from cursus.client.connection import (
     DEFAULT_ADDRESS,
     Address,
@@ -42,15 +51,26 @@ from cursus.client.connection import (
 )
 from cursus.client.errors import (
     ClientClosedError,
+    CursusError,
     NotFoundError,
     NotLeaderError,
     OffsetOutOfRangeError,
     ProtocolViolationError,
 )
 from cursus.client.records import ConsumerRecord, decode_consumed_batch
-from cursus.wire import TXN_CONTROL_MARKER_PAYLOAD, Command, Frame, InvalidFrame, is_cbv2
+from cursus.wire import (
+    TXN_CONTROL_MARKER_PAYLOAD,
+    Command,
+    CommandPayload,
+    Frame,
+    InvalidFrame,
+    ProtocolError,
+    Status,
+    encode_crq2,
+    is_cbv2,
+)
 
-__all__ = ["AsyncConsumer", "Consumer", "ConsumerCore", "PartitionCursor", "StartPosition"]
+__all__ = ["AsyncConsumer", "Consumer", "ConsumerCore", "PartitionCursor", "Prefetch", "StartPosition"]
 
 StartPosition = str | int | Mapping[int, int]
 _RESETS = ("earliest", "latest", "error")
@@ -60,12 +80,28 @@ _MIN_LONG_POLL_MS = 50
 
 
 @dataclass(slots=True)
+class Prefetch:
+    """A CONSUME written ahead (``wait_ms=0``) on its own connection, its reply not read yet: the broker
+    reads the next batch while the application processes the current one."""
+
+    partition: int
+    position: int
+    leader: Address
+    request_id: int
+    connection: Any
+
+
+@dataclass(slots=True)
 class PartitionCursor:
     """Where a consumer is in one partition: the next offset to read and the broker to read it from."""
 
     partition: int
     position: int
     leader: Address
+
+
+#: One poll's fetches: yields (cursor, wait_ms), is sent the records, returns the batch (see poll_plan).
+PollPlan = Generator[tuple["PartitionCursor", int], list[ConsumerRecord], list[ConsumerRecord]]
 
 
 class ConsumerCore:
@@ -99,6 +135,8 @@ class ConsumerCore:
         self._rotation = 0
         #: Fetched records not handed out yet (an iteration stopped mid-batch); served before fetching.
         self.buffer: list[ConsumerRecord] = []
+        #: At most one CONSUME in flight ahead of the application (bounded prefetch).
+        self.prefetched: Prefetch | None = None
 
     def assign(self, cursors: dict[int, PartitionCursor]) -> None:
         """Replace the assignment; records buffered from the previous one are dropped (the new positions
@@ -127,20 +165,19 @@ class ConsumerCore:
         self.buffer = [r for r in self.buffer if r.partition != partition]
         self.cursors[partition].position = offset
 
-    def iterate(self, records: list[ConsumerRecord], ends: Mapping[int, int] | None) -> Iterator[ConsumerRecord]:
-        """Yield ``records`` (skipping those at or past ``ends``); whatever is not yielded when the consumer
-        of this iterator stops is put back with :meth:`unread`."""
-        index = 0
-        try:
-            while index < len(records):
-                record = records[index]
-                if ends is not None and record.offset >= ends.get(record.partition, 0):
-                    break
-                index += 1
-                yield record
-        finally:
-            if index < len(records):
+    def cut(self, records: list[ConsumerRecord], ends: Mapping[int, int] | None) -> list[ConsumerRecord]:
+        """The records before the first one at or past its partition's end in ``ends`` (all without
+        ``ends``); the rest are put back with :meth:`unread`."""
+        if ends is None or not records:
+            return records
+        last = records[-1]
+        if records[0].partition == last.partition and last.offset < ends.get(last.partition, 0):
+            return records  # one partition, offsets ascending: all before the end
+        for index, record in enumerate(records):
+            if record.offset >= ends.get(record.partition, 0):
                 self.unread(records[index:])
+                return records[:index]
+        return records
 
     def reached(self, ends: Mapping[int, int]) -> bool:
         """True when every assigned partition's application position is at or past ``ends``."""
@@ -161,12 +198,56 @@ class ConsumerCore:
         return fields
 
     def order(self) -> list[PartitionCursor]:
-        """Cursors in poll order, rotating the starting partition between calls (fairness)."""
+        """Cursors in poll order, rotating the starting partition between calls (fairness); a partition
+        with a prefetched CONSUME goes first, so its reply is used."""
         cursors = list(self.cursors.values())
         if not cursors:
             return cursors
         self._rotation = (self._rotation + 1) % len(cursors)
+        if self.prefetched is not None and self.prefetched.partition in self.cursors:
+            self._rotation = list(self.cursors).index(self.prefetched.partition)
         return cursors[self._rotation:] + cursors[:self._rotation]
+
+    def poll_plan(self, wait_ms: int, timeout_s: float | None,
+                  clock: Callable[[], float] = time.monotonic) -> PollPlan:
+        """The CONSUMEs of one poll, as a generator: it yields (cursor, wait in ms) to fetch and is sent
+        each fetch's records; it returns the first non-empty batch, or ``[]`` once ``timeout_s`` (default
+        ``wait_ms``) has passed. Buffered records come first; then every partition is asked once without
+        waiting (so ``wait_ms=0`` still reads), then the partitions are long-polled in turn."""
+        buffered = self.take_buffer()
+        if buffered:
+            return buffered
+        deadline = clock() + (wait_ms / 1000.0 if timeout_s is None else timeout_s)
+        cursors = self.order()
+        if not cursors:
+            return []
+        for cursor in cursors:
+            records = yield cursor, 0
+            if records:
+                return records
+        per_poll_ms = wait_ms if len(cursors) == 1 else max(_MIN_LONG_POLL_MS, wait_ms // len(cursors))
+        index = 0
+        while True:
+            remaining_ms = int((deadline - clock()) * 1000)
+            if remaining_ms <= 0:
+                return []
+            records = yield cursors[index % len(cursors)], min(per_poll_ms, remaining_ms)
+            if records:
+                return records
+            index += 1
+
+    def take_prefetch(self) -> Prefetch | None:
+        """Return and forget the outstanding prefetch (its reply must then be read or its connection
+        closed)."""
+        prefetch, self.prefetched = self.prefetched, None
+        return prefetch
+
+    @staticmethod
+    def prefetch_matches(prefetch: Prefetch, cursor: PartitionCursor) -> bool:
+        """Whether a prefetched reply answers what ``cursor`` would ask now (same partition, position and
+        leader: nothing sought, reset or redirected meanwhile)."""
+        return (prefetch.partition, prefetch.position, prefetch.leader) == \
+            (cursor.partition, cursor.position, cursor.leader)
 
     def on_reply(self, cursor: PartitionCursor, frame: Frame) -> list[ConsumerRecord]:
         """Records of an OK CONSUME reply at or after the cursor's position; advances the position.
@@ -262,6 +343,11 @@ class _ConsumerSettings:
         self._started = False
         self._closed = False
         self._metadata: TopicMetadata | None = None
+        #: Connections that carry prefetched CONSUMEs, one per leader (never shared with other requests,
+        #: so an unread reply cannot be mistaken for another request's).
+        self._prefetch_connections: dict[Address, Any] = {}
+        #: The latest ``records()`` iteration of an AsyncConsumer (its unreturned records are reclaimed).
+        self._active: Any = None
 
 
 class Consumer(_ConsumerSettings):
@@ -363,12 +449,21 @@ class Consumer(_ConsumerSettings):
     # ----------------------------------------------------------------------------------------- reading
 
     def _fetch(self, cursor: PartitionCursor, wait_ms: int) -> list[ConsumerRecord]:
+        frame = self._prefetched_reply(cursor) or self._consume(cursor, wait_ms)
+        if frame is None:
+            return []
+        records = self._core.on_reply(cursor, frame)
+        if records:
+            self._prefetch(cursor)
+        return records
+
+    def _consume(self, cursor: PartitionCursor, wait_ms: int) -> Frame | None:
         fields = self._core.fields(cursor, wait_ms)
         for _ in range(self.options.redirects_max + 1):
             try:
-                frame = self._client.call(Command.CONSUME, fields, address=cursor.leader,
-                                          timeout_s=self.options.timeout_s + wait_ms / 1000.0,
-                                          follow_redirects=False)
+                return self._client.call(Command.CONSUME, fields, address=cursor.leader,
+                                         timeout_s=self.options.timeout_s + wait_ms / 1000.0,
+                                         follow_redirects=False)
             except NotLeaderError as exc:
                 cursor.leader = exc.leader or self._refresh_leader(cursor.partition)
                 continue
@@ -376,9 +471,33 @@ class Consumer(_ConsumerSettings):
                 if not self._core.on_out_of_range(cursor, exc):
                     bounds = self._list_offsets(cursor.partition)[0]
                     self._core.reset(cursor, bounds.earliest, bounds.latest)
-                return []
-            return self._core.on_reply(cursor, frame)
-        return []
+                return None
+        return None
+
+    def _prefetched_reply(self, cursor: PartitionCursor) -> Frame | None:
+        """The reply of the prefetched CONSUME when it answers ``cursor`` now; None otherwise (an error
+        reply too: the regular request then handles redirects and resets)."""
+        prefetch = self._core.take_prefetch()
+        if prefetch is None:
+            return None
+        try:
+            frame = prefetch.connection.receive(prefetch.request_id, Command.CONSUME)
+        except (OSError, ProtocolError):
+            return None  # the connection is closed; the next prefetch reopens it
+        if frame.status == Status.ERROR or not self._core.prefetch_matches(prefetch, cursor):
+            return None
+        return frame
+
+    def _prefetch(self, cursor: PartitionCursor) -> None:
+        """Write the next CONSUME of ``cursor`` (no wait) on the prefetch connection; best effort."""
+        conn = self._prefetch_connections.get(cursor.leader)
+        try:
+            if conn is None or conn.closed:
+                conn = self._prefetch_connections[cursor.leader] = self.options.connect(cursor.leader)
+            request_id = conn.send(Command.CONSUME, encode_crq2(CommandPayload((), self._core.fields(cursor, 0))))
+        except (OSError, ProtocolError, CursusError):
+            return
+        self._core.prefetched = Prefetch(cursor.partition, cursor.position, cursor.leader, request_id, conn)
 
     def _refresh_leader(self, partition: int) -> Address:
         self._metadata = None
@@ -388,30 +507,15 @@ class Consumer(_ConsumerSettings):
         """Records from the next partition that has some, in offset order; ``[]`` if none arrive within
         ``timeout_s`` seconds (default: one long poll of ``wait_ms``)."""
         self._ensure_started()
-        buffered = self._core.take_buffer()
-        if buffered:
-            return buffered
-        budget_s = self.wait_ms / 1000.0 if timeout_s is None else timeout_s
-        deadline = time.monotonic() + budget_s
-        cursors = self._core.order()
-        if not cursors:
-            return []
-        for cursor in cursors:  # a non-blocking sweep first, so wait_ms=0 still reads
-            records = self._fetch(cursor, 0)
-            if records:
-                return records
-        per_poll_ms = self.wait_ms if len(cursors) == 1 else max(_MIN_LONG_POLL_MS, self.wait_ms // len(cursors))
-        index = 0
-        while True:
-            remaining_ms = int((deadline - time.monotonic()) * 1000)
-            if remaining_ms <= 0:
-                return []
-            if self._closed:
-                raise ClientClosedError("consumer is closed")
-            records = self._fetch(cursors[index % len(cursors)], min(per_poll_ms, remaining_ms))
-            if records:
-                return records
-            index += 1
+        plan = self._core.poll_plan(self.wait_ms, timeout_s)
+        try:
+            cursor, wait_ms = next(plan)
+            while True:
+                if self._closed:
+                    raise ClientClosedError("consumer is closed")
+                cursor, wait_ms = plan.send(self._fetch(cursor, wait_ms))
+        except StopIteration as done:
+            return done.value
 
     def records(self, *, max_records: int | None = None, until_end: bool = False,
                 idle_timeout_s: float | None = None) -> Iterator[ConsumerRecord]:
@@ -437,9 +541,16 @@ class Consumer(_ConsumerSettings):
             if max_records is not None and len(records) > max_records - count:
                 self._core.unread(records[max_records - count:])
                 records = records[:max_records - count]
-            for record in self._core.iterate(records, ends):
-                count += 1
-                yield record
+            records = self._core.cut(records, ends)
+            pending = iter(records)
+            try:
+                yield from pending
+            finally:
+                count += len(records)
+                rest = list(pending)  # not handed out (the caller stopped early): returned first next time
+                if rest:
+                    count -= len(rest)
+                    self._core.unread(rest)
 
     def __iter__(self) -> Iterator[ConsumerRecord]:
         return self.records()
@@ -448,12 +559,73 @@ class Consumer(_ConsumerSettings):
         """Close connections (idempotent); iteration stops."""
         self._closed = True
         self._client.close()
+        for conn in self._prefetch_connections.values():
+            conn.close()
 
     def __enter__(self) -> Consumer:
         return self
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+class _Ready:
+    """An awaitable that is already done: ``await`` returns ``value`` without suspending."""
+
+    __slots__ = ("value",)
+
+    def __init__(self, value: ConsumerRecord) -> None:
+        self.value = value
+
+    def __await__(self) -> Generator[Any, None, ConsumerRecord]:
+        return self.value
+        yield  # a generator function: awaiting it finishes at once
+
+
+class _AsyncRecords:
+    """``async for`` over batches from an async generator, one record at a time, with no coroutine step
+    per record (only per batch)."""
+
+    __slots__ = ("_core", "_batches", "_batch", "_index", "_left")
+
+    def __init__(self, core: ConsumerCore, batches: AsyncIterator[list[ConsumerRecord]],
+                 max_records: int | None) -> None:
+        self._core = core
+        self._batches = batches
+        self._batch: list[ConsumerRecord] = []
+        self._index = 0
+        self._left = max_records
+
+    def __aiter__(self) -> _AsyncRecords:
+        return self
+
+    def __anext__(self) -> Awaitable[ConsumerRecord]:
+        index = self._index
+        if index < len(self._batch):
+            self._index = index + 1
+            return _Ready(self._batch[index])
+        return self._next_batch()
+
+    async def _next_batch(self) -> ConsumerRecord:
+        left = self._left
+        if left is not None and left <= 0:
+            raise StopAsyncIteration
+        batch = await self._batches.__anext__()  # StopAsyncIteration ends the iteration
+        if left is not None:
+            if len(batch) > left:
+                self._core.unread(batch[left:])
+                batch = batch[:left]
+            self._left = left - len(batch)
+        self._batch, self._index = batch, 1
+        return batch[0]
+
+    def reclaim(self) -> list[ConsumerRecord]:
+        """Return (and forget) the records fetched and not handed out yet."""
+        rest = self._batch[self._index:]
+        self._batch, self._index = [], 0
+        if self._left is not None:
+            self._left += len(rest)
+        return rest
 
 
 class AsyncConsumer(_ConsumerSettings):
@@ -494,6 +666,7 @@ class AsyncConsumer(_ConsumerSettings):
 
     async def assign(self, positions: Mapping[int, int]) -> None:
         """See :meth:`Consumer.assign`."""
+        self._reclaim()
         metadata = await self.metadata()
         default = self._client.bootstrap[0]
         self._core.assign({p: PartitionCursor(p, int(offset), metadata.leader_address(p) or default)
@@ -503,23 +676,60 @@ class AsyncConsumer(_ConsumerSettings):
     async def positions(self) -> dict[int, int]:
         """See :meth:`Consumer.positions`."""
         await self._ensure_started()
+        self._reclaim()
         return {p: self._core.position(p) for p in self._core.cursors}
 
     async def seek(self, partition: int, offset: int | str) -> None:
         """See :meth:`Consumer.seek`."""
         await self._ensure_started()
+        self._reclaim()
         if isinstance(offset, str):
             bounds = (await self._list_offsets(partition))[0]
             offset = _resolve_start(offset, partition, bounds.earliest, bounds.latest)
         self._core.seek(partition, offset)
 
     async def _fetch(self, cursor: PartitionCursor, wait_ms: int) -> list[ConsumerRecord]:
+        frame = await self._prefetched_reply(cursor) or await self._consume(cursor, wait_ms)
+        if frame is None:
+            return []
+        records = self._core.on_reply(cursor, frame)
+        if records:
+            await self._prefetch(cursor)
+        return records
+
+    async def _prefetched_reply(self, cursor: PartitionCursor) -> Frame | None:
+        """See :meth:`Consumer._prefetched_reply`."""
+        prefetch = self._core.take_prefetch()
+        if prefetch is None:
+            return None
+        try:
+            frame = await prefetch.connection.receive(prefetch.request_id, Command.CONSUME)
+        except (OSError, ProtocolError):
+            return None
+        if frame.status == Status.ERROR or not self._core.prefetch_matches(prefetch, cursor):
+            return None
+        return frame
+
+    async def _prefetch(self, cursor: PartitionCursor) -> None:
+        """See :meth:`Consumer._prefetch`."""
+        conn = self._prefetch_connections.get(cursor.leader)
+        try:
+            if conn is None or conn.closed:
+                conn = self._prefetch_connections[cursor.leader] = await open_connection(self.options,
+                                                                                         cursor.leader)
+            request_id = await conn.send(Command.CONSUME,
+                                         encode_crq2(CommandPayload((), self._core.fields(cursor, 0))))
+        except (OSError, ProtocolError, CursusError):
+            return
+        self._core.prefetched = Prefetch(cursor.partition, cursor.position, cursor.leader, request_id, conn)
+
+    async def _consume(self, cursor: PartitionCursor, wait_ms: int) -> Frame | None:
         fields = self._core.fields(cursor, wait_ms)
         for _ in range(self.options.redirects_max + 1):
             try:
-                frame = await self._client.call(Command.CONSUME, fields, address=cursor.leader,
-                                                timeout_s=self.options.timeout_s + wait_ms / 1000.0,
-                                                follow_redirects=False)
+                return await self._client.call(Command.CONSUME, fields, address=cursor.leader,
+                                               timeout_s=self.options.timeout_s + wait_ms / 1000.0,
+                                               follow_redirects=False)
             except NotLeaderError as exc:
                 if exc.leader is None:
                     self._metadata = None
@@ -532,61 +742,58 @@ class AsyncConsumer(_ConsumerSettings):
                 if not self._core.on_out_of_range(cursor, exc):
                     bounds = (await self._list_offsets(cursor.partition))[0]
                     self._core.reset(cursor, bounds.earliest, bounds.latest)
-                return []
-            return self._core.on_reply(cursor, frame)
-        return []
+                return None
+        return None
 
     async def poll(self, timeout_s: float | None = None) -> list[ConsumerRecord]:
         """See :meth:`Consumer.poll`."""
-        await self._ensure_started()
-        buffered = self._core.take_buffer()
-        if buffered:
-            return buffered
-        budget_s = self.wait_ms / 1000.0 if timeout_s is None else timeout_s
-        deadline = time.monotonic() + budget_s
-        cursors = self._core.order()
-        if not cursors:
-            return []
-        for cursor in cursors:  # a non-blocking sweep first, so wait_ms=0 still reads
-            records = await self._fetch(cursor, 0)
-            if records:
-                return records
-        per_poll_ms = self.wait_ms if len(cursors) == 1 else max(_MIN_LONG_POLL_MS, self.wait_ms // len(cursors))
-        index = 0
-        while True:
-            remaining_ms = int((deadline - time.monotonic()) * 1000)
-            if remaining_ms <= 0:
-                return []
-            if self._closed:
-                raise ClientClosedError("consumer is closed")
-            records = await self._fetch(cursors[index % len(cursors)], min(per_poll_ms, remaining_ms))
-            if records:
-                return records
-            index += 1
+        self._reclaim()
+        return await self._poll(timeout_s)
 
-    async def records(self, *, max_records: int | None = None, until_end: bool = False,
-                      idle_timeout_s: float | None = None) -> AsyncIterator[ConsumerRecord]:
-        """See :meth:`Consumer.records`."""
+    async def _poll(self, timeout_s: float | None = None) -> list[ConsumerRecord]:
+        await self._ensure_started()
+        plan = self._core.poll_plan(self.wait_ms, timeout_s)
+        try:
+            cursor, wait_ms = next(plan)
+            while True:
+                if self._closed:
+                    raise ClientClosedError("consumer is closed")
+                cursor, wait_ms = plan.send(await self._fetch(cursor, wait_ms))
+        except StopIteration as done:
+            return done.value
+
+    def records(self, *, max_records: int | None = None, until_end: bool = False,
+                idle_timeout_s: float | None = None) -> AsyncIterator[ConsumerRecord]:
+        """See :meth:`Consumer.records` (``async for``). Records of a batch are handed out without a
+        coroutine step each; those not handed out when an iteration is abandoned come first in the next
+        ``poll``/``records``."""
+        self._reclaim()
+        self._active = _AsyncRecords(self._core, self._batches(until_end, idle_timeout_s), max_records)
+        return self._active
+
+    def _reclaim(self) -> None:
+        """Put what the latest ``records()`` iteration fetched and did not hand out yet back in front of
+        the buffer (it goes on from there if it is resumed)."""
+        if self._active is not None:
+            self._core.unread(self._active.reclaim())
+
+    async def _batches(self, until_end: bool, idle_timeout_s: float | None) -> AsyncIterator[list[ConsumerRecord]]:
         await self._ensure_started()
         ends = None
         if until_end:
             ends = {o.partition: o.latest for o in await self._list_offsets()}
-        count = 0
         idle_since = time.monotonic()
-        while not self._closed and (max_records is None or count < max_records):
+        while not self._closed:
             if ends is not None and self._core.reached(ends):
                 return
-            records = await self.poll()
+            records = await self._poll()
             if records:
                 idle_since = time.monotonic()
             elif idle_timeout_s is not None and time.monotonic() - idle_since >= idle_timeout_s:
                 return
-            if max_records is not None and len(records) > max_records - count:
-                self._core.unread(records[max_records - count:])
-                records = records[:max_records - count]
-            for record in self._core.iterate(records, ends):
-                count += 1
-                yield record
+            records = self._core.cut(records, ends)
+            if records:
+                yield records
 
     def __aiter__(self) -> AsyncIterator[ConsumerRecord]:
         return self.records()
@@ -595,6 +802,8 @@ class AsyncConsumer(_ConsumerSettings):
         """Close connections (idempotent)."""
         self._closed = True
         await self._client.close()
+        for conn in self._prefetch_connections.values():
+            await conn.close()
 
     async def __aenter__(self) -> AsyncConsumer:
         return self

@@ -35,9 +35,9 @@ import queue
 import socket
 import threading
 import time
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Generator, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypeVar
 
 from cursus.client.admin import parse_list_offsets
 from cursus.client.aio import AsyncClient
@@ -59,7 +59,7 @@ from cursus.client.errors import (
     error_from_frame,
 )
 from cursus.client.records import ConsumerRecord, decode_consumed_batch
-from cursus.wire import Command, CommandPayload, ProtocolError, Status, encode_crq2
+from cursus.wire import Command, CommandPayload, Frame, ProtocolError, Status, encode_crq2
 
 __all__ = ["AsyncGroupConsumer", "GroupConsumer", "GroupMembership", "REJOIN_CODES"]
 
@@ -69,6 +69,7 @@ log = logging.getLogger("cursus.client.group")
 REJOIN_CODES = frozenset({"GEN_MISMATCH", "NOT_OWNER", "member_not_found", "group_not_found"})
 _RESETS = ("earliest", "latest", "error")
 _MODES = ("poll", "stream")
+_R = TypeVar("_R")
 
 Callback = Callable[[list[int]], Any]
 
@@ -175,7 +176,160 @@ class GroupMembership:
 
 
 
-class GroupConsumer:
+#: One request of a sans-IO step sequence: (command, CRQ2 fields); the driver sends it and sends back the
+#: reply frame, or throws the typed error in.
+Step = tuple[Command, dict[str, str]]
+Steps = Generator[Step, Frame, _R]
+
+
+def commit_steps(state: GroupMembership, offsets: Mapping[int, int]) -> Steps[dict[int, int]]:
+    """COMMIT/BATCH_COMMIT of ``offsets`` beyond what is committed; returns what was committed.
+
+    A fencing error marks the membership for a rejoin and is re-raised.
+    """
+    pending = state.pending_commits(offsets)
+    if not pending:
+        return {}
+    try:
+        yield state.commit_request(pending)
+    except CursusError as exc:
+        if state.is_rejoin_error(exc):
+            state.rejoin_needed = True
+        raise
+    state.on_committed(pending)
+    return pending
+
+
+def rejoin_steps(state: GroupMembership, auto_offset_reset: str,
+                 on_revoked: Callback | None) -> Steps[tuple[dict[int, int], list[int]] | None]:
+    """JOIN (+SYNC), commit the processed work of partitions still owned, FETCH_OFFSET each assigned
+    partition (LIST_OFFSETS once for ``auto_offset_reset="latest"``).
+
+    Returns (start position per assigned partition, the assignment), or None when the generation moved on
+    during the commit (the next poll rejoins again).
+    """
+    old = set(state.assignment) if state.member_id is not None else set()
+    frame = yield Command.JOIN_GROUP, state.join_fields()
+    if not state.on_join(ok_fields(frame), frame.payload.decode("utf-8", "replace")):
+        sync = yield Command.SYNC_GROUP, state.member_fields()
+        state.on_sync(sync.payload.decode("utf-8", "replace"))
+    new = set(state.assignment)
+    if old - new and on_revoked is not None:
+        on_revoked(sorted(old - new))
+    for p in old - new:
+        state.processed.pop(p, None)
+        state.committed.pop(p, None)
+    kept = {p: o for p, o in state.processed.items() if p in new}
+    if kept:
+        try:
+            yield from commit_steps(state, kept)  # still-owned work, under the new generation
+        except CursusError as exc:
+            log.info("commit of still-owned partitions after rejoin failed: %s", exc)
+            if state.is_rejoin_error(exc):
+                return None
+    positions = {}
+    latest: dict[int, int] | None = None
+    for p in sorted(new):
+        reply = yield Command.FETCH_OFFSET, {"topic": state.topic, "partition": str(p), "group": state.group}
+        offset = int(ok_fields(reply)["offset"])
+        if offset == 0 and auto_offset_reset == "latest":
+            if latest is None:
+                bounds = yield Command.LIST_OFFSETS, {"topic": state.topic}
+                latest = {b.partition: b.latest for b in parse_list_offsets(ok_fields(bounds))}
+            offset = latest.get(p, 0)
+        positions[p] = max(offset, state.processed.get(p, 0)) if p in kept else offset
+        state.committed[p] = max(state.committed.get(p, -1), offset)
+        state.processed[p] = positions[p]
+    state.rejoin_needed = False
+    log.info("group %s member %s generation %d assignment %s", state.group, state.member_id, state.generation,
+             sorted(new))
+    return positions, sorted(new)
+
+
+def run_steps(steps: Steps[_R], call: Callable[[Command, dict[str, str]], Frame]) -> _R:
+    """Drive ``steps`` with a blocking ``call``: each request's reply (or typed error) goes back in."""
+    reply: Any = None
+    error: CursusError | None = None
+    while True:
+        try:
+            step = steps.throw(error) if error is not None else steps.send(reply)
+        except StopIteration as done:
+            return done.value
+        reply, error = None, None
+        try:
+            reply = call(*step)
+        except CursusError as exc:
+            error = exc
+
+
+async def run_steps_async(steps: Steps[_R], call: Callable[[Command, dict[str, str]], Awaitable[Frame]]) -> _R:
+    """:func:`run_steps` with an asyncio ``call``."""
+    reply: Any = None
+    error: CursusError | None = None
+    while True:
+        try:
+            step = steps.throw(error) if error is not None else steps.send(reply)
+        except StopIteration as done:
+            return done.value
+        reply, error = None, None
+        try:
+            reply = await call(*step)
+        except CursusError as exc:
+            error = exc
+
+
+class _GroupSettings:
+    """Constructor shared by :class:`GroupConsumer` and :class:`AsyncGroupConsumer` (arguments: see
+    :class:`GroupConsumer`); ``_client_type``/``_consumer_type`` pick the transport, ``_setup`` adds the
+    flavour's own synchronisation (threads or tasks)."""
+
+    _client_type: Any
+    _consumer_type: Any
+    _modes: tuple[str, ...]
+
+    def __init__(self, topic: str, group: str, bootstrap: str | Sequence[str] = DEFAULT_ADDRESS, *,
+                 client_id: str | None = None, mode: str = "poll", auto_commit: bool = True,
+                 auto_commit_interval_s: float = 5.0, auto_offset_reset: str = "earliest",
+                 isolation_level: str = "read_committed", batch_size: int = 1000, max_bytes: int | None = None,
+                 wait_ms: int = 500, heartbeat_interval_s: float = 3.0, on_assigned: Callback | None = None,
+                 on_revoked: Callback | None = None, options: ConnectionOptions | None = None,
+                 **overrides: Any) -> None:
+        if mode not in self._modes:
+            raise ValueError(f"mode must be one of {self._modes}")
+        if auto_offset_reset not in _RESETS:
+            raise ValueError(f"auto_offset_reset must be one of {_RESETS}")
+        if heartbeat_interval_s <= 0 or auto_commit_interval_s < 0:
+            raise ValueError("heartbeat_interval_s must be positive and auto_commit_interval_s >= 0")
+        self.topic = topic
+        self.group = group
+        self.mode = mode
+        self.auto_commit = auto_commit
+        self.auto_commit_interval_s = auto_commit_interval_s
+        self.auto_offset_reset = auto_offset_reset
+        self.isolation_level = isolation_level
+        self.batch_size = batch_size
+        self.max_bytes = max_bytes
+        self.wait_ms = wait_ms
+        self.heartbeat_interval_s = heartbeat_interval_s
+        self.on_assigned = on_assigned
+        self.on_revoked = on_revoked
+        self.options = options_from(options, overrides)
+        self.state = GroupMembership(topic, group, client_id or _default_client_id())
+        self._client = self._client_type(bootstrap, self.options)
+        self._heartbeat_client = self._client_type(bootstrap, self.options)
+        self._consumer = self._consumer_type(topic, bootstrap, auto_offset_reset=auto_offset_reset,
+                                             isolation_level=isolation_level, batch_size=batch_size,
+                                             max_bytes=max_bytes, wait_ms=wait_ms, group=group,
+                                             options=self.options)
+        self._last_commit = time.monotonic()
+        self._assignment_token = 0
+        self._setup()
+
+    def _setup(self) -> None:
+        raise NotImplementedError
+
+
+class GroupConsumer(_GroupSettings):
     """Blocking group consumer: ``for record in consumer`` or :meth:`poll`, plus :meth:`commit`.
 
     ``mode="poll"`` reads with CONSUME long polls; ``mode="stream"`` opens one STREAM per assigned
@@ -204,47 +358,17 @@ class GroupConsumer:
     stays unreachable; ``ClientClosedError`` after close.
     """
 
-    def __init__(self, topic: str, group: str, bootstrap: str | Sequence[str] = DEFAULT_ADDRESS, *,
-                 client_id: str | None = None, mode: str = "poll", auto_commit: bool = True,
-                 auto_commit_interval_s: float = 5.0, auto_offset_reset: str = "earliest",
-                 isolation_level: str = "read_committed", batch_size: int = 1000, max_bytes: int | None = None,
-                 wait_ms: int = 500, heartbeat_interval_s: float = 3.0, on_assigned: Callback | None = None,
-                 on_revoked: Callback | None = None, options: ConnectionOptions | None = None,
-                 **overrides: Any) -> None:
-        if mode not in _MODES:
-            raise ValueError(f"mode must be one of {_MODES}")
-        if auto_offset_reset not in _RESETS:
-            raise ValueError(f"auto_offset_reset must be one of {_RESETS}")
-        if heartbeat_interval_s <= 0 or auto_commit_interval_s < 0:
-            raise ValueError("heartbeat_interval_s must be positive and auto_commit_interval_s >= 0")
-        self.topic = topic
-        self.group = group
-        self.mode = mode
-        self.auto_commit = auto_commit
-        self.auto_commit_interval_s = auto_commit_interval_s
-        self.auto_offset_reset = auto_offset_reset
-        self.isolation_level = isolation_level
-        self.batch_size = batch_size
-        self.max_bytes = max_bytes
-        self.wait_ms = wait_ms
-        self.heartbeat_interval_s = heartbeat_interval_s
-        self.on_assigned = on_assigned
-        self.on_revoked = on_revoked
-        self.options = options_from(options, overrides)
-        self.state = GroupMembership(topic, group, client_id or _default_client_id())
-        self._client = Client(bootstrap, self.options)
-        self._heartbeat_client = Client(bootstrap, self.options)
-        self._consumer = Consumer(topic, bootstrap, auto_offset_reset=auto_offset_reset,
-                                  isolation_level=isolation_level, batch_size=batch_size, max_bytes=max_bytes,
-                                  wait_ms=wait_ms, group=group, options=self.options)
+    _client_type = Client
+    _consumer_type = Consumer
+    _modes = _MODES
+
+    def _setup(self) -> None:
         self._coordinator: Address | None = None
         self._lock = threading.RLock()
         self._closed = threading.Event()
         self._heartbeat_thread: threading.Thread | None = None
-        self._last_commit = time.monotonic()
         self._streams: list[_PartitionStreamThread] = []
         self._stream_queue: queue.Queue[tuple[int, int, list[ConsumerRecord]]] = queue.Queue()
-        self._assignment_token = 0
 
     # ---------------------------------------------------------------------------------------- properties
 
@@ -296,53 +420,19 @@ class GroupConsumer:
             self._heartbeat_thread.start()
 
     def _rejoin(self) -> None:
-        """JOIN (+SYNC), commit still-owned work, FETCH_OFFSET, restart reading. Lock held."""
-        state = self.state
-        old = set(state.assignment) if state.member_id is not None else set()
+        """Rejoin (:func:`rejoin_steps`) and restart reading from the new positions. Lock held."""
         self._stop_streams()
-        frame = self._call(Command.JOIN_GROUP, state.join_fields())
-        raw = frame.payload.decode("utf-8", "replace")
-        if not state.on_join(ok_fields(frame), raw):
-            sync = self._call(Command.SYNC_GROUP, state.member_fields())
-            state.on_sync(sync.payload.decode("utf-8", "replace"))
-        new = set(state.assignment)
-        if old - new and self.on_revoked is not None:
-            self.on_revoked(sorted(old - new))
-        for p in old - new:
-            state.processed.pop(p, None)
-            state.committed.pop(p, None)
-        kept = {p: o for p, o in state.processed.items() if p in new}
-        if kept:
-            try:
-                self._commit_now(kept)  # processed work of partitions we still own, under the new generation
-            except CursusError as exc:
-                log.info("commit of still-owned partitions after rejoin failed: %s", exc)
-                if state.is_rejoin_error(exc):
-                    return  # the generation moved on again: the next poll rejoins
-        positions = {}
-        latest: dict[int, int] | None = None
-        for p in sorted(new):
-            offset = int(ok_fields(self._call(Command.FETCH_OFFSET, {"topic": self.topic, "partition": str(p),
-                                                                     "group": self.group}))["offset"])
-            if offset == 0 and self.auto_offset_reset == "latest":
-                if latest is None:
-                    bounds = parse_list_offsets(ok_fields(self._client.call(Command.LIST_OFFSETS,
-                                                                            {"topic": self.topic})))
-                    latest = {b.partition: b.latest for b in bounds}
-                offset = latest.get(p, 0)
-            positions[p] = max(offset, state.processed.get(p, 0)) if p in kept else offset
-            state.committed[p] = max(state.committed.get(p, -1), offset)
-            state.processed[p] = positions[p]
+        result = run_steps(rejoin_steps(self.state, self.auto_offset_reset, self.on_revoked), self._call)
+        if result is None:
+            return
+        positions, assignment = result
         self._assignment_token += 1
         if self.mode == "poll":
             self._consumer.assign(positions)
         else:
             self._start_streams(positions)
-        state.rejoin_needed = False
-        log.info("group %s member %s generation %d assignment %s", self.group, state.member_id, state.generation,
-                 sorted(new))
         if self.on_assigned is not None:
-            self.on_assigned(sorted(new))
+            self.on_assigned(assignment)
 
     def _heartbeat_loop(self) -> None:
         while not self._closed.wait(self.heartbeat_interval_s):
@@ -434,19 +524,10 @@ class GroupConsumer:
             return self._commit_now(self.state.pending_commits(offsets))
 
     def _commit_now(self, offsets: Mapping[int, int]) -> dict[int, int]:
-        pending = self.state.pending_commits(offsets)
-        if not pending:
-            return {}
-        command, fields = self.state.commit_request(pending)
-        try:
-            self._call(command, fields)
-        except CursusError as exc:
-            if self.state.is_rejoin_error(exc):
-                self.state.rejoin_needed = True
-            raise
-        self.state.on_committed(pending)
-        self._last_commit = time.monotonic()
-        return pending
+        committed = run_steps(commit_steps(self.state, offsets), self._call)
+        if committed:
+            self._last_commit = time.monotonic()
+        return committed
 
     def _auto_commit(self) -> None:
         self._last_commit = time.monotonic()
@@ -599,63 +680,20 @@ class _PartitionStreamThread(threading.Thread):
             self._halt.wait(0.5)  # facts A6: the client reconnects after 0.5 s
 
 
-class AsyncGroupConsumer:
+class AsyncGroupConsumer(_GroupSettings):
     """asyncio group consumer (``mode="poll"`` only): ``await poll()`` and ``await commit()``; same protocol
-    and semantics as :class:`GroupConsumer`, heartbeats on a task.
-
-    Args:
-        topic: the topic the group reads.
-        group: the consumer group.
-        bootstrap: ``host:port`` of a broker (or a list).
-        client_id: the member id prefix sent on the first JOIN (default ``consumer-<random>``).
-        auto_commit: commit processed offsets from poll every ``auto_commit_interval_s`` and on close.
-        auto_commit_interval_s: seconds between auto-commits.
-        auto_offset_reset: ``earliest`` | ``latest`` | ``error``: where to start a partition without a
-            committed offset (0 counts as none) and what ``OFFSET_OUT_OF_RANGE`` does.
-        isolation_level: ``read_committed`` | ``read_uncommitted``.
-        batch_size: records per CONSUME reply or STREAM frame at most.
-        max_bytes: bytes per reply at most (None: broker default).
-        wait_ms: long-poll time of one CONSUME, milliseconds.
-        heartbeat_interval_s: seconds between heartbeats (the spec recommends 3).
-        on_assigned, on_revoked: callbacks with the list of partitions gained / given up.
-        options: :class:`~cursus.client.connection.ConnectionOptions`; keyword arguments override fields.
-
-    Errors: ``FencingError`` from :meth:`commit` when the membership ended (the consumer rejoins on the next
-    poll); ``ConflictError`` (``offset_regression``) for a commit below the committed offset;
-    ``OffsetOutOfRangeError`` with ``auto_offset_reset="error"``; ``BrokerUnavailableError`` when the broker
-    stays unreachable; ``ClientClosedError`` after close.
+    and semantics as :class:`GroupConsumer`, heartbeats on a task. Arguments, units and errors are those of
+    :class:`GroupConsumer` (``mode`` accepts only ``"poll"``).
     """
 
-    def __init__(self, topic: str, group: str, bootstrap: str | Sequence[str] = DEFAULT_ADDRESS, *,
-                 client_id: str | None = None, auto_commit: bool = True, auto_commit_interval_s: float = 5.0,
-                 auto_offset_reset: str = "earliest", isolation_level: str = "read_committed",
-                 batch_size: int = 1000, max_bytes: int | None = None, wait_ms: int = 500,
-                 heartbeat_interval_s: float = 3.0, on_assigned: Callback | None = None,
-                 on_revoked: Callback | None = None, options: ConnectionOptions | None = None,
-                 **overrides: Any) -> None:
-        if auto_offset_reset not in _RESETS:
-            raise ValueError(f"auto_offset_reset must be one of {_RESETS}")
-        self.topic = topic
-        self.group = group
-        self.auto_commit = auto_commit
-        self.auto_commit_interval_s = auto_commit_interval_s
-        self.auto_offset_reset = auto_offset_reset
-        self.wait_ms = wait_ms
-        self.heartbeat_interval_s = heartbeat_interval_s
-        self.on_assigned = on_assigned
-        self.on_revoked = on_revoked
-        self.options = options_from(options, overrides)
-        self.state = GroupMembership(topic, group, client_id or _default_client_id())
-        self._client = AsyncClient(bootstrap, self.options)
-        self._heartbeat_client = AsyncClient(bootstrap, self.options)
-        self._consumer = AsyncConsumer(topic, bootstrap, auto_offset_reset=auto_offset_reset,
-                                       isolation_level=isolation_level, batch_size=batch_size,
-                                       max_bytes=max_bytes, wait_ms=wait_ms, group=group, options=self.options)
+    _client_type = AsyncClient
+    _consumer_type = AsyncConsumer
+    _modes = ("poll",)
+
+    def _setup(self) -> None:
         self._lock = asyncio.Lock()
         self._closed = False
         self._heartbeat_task: asyncio.Task[None] | None = None
-        self._last_commit = time.monotonic()
-        self._assignment_token = 0
 
     @property
     def member_id(self) -> str | None:
@@ -682,44 +720,19 @@ class AsyncGroupConsumer:
             self._heartbeat_task = asyncio.get_running_loop().create_task(self._heartbeat_loop())
 
     async def _rejoin(self) -> None:
-        state = self.state
-        old = set(state.assignment) if state.member_id is not None else set()
-        frame = await self._client.call(Command.JOIN_GROUP, state.join_fields(), retry_safe=True)
-        raw = frame.payload.decode("utf-8", "replace")
-        if not state.on_join(ok_fields(frame), raw):
-            sync = await self._client.call(Command.SYNC_GROUP, state.member_fields(), retry_safe=True)
-            state.on_sync(sync.payload.decode("utf-8", "replace"))
-        new = set(state.assignment)
-        if old - new and self.on_revoked is not None:
-            self.on_revoked(sorted(old - new))
-        for p in old - new:
-            state.processed.pop(p, None)
-            state.committed.pop(p, None)
-        kept = {p: o for p, o in state.processed.items() if p in new}
-        if kept:
-            try:
-                await self._commit_now(kept)
-            except CursusError as exc:
-                log.info("commit of still-owned partitions after rejoin failed: %s", exc)
-                if state.is_rejoin_error(exc):
-                    return
-        positions = {}
-        for p in sorted(new):
-            frame = await self._client.call(Command.FETCH_OFFSET, {"topic": self.topic, "partition": str(p),
-                                                                   "group": self.group})
-            offset = int(ok_fields(frame)["offset"])
-            if offset == 0 and self.auto_offset_reset == "latest":
-                bounds = parse_list_offsets(ok_fields(await self._client.call(
-                    Command.LIST_OFFSETS, {"topic": self.topic, "partition": str(p)})))
-                offset = bounds[0].latest if bounds else 0
-            positions[p] = max(offset, state.processed.get(p, 0)) if p in kept else offset
-            state.committed[p] = max(state.committed.get(p, -1), offset)
-            state.processed[p] = positions[p]
+        """See :meth:`GroupConsumer._rejoin`."""
+        result = await run_steps_async(rejoin_steps(self.state, self.auto_offset_reset, self.on_revoked),
+                                       self._call)
+        if result is None:
+            return
+        positions, assignment = result
         self._assignment_token += 1
         await self._consumer.assign(positions)
-        state.rejoin_needed = False
         if self.on_assigned is not None:
-            self.on_assigned(sorted(new))
+            self.on_assigned(assignment)
+
+    async def _call(self, command: Command, fields: Mapping[str, str]) -> Frame:
+        return await self._client.call(command, fields, retry_safe=True)
 
     async def _heartbeat_loop(self) -> None:
         while not self._closed:
@@ -759,19 +772,10 @@ class AsyncGroupConsumer:
             return await self._commit_now(self.state.pending_commits(offsets))
 
     async def _commit_now(self, offsets: Mapping[int, int]) -> dict[int, int]:
-        pending = self.state.pending_commits(offsets)
-        if not pending:
-            return {}
-        command, fields = self.state.commit_request(pending)
-        try:
-            await self._client.call(command, fields, retry_safe=True)
-        except CursusError as exc:
-            if self.state.is_rejoin_error(exc):
-                self.state.rejoin_needed = True
-            raise
-        self.state.on_committed(pending)
-        self._last_commit = time.monotonic()
-        return pending
+        committed = await run_steps_async(commit_steps(self.state, offsets), self._call)
+        if committed:
+            self._last_commit = time.monotonic()
+        return committed
 
     async def close(self) -> None:
         """Auto-commit (if enabled), leave the group, close connections (idempotent)."""

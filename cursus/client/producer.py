@@ -35,10 +35,11 @@ import socket
 import threading
 import time
 from collections import deque
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from concurrent.futures import Future, InvalidStateError
 from concurrent.futures import _base as _futures_base
 from dataclasses import dataclass, replace
+from itertools import repeat
 from typing import Any
 
 from cursus.client.admin import TopicMetadata, parse_metadata
@@ -68,9 +69,18 @@ from cursus.client.errors import (
     error_from_ack,
     error_from_frame,
 )
-from cursus.client.records import RecordEncoder, RecordMetadata, encode_string_field
+from cursus.client.records import RecordMetadata
 from cursus.partitioning import partition_for_key
-from cursus.wire import MAX_RECORDS_PER_BATCH, Command, Frame, ProtocolError, Status, encode_batch_header
+from cursus.wire import (
+    MAX_RECORDS_PER_BATCH,
+    Command,
+    Frame,
+    ProtocolError,
+    RecordEncoder,
+    Status,
+    encode_batch_header,
+    encode_text_field,
+)
 
 __all__ = ["AsyncProducer", "Producer", "ProducerConfig", "ProducerCore", "RecordMetadata", "normalize_acks"]
 
@@ -299,6 +309,15 @@ class ProducerCore:
         return was_empty or len(pstate.queue) == self.config.batch_size or \
             pstate.queued_bytes >= self.config.batch_bytes
 
+    def take(self, topic: str, partition: int, now: float) -> ProducerBatch | None:
+        """Seal ``(topic, partition)``'s queued records into a batch now, for delivery by the caller, or
+        None when the partition already has a batch in flight (or waiting for a retry), nothing is queued,
+        or the producer stopped."""
+        pstate = self.partitions.get((topic, partition))
+        if self.fatal is not None or pstate is None or pstate.busy or not pstate.queue:
+            return None
+        return self._seal(pstate, now)
+
     def leader_of(self, topic: str, partition: int) -> Address:
         """Where the partition's batches currently go."""
         return self.partitions[(topic, partition)].leader
@@ -383,11 +402,14 @@ class ProducerCore:
         count = len(batch.pendings)
         self.buffered -= count
         cfg = self.config
-        base = None if last_offset is None else last_offset - count + 1
-        topic, partition, seq = pstate.topic, pstate.partition, batch.seq_start
-        return [(p.future, RecordMetadata(topic, partition, None if base is None else base + i, cfg.producer_id,
-                                          cfg.producer_epoch, seq + i), False)
-                for i, p in enumerate(batch.pendings)]
+        seq = batch.seq_start
+        offsets: Iterable[int | None] = repeat(None) if last_offset is None else \
+            range(last_offset - count + 1, last_offset + 1)
+        # One metadata tuple per record, built by C iterators (this runs once per record acknowledged).
+        metadata = map(RecordMetadata._make, zip(repeat(pstate.topic), repeat(pstate.partition), offsets,
+                                                 repeat(cfg.producer_id), repeat(cfg.producer_epoch),
+                                                 range(seq, seq + count)))
+        return list(zip([p.future for p in batch.pendings], metadata, repeat(False)))
 
     def failed(self, batch: ProducerBatch, error: BaseException, *, written: bool,
                now: float) -> tuple[list[Resolution], Address | None]:
@@ -523,7 +545,7 @@ def _key_field(key: str | bytes | None) -> tuple[str | None, bytes | None]:
     if key is None:
         return None, None
     text = key.decode("utf-8") if isinstance(key, bytes | bytearray) else str(key)
-    return text, encode_string_field(text)
+    return text, encode_text_field(text)
 
 
 _LAZY_FUTURE_LOCK = threading.Lock()
@@ -541,10 +563,14 @@ class DeliveryFuture(Future):
     complete it with two attribute writes (:func:`_resolve_sync`). Behaviour is otherwise that of ``Future``.
     """
 
-    def __init__(self) -> None:  # deliberately not calling Future.__init__
-        self._state = _FUTURE_PENDING
-        self._result = None
-        self._exception = None
+    # Class-level defaults: creating one costs no attribute writes (deliberately not calling
+    # Future.__init__); resolving writes the instance's own values.
+    _state = _FUTURE_PENDING
+    _result = None
+    _exception = None
+
+    def __init__(self) -> None:
+        pass
 
     def __getattr__(self, name: str) -> Any:
         factory = _LAZY_FUTURE_FIELDS.get(name)
@@ -596,7 +622,49 @@ def _metadata_options(options: ConnectionOptions) -> ConnectionOptions:
 
 
 
-class Producer:
+class _ProducerSettings:
+    """Constructor shared by :class:`Producer` and :class:`AsyncProducer`: settings, clients and the
+    sans-IO :class:`ProducerCore`; ``_client_type`` picks the transport, ``_setup`` adds the flavour's own
+    synchronisation (threads or tasks)."""
+
+    _client_type: Any
+    _id_prefix: str
+
+    def __init__(self, bootstrap: str | Sequence[str] = DEFAULT_ADDRESS, *, acks: str | int | None = None,
+                 idempotent: bool = False, batch_size: int = 1000, batch_bytes: int = 1 << 20,
+                 linger_ms: float = 5.0, connections_per_broker: int = 2, buffer_records: int = 100_000,
+                 max_block_s: float = 60.0, delivery_timeout_s: float = 120.0, request_timeout_s: float = 30.0,
+                 producer_id: str | None = None, producer_epoch: int | None = None,
+                 options: ConnectionOptions | None = None, **overrides: Any) -> None:
+        self.options = options_from(options, overrides)
+        self.config = ProducerConfig.build(
+            acks=acks, idempotent=idempotent, batch_size=batch_size, batch_bytes=batch_bytes,
+            linger_ms=linger_ms, connections_per_broker=connections_per_broker, buffer_records=buffer_records,
+            max_block_s=max_block_s, delivery_timeout_s=delivery_timeout_s, request_timeout_s=request_timeout_s,
+            backoff=self.options.backoff, producer_id=producer_id, producer_epoch=producer_epoch,
+            id_prefix=self._id_prefix)
+        self._client = self._client_type(bootstrap, self.options)
+        self._refresh_client = self._client_type(bootstrap, _metadata_options(self.options))
+        self._core = ProducerCore(self.config, self._client.bootstrap[0])
+        self._stopping = False
+        self._closed = False
+        self._setup()
+
+    def _setup(self) -> None:
+        raise NotImplementedError
+
+    @property
+    def producer_id(self) -> str:
+        """The producer id records carry."""
+        return self.config.producer_id
+
+    @property
+    def producer_epoch(self) -> int:
+        """The producer epoch records carry."""
+        return self.config.producer_epoch
+
+
+class Producer(_ProducerSettings):
     """Thread-safe blocking producer with background sender threads.
 
     Use it as a context manager, or call :meth:`close`.
@@ -623,38 +691,20 @@ class Producer:
         ValueError: inconsistent settings (e.g. idempotent with acks=1).
     """
 
-    def __init__(self, bootstrap: str | Sequence[str] = DEFAULT_ADDRESS, *, acks: str | int | None = None,
-                 idempotent: bool = False, batch_size: int = 1000, batch_bytes: int = 1 << 20,
-                 linger_ms: float = 5.0, connections_per_broker: int = 2, buffer_records: int = 100_000,
-                 max_block_s: float = 60.0, delivery_timeout_s: float = 120.0, request_timeout_s: float = 30.0,
-                 producer_id: str | None = None, producer_epoch: int | None = None,
-                 options: ConnectionOptions | None = None, **overrides: Any) -> None:
-        self.options = options_from(options, overrides)
-        self.config = ProducerConfig.build(
-            acks=acks, idempotent=idempotent, batch_size=batch_size, batch_bytes=batch_bytes,
-            linger_ms=linger_ms, connections_per_broker=connections_per_broker, buffer_records=buffer_records,
-            max_block_s=max_block_s, delivery_timeout_s=delivery_timeout_s, request_timeout_s=request_timeout_s,
-            backoff=self.options.backoff, producer_id=producer_id, producer_epoch=producer_epoch,
-            id_prefix="py-")
-        self._client = Client(bootstrap, self.options)
-        self._refresh_client = Client(bootstrap, _metadata_options(self.options))
-        self._core = ProducerCore(self.config, self._client.bootstrap[0])
+    _client_type = Client
+    _id_prefix = "py-"
+
+    def _setup(self) -> None:
         self._lock = threading.Lock()
+        #: Waiters for completions (flush, produce, a full buffer); senders wait on ``_ready``.
         self._cond = threading.Condition(self._lock)
+        #: Sender threads wait here for a batch to become due: notified once per due batch, not per record.
+        self._ready = threading.Condition(self._lock)
+        #: The connection ``produce`` delivers on from the calling thread (no hand-off to a sender).
+        self._direct_lock = threading.Lock()
+        self._direct_conn: Connection | None = None
         self._threads: dict[Address, list[threading.Thread]] = {}
         self._connections: set[Connection] = set()
-        self._stopping = False
-        self._closed = False
-
-    @property
-    def producer_id(self) -> str:
-        """The producer id records carry."""
-        return self.config.producer_id
-
-    @property
-    def producer_epoch(self) -> int:
-        """The producer epoch records carry."""
-        return self.config.producer_epoch
 
     # ----------------------------------------------------------------------------------------- public
 
@@ -677,32 +727,50 @@ class Producer:
                 (``TopicNotFoundError`` ...); ``ValidationError`` for a bad explicit partition.
             TypeError: value is not bytes or str.
         """
-        data = _as_bytes(value)
-        key_text, key_field = _key_field(key)
-        if topic not in self._core.topics:
-            self._load_metadata(topic)
         future = DeliveryFuture()
-        pending = _Pending(data, key_field, timestamp_ms, future)
-        with self._cond:
-            core = self._core
+        key_text, key_field = (None, None) if key is None else _key_field(key)
+        self._append(topic, _Pending(value if type(value) is bytes else _as_bytes(value), key_field, timestamp_ms,
+                                     future), key_text, partition)
+        return future
+
+    def _append(self, topic: str, pending: _Pending, key_text: str | None, partition: int | None,
+                take: bool = False) -> tuple[int, ProducerBatch | None]:
+        """Queue ``pending`` (routed by ``key_text``/``partition``). Returns the partition chosen and, with
+        ``take``, the batch sealed at once for the caller to deliver (None when the partition is busy)."""
+        core = self._core
+        if topic not in core.topics:
+            self._load_metadata(topic)
+        with self._lock:
             if self._closed or core.closing:
                 raise ClientClosedError("producer is closed")
             if core.fatal is not None:
                 raise core.fatal
             if core.buffered >= self.config.buffer_records:
-                deadline = time.monotonic() + self.config.max_block_s
-                while core.buffered >= self.config.buffer_records and core.fatal is None and not core.closing:
-                    remaining = deadline - time.monotonic()
-                    if remaining <= 0:
-                        raise BufferFullError(f"{core.buffered} records buffered for {self.config.max_block_s}s")
-                    self._cond.wait(remaining)
-                if core.fatal is not None:
-                    raise core.fatal
+                self._wait_for_room()
             chosen = core.route(topic, key_text, partition)
-            if core.append(topic, chosen, pending, time.monotonic()):
-                self._cond.notify_all()
-            self._ensure_senders(core.leader_of(topic, chosen))
-        return future
+            known = len(core.partitions)
+            now = time.monotonic()
+            due = core.append(topic, chosen, pending, now)
+            if len(core.partitions) != known:  # a new partition: its leader may need senders
+                self._ensure_senders(core.leader_of(topic, chosen))
+            batch = core.take(topic, chosen, now) if take else None
+            if due and batch is None:
+                self._ready.notify()
+        return chosen, batch
+
+    def _wait_for_room(self) -> None:
+        """Block (lock held) until the buffer has room; raises BufferFullError or the terminal error."""
+        core = self._core
+        deadline = time.monotonic() + self.config.max_block_s
+        while core.buffered >= self.config.buffer_records and core.fatal is None and not core.closing:
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                raise BufferFullError(f"{core.buffered} records buffered for {self.config.max_block_s}s")
+            self._cond.wait(remaining)
+        if core.fatal is not None:
+            raise core.fatal
+        if core.closing:
+            raise ClientClosedError("producer is closed")
 
     def produce(self, topic: str, value: bytes | bytearray | memoryview | str, *,
                 key: str | bytes | None = None, partition: int | None = None, timestamp_ms: int | None = None,
@@ -711,14 +779,30 @@ class Producer:
 
         Raises what :meth:`send` raises, the record's delivery error, or ``TimeoutError``.
         """
-        future = self.send(topic, value, key=key, partition=partition, timestamp_ms=timestamp_ms)
-        with self._cond:
+        future = DeliveryFuture()
+        key_text, key_field = (None, None) if key is None else _key_field(key)
+        pending = _Pending(value if type(value) is bytes else _as_bytes(value), key_field, timestamp_ms, future)
+        # With the partition idle, seal and deliver from this thread: no sender wake-up and back. Not with
+        # a timeout: this thread must then stay free to give up waiting after timeout_s.
+        direct = timeout_s is None and self._direct_lock.acquire(blocking=False)
+        try:
+            _, batch = self._append(topic, pending, key_text, partition, take=direct)
+            if batch is not None:
+                self._direct_conn = self._deliver(batch, self._direct_conn)
+        finally:
+            if direct:
+                self._direct_lock.release()
+        if future._state == _FUTURE_FINISHED:  # delivered (or failed) already: no waiting machinery
+            if future._exception is not None:
+                raise future._exception
+            return future._result  # type: ignore[return-value]
+        with self._lock:
             self._core.flushing += 1
-            self._cond.notify_all()
+            self._ready.notify_all()
         try:
             return future.result(timeout_s)
         finally:
-            with self._cond:
+            with self._lock:
                 self._core.flushing -= 1
 
     def partitions_for(self, topic: str) -> int:
@@ -740,7 +824,7 @@ class Producer:
         with self._cond:
             core = self._core
             core.flushing += 1
-            self._cond.notify_all()
+            self._ready.notify_all()
             try:
                 while core.buffered > 0:
                     remaining = None if deadline is None else deadline - time.monotonic()
@@ -766,6 +850,7 @@ class Producer:
                 return
             self._core.closing = True
             self._cond.notify_all()
+            self._ready.notify_all()
         failure: BaseException | None = None
         try:
             self.flush(timeout_s)
@@ -817,7 +902,7 @@ class Producer:
             self._core.set_metadata(metadata, time.monotonic())
             for address in self._core.addresses():
                 self._ensure_senders(address)
-            self._cond.notify_all()
+            self._ready.notify_all()
 
     def _ensure_senders(self, address: Address) -> None:
         """Start the sender threads for ``address`` (call with the lock held)."""
@@ -833,66 +918,78 @@ class Producer:
             thread.start()
 
     def _next_batch(self, address: Address) -> ProducerBatch | None:
-        with self._cond:
+        with self._lock:
             while not self._stopping:
                 batch, wait = self._core.poll(address, time.monotonic())
                 if batch is not None:
                     return batch
-                self._cond.wait(wait)
+                self._ready.wait(wait)
             return None
 
     def _sender(self, address: Address) -> None:
         """Sender thread: one connection to ``address``, one batch in flight at a time."""
         conn: Connection | None = None
-        core = self._core
         try:
             while True:
                 batch = self._next_batch(address)
                 if batch is None:
                     return
-                payload = core.encode(batch)
-                error: BaseException | None = None
-                written = False
-                last_offset: int | None = None
-                try:
-                    if conn is None or conn.closed:
-                        conn = self.options.connect(address)
-                        with self._lock:
-                            self._connections.add(conn)
-                    written = True
-                    if self.config.acks == "0":
-                        conn.send(Command.PUBLISH, payload)
-                    else:
-                        last_offset = parse_ack(conn.request(Command.PUBLISH, payload,
-                                                             timeout_s=self.config.request_timeout_s))
-                except ProtocolViolationError as exc:  # unreadable ack: outcome unknown, drop the connection
-                    error = exc
-                    if conn is not None:
-                        conn.close()
-                except (OSError, ProtocolError, CursusError) as exc:
-                    error = exc
-                redirect: Address | None = None
-                with self._cond:
-                    if error is None:
-                        resolutions = core.succeed(batch, last_offset)
-                    else:
-                        resolutions, redirect = core.failed(batch, error, written=written, now=time.monotonic())
-                        if redirect is not None:
-                            self._ensure_senders(redirect)
-                    self._cond.notify_all()
-                _resolve_sync(resolutions)
-                if _needs_refresh(error):
-                    self._refresh_metadata(batch.topic)
+                conn = self._deliver(batch, conn)
         finally:
             if conn is not None:
                 conn.close()
                 with self._lock:
                     self._connections.discard(conn)
 
+    def _deliver(self, batch: ProducerBatch, conn: Connection | None) -> Connection | None:
+        """One attempt of ``batch`` on ``conn`` (reopened to the batch's leader when needed); applies the
+        outcome (the core decides: done, retry later, failed). Returns the connection for the next batch."""
+        core = self._core
+        payload = core.encode(batch)
+        error: BaseException | None = None
+        written = False
+        last_offset: int | None = None
+        address = batch.state.leader
+        try:
+            if conn is None or conn.closed or conn.address != address:
+                if conn is not None:
+                    conn.close()
+                conn = self.options.connect(address)
+                with self._lock:
+                    self._connections.add(conn)
+            written = True
+            if self.config.acks == "0":
+                conn.send(Command.PUBLISH, payload)
+            else:
+                last_offset = parse_ack(conn.request(Command.PUBLISH, payload,
+                                                     timeout_s=self.config.request_timeout_s))
+        except ProtocolViolationError as exc:  # unreadable ack: outcome unknown, drop the connection
+            error = exc
+            if conn is not None:
+                conn.close()
+        except (OSError, ProtocolError, CursusError) as exc:
+            error = exc
+        with self._lock:
+            if error is None:
+                resolutions = core.succeed(batch, last_offset)
+            else:
+                resolutions, redirect = core.failed(batch, error, written=written, now=time.monotonic())
+                if redirect is not None:
+                    self._ensure_senders(redirect)
+                self._ready.notify_all()  # a retry is scheduled (or the producer stopped)
+            if batch.state.queue:
+                self._ready.notify()  # records queued behind the batch are due now
+            self._cond.notify_all()
+        _resolve_sync(resolutions)
+        if _needs_refresh(error):
+            self._refresh_metadata(batch.topic)
+        return conn
+
     def _stop(self) -> None:
         with self._cond:
             self._stopping = True
             self._cond.notify_all()
+            self._ready.notify_all()
             threads = [t for group in self._threads.values() for t in group]
             connections = list(self._connections)
         for conn in connections:  # unblock a sender stuck in a request
@@ -930,7 +1027,7 @@ class _AsyncSignal:
             pass
 
 
-class AsyncProducer:
+class AsyncProducer(_ProducerSettings):
     """asyncio producer: the same behaviour as :class:`Producer`, with sender tasks on the running loop.
 
     ``await send(...)`` queues a record and returns an ``asyncio.Future`` of its :class:`RecordMetadata`;
@@ -938,32 +1035,14 @@ class AsyncProducer:
     units and errors are those of :class:`Producer`; the producer id defaults to ``py-async-<hex>``.
     """
 
-    def __init__(self, bootstrap: str | Sequence[str] = DEFAULT_ADDRESS, *, acks: str | int | None = None,
-                 idempotent: bool = False, batch_size: int = 1000, batch_bytes: int = 1 << 20,
-                 linger_ms: float = 5.0, connections_per_broker: int = 2, buffer_records: int = 100_000,
-                 max_block_s: float = 60.0, delivery_timeout_s: float = 120.0, request_timeout_s: float = 30.0,
-                 producer_id: str | None = None, producer_epoch: int | None = None,
-                 options: ConnectionOptions | None = None, **overrides: Any) -> None:
-        self.options = options_from(options, overrides)
-        self.config = ProducerConfig.build(
-            acks=acks, idempotent=idempotent, batch_size=batch_size, batch_bytes=batch_bytes,
-            linger_ms=linger_ms, connections_per_broker=connections_per_broker, buffer_records=buffer_records,
-            max_block_s=max_block_s, delivery_timeout_s=delivery_timeout_s, request_timeout_s=request_timeout_s,
-            backoff=self.options.backoff, producer_id=producer_id, producer_epoch=producer_epoch,
-            id_prefix="py-async-")
-        self._client = AsyncClient(bootstrap, self.options)
-        self._refresh_client = AsyncClient(bootstrap, _metadata_options(self.options))
-        self._core = ProducerCore(self.config, self._client.bootstrap[0])
+    _client_type = AsyncClient
+    _id_prefix = "py-async-"
+
+    def _setup(self) -> None:
         self._signal: _AsyncSignal | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
         self._tasks: dict[Address, list[asyncio.Task[None]]] = {}
         self._connections: set[AsyncConnection] = set()
-        self._stopping = False
-        self._closed = False
-
-    @property
-    def producer_id(self) -> str:
-        """The producer id records carry."""
-        return self.config.producer_id
 
     def _wake(self) -> _AsyncSignal:
         if self._signal is None:
@@ -975,8 +1054,8 @@ class AsyncProducer:
                    timestamp_ms: int | None = None) -> asyncio.Future[RecordMetadata]:
         """Queue one record; returns a future of its :class:`RecordMetadata`. Arguments and errors as
         :meth:`Producer.send` (waiting on a full buffer is asynchronous)."""
-        data = _as_bytes(value)
-        key_text, key_field = _key_field(key)
+        data = value if type(value) is bytes else _as_bytes(value)
+        key_text, key_field = (None, None) if key is None else _key_field(key)
         core = self._core
         if self._closed or core.closing:
             raise ClientClosedError("producer is closed")
@@ -996,11 +1075,20 @@ class AsyncProducer:
                 raise core.fatal
             if core.closing:
                 raise ClientClosedError("producer is closed")
-        future: asyncio.Future[RecordMetadata] = asyncio.get_running_loop().create_future()
+        loop = self._loop
+        if loop is None:
+            loop = self._loop = asyncio.get_running_loop()
+        future: asyncio.Future[RecordMetadata] = loop.create_future()
         chosen = core.route(topic, key_text, partition)
-        if core.append(topic, chosen, _Pending(data, key_field, timestamp_ms, future), time.monotonic()):
+        known = len(core.partitions)
+        due = core.append(topic, chosen, _Pending(data, key_field, timestamp_ms, future), time.monotonic())
+        if len(core.partitions) != known:  # a new partition: its leader may need senders
+            self._ensure_senders(core.leader_of(topic, chosen))
+        if due:
             self._wake().notify_all()
-        self._ensure_senders(core.leader_of(topic, chosen))
+            # A batch became due: let the sender tasks run now (a loop of sends never suspends otherwise,
+            # and the senders would wait for the buffer to fill). Once per batch, not per record.
+            await asyncio.sleep(0)
         return future
 
     async def send_and_wait(self, topic: str, value: bytes | bytearray | memoryview | str, *,

@@ -20,11 +20,13 @@ from cursus.wire.batch import (
     Batch,
     Presence,
     Record,
+    RecordEncoder,
     decode_batch,
     decode_record,
     encode_batch,
     encode_batch_header,
     encode_record,
+    encode_text_field,
     is_cbv2,
     iter_record_slices,
 )
@@ -90,7 +92,13 @@ from cursus.wire.negotiation import (
     select_compression,
 )
 from cursus.wire.responses import json_envelope, ok_text
-from cursus.wire.scan import BatchView, record_offset_field_position, scan_batch, stamp_offsets
+from cursus.wire.scan import (
+    BatchView,
+    decode_batch_records,
+    record_offset_field_position,
+    scan_batch,
+    stamp_offsets,
+)
 
 __all__ = [
     "ACKS_VALUES",
@@ -138,6 +146,7 @@ __all__ = [
     "Presence",
     "ProtocolError",
     "Record",
+    "RecordEncoder",
     "Status",
     "TypedError",
     "check_compression",
@@ -145,6 +154,7 @@ __all__ = [
     "command_from_id",
     "compress",
     "decode_batch",
+    "decode_batch_records",
     "decode_crq2",
     "decode_error",
     "decode_header",
@@ -162,6 +172,7 @@ __all__ = [
     "encode_negotiation_request",
     "encode_negotiation_response",
     "encode_record",
+    "encode_text_field",
     "flags_for",
     "is_cbv2",
     "is_crq2",

@@ -16,7 +16,9 @@ Two ways in:
 * ``decode_batch``/``decode_record`` build ``Batch``/``Record`` objects (SDK, tests).
 * ``scan_batch`` (module :mod:`cursus.wire.scan`) is the broker's hot path: it
   validates the whole batch exactly as ``decode_batch`` would but builds no per-record
-  objects.
+  objects; ``decode_batch_records`` builds the SDK's consumed records on top of it.
+* ``RecordEncoder`` is the SDK producer's path out: precomputed record heads, no
+  ``Record`` objects, bytes identical to ``encode_record``.
 """
 
 from __future__ import annotations
@@ -103,6 +105,7 @@ _BATCH_HEAD = struct.Struct(">IHH")
 _BATCH_SEQS = struct.Struct(">QQI")  # seq_start, seq_end, record count
 _RECORD_HEAD = struct.Struct(">HQ")  # version, presence
 _SEQ_EPOCH = struct.Struct(">Qq")
+_OFFSET_LENGTH = struct.Struct(">QI")  # record offset, payload length
 _MIN_RECORD_BYTES = 2 + 8 + 4 + 4 + 8 + 4
 
 
@@ -291,6 +294,47 @@ def encode_batch(b: Batch) -> bytes:
         parts.append(_U32.pack(len(body)))
         parts.append(body)
     return b"".join(parts)
+
+
+# ----------------------------------------------------------------------------------------
+# The SDK's produce path: records without Record objects
+
+
+def encode_text_field(value: str) -> bytes:
+    """A CBV2 string: u32 length + UTF-8 bytes. Raises ``UnicodeEncodeError`` for unencodable text."""
+    raw = value.encode("utf-8")
+    return _U32.pack(len(raw)) + raw
+
+
+class RecordEncoder:
+    """Encodes producer records for one (topic, partition) and one producer session.
+
+    Each record is version 2 with presence bits: timestamp (when given), producer (always:
+    id, sequence, epoch, facts A5), key (when given). Output equals :func:`encode_record`
+    for the same ``Record`` (offset 0), prefixed by its u32 length, ready to join into a
+    batch's records section.
+    """
+
+    __slots__ = ("_heads", "_producer_field", "_epoch")
+
+    def __init__(self, topic: str, partition: int, producer_id: str, producer_epoch: int) -> None:
+        tail = encode_text_field(topic) + _I32.pack(partition)
+        self._heads = [_RECORD_HEAD.pack(RECORD_VERSION_2, presence) + tail for presence in range(8)]
+        self._producer_field = encode_text_field(producer_id)
+        self._epoch = producer_epoch
+
+    def encode(self, value: bytes, key_field: bytes | None, timestamp: int | None, seq_num: int) -> bytes:
+        """One length-prefixed record. ``key_field`` is :func:`encode_text_field` of the key, or None."""
+        presence = 2 | (4 if key_field is not None else 0) | (1 if timestamp is not None else 0)
+        parts = [self._heads[presence], _OFFSET_LENGTH.pack(0, len(value)), value]
+        if timestamp is not None:
+            parts.append(_FIXED["i64"].pack(timestamp))
+        parts.append(self._producer_field)
+        parts.append(_SEQ_EPOCH.pack(seq_num, self._epoch))
+        if key_field is not None:
+            parts.append(key_field)
+        body = b"".join(parts)
+        return _U32.pack(len(body)) + body
 
 
 # ----------------------------------------------------------------------------------------

@@ -3,7 +3,8 @@
 ``scan_batch`` accepts and rejects exactly what :func:`cursus.wire.batch.decode_batch` does (facts B3.1,
 B3.2) and returns a :class:`BatchView` with the absolute position of each record's offset field, so that
 ``stamp_offsets`` can write the assigned offsets into the received bytes, which are then stored and served
-as they are (ARCHITECTURE principle 3).
+as they are (ARCHITECTURE principle 3). ``decode_batch_records`` is the consumer's side of the same scan:
+validated once, then one caller-made object per record, read straight from the bytes.
 """
 
 from __future__ import annotations
@@ -11,8 +12,10 @@ from __future__ import annotations
 import array
 import struct
 import sys
+from collections.abc import Callable
 from dataclasses import dataclass
 from types import MappingProxyType
+from typing import TypeVar
 
 from cursus.wire.batch import (
     _FIXED,
@@ -24,13 +27,18 @@ from cursus.wire.batch import (
     _U32,
     _U64,
     BATCH_FLAG_IDEMPOTENT,
+    RECORD_VERSION_2,
     TRANSACTIONAL_PRESENCE_MASK,
     Presence,
+    Record,
     _BatchHead,
     _read_batch_head,
     _read_text,
+    decode_record,
 )
 from cursus.wire.errors import InvalidFrame, LocalProtocolError
+
+_T = TypeVar("_T")
 
 # Below this many records the per-column checks of the uniform fast path cost more than
 # the per-record template walk they replace (measured: ~0.7 us per column).
@@ -49,7 +57,9 @@ class BatchView:
     ``uniform_producer``: every record has the same producer id and epoch and the
     sequence numbers are contiguous. ``has_transactional``: some record has a presence
     bit in 7-14. ``max_record_size``: the largest record length in bytes (without its
-    u32 length prefix).
+    u32 length prefix). ``uniform_stride``: when non-zero, every record is this many
+    bytes long (with its length prefix) and equals the first record outside its offset,
+    payload bytes, timestamp and sequence fields (the records section is a matrix).
     """
 
     flags: int
@@ -69,6 +79,7 @@ class BatchView:
     uniform_producer: bool
     has_transactional: bool
     max_record_size: int
+    uniform_stride: int = 0
 
 
 # ----------------------------------------------------------------------------------------
@@ -237,6 +248,7 @@ class _Stats:
     uniform_producer: bool
     presence_union: int
     max_record_size: int
+    uniform_stride: int = 0
 
     def add_walked(self, walked: _Walked, index: int, length: int) -> None:
         """Fold in a record that went through the strict walk."""
@@ -309,6 +321,7 @@ def _scan_records(buf: _Buffer, head: _BatchHead) -> tuple[array.array, _Stats]:
     if count >= _UNIFORM_MIN_RECORDS and size - head.records_offset == stride * count:
         positions = _scan_uniform(buf, head, template, stride, stats)
         if positions is not None:
+            stats.uniform_stride = stride
             return positions, stats
     positions = array.array("Q", (start + head_length,))
     end = _scan_template(buf, head, template, plans, stats, positions, end)
@@ -416,6 +429,7 @@ def scan_batch(data: bytes | bytearray | memoryview) -> BatchView:
         uniform_producer=stats.uniform_producer,
         has_transactional=bool(stats.presence_union & TRANSACTIONAL_PRESENCE_MASK),
         max_record_size=stats.max_record_size,
+        uniform_stride=stats.uniform_stride,
     )
 
 
@@ -481,3 +495,131 @@ def _stamp_columns(target: memoryview, positions: array.array | list[int], base_
     for k in range(8):
         target[first + k : last + k + 1 : stride] = raw[k::8]
     return True
+
+
+# ----------------------------------------------------------------------------------------
+# The SDK's consume path: one object per record, built straight from the reply bytes.
+
+_FAST_PRESENCE = 0b111  # timestamp, producer, key: the shapes producers write
+_I64 = struct.Struct(">q")
+
+
+def decode_batch_records(
+    data: bytes | bytearray | memoryview,
+    make: Callable[..., _T],
+    make_other: Callable[[Record], _T],
+) -> tuple[str, int, list[_T]]:
+    """Validate a batch exactly like ``decode_batch`` and build one object per record.
+
+    ``scan_batch`` validates (its uniform and template tiers make this cheap); the
+    records are then read without re-checking. A version 2 record carrying only
+    timestamp, producer and key fields becomes ``make(topic, partition, offset, payload,
+    key, timestamp, producer_id, seq_num, producer_epoch)`` (missing fields None,
+    seq/epoch 0); any other record is decoded by :func:`decode_record` and becomes
+    ``make_other(record)``. Payloads are ``bytes`` slices of the input.
+
+    Returns ``(topic, partition, objects)`` in record order. Raises ``InvalidFrame`` for
+    anything ``decode_batch`` rejects.
+    """
+    buf = data if isinstance(data, bytes) else bytes(data)
+    view = scan_batch(buf)
+    topic, partition = view.topic, view.partition
+    topic_length = len(topic.encode("utf-8"))
+    back = _RECORD_HEAD.size + 4 + topic_length + 4  # offset field -> record start
+    if view.uniform_stride:
+        uniform = _decode_uniform(buf, view, back, make)
+        if uniform is not None:
+            return topic, partition, uniform
+    # version, presence, (topic field, partition skipped), offset, payload length: one unpack.
+    head = struct.Struct(f">HQ{4 + topic_length + 4}xQI")
+    unpack_head = head.unpack_from
+    unpack_u32 = _U32.unpack_from
+    unpack_i64 = _I64.unpack_from
+    unpack_seq_epoch = _SEQ_EPOCH.unpack_from
+    startswith = buf.startswith
+    last_producer_raw = b""
+    last_producer: str | None = None
+    out: list[_T] = []
+    append = out.append
+    for at in view.offset_positions:
+        start = at - back
+        version, presence, offset, length = unpack_head(buf, start)
+        pos = at + 12
+        end_payload = pos + length
+        if version != RECORD_VERSION_2 or presence & ~_FAST_PRESENCE:
+            (record_length,) = unpack_u32(buf, start - 4)
+            append(make_other(decode_record(buf[start : start + record_length])))
+            continue
+        value = buf[pos:end_payload]
+        pos = end_payload
+        timestamp = None
+        if presence & 1:
+            (timestamp,) = unpack_i64(buf, pos)
+            pos += 8
+        producer_id = None
+        seq_num = epoch = 0
+        if presence & 2:
+            (size,) = unpack_u32(buf, pos)
+            if not (size + 4 == len(last_producer_raw) and startswith(last_producer_raw, pos)):
+                last_producer_raw = buf[pos : pos + 4 + size]
+                last_producer = last_producer_raw[4:].decode("utf-8")  # validated by scan_batch
+            producer_id = last_producer
+            pos += 4 + size
+            seq_num, epoch = unpack_seq_epoch(buf, pos)
+            pos += 16
+        key = None
+        if presence & 4:
+            (size,) = unpack_u32(buf, pos)
+            key = buf[pos + 4 : pos + 4 + size].decode("utf-8")
+        append(make(topic, partition, offset, value, key, timestamp, producer_id, seq_num, epoch))
+    return topic, partition, out
+
+
+def _decode_uniform(buf: bytes, view: BatchView, back: int, make: Callable[..., _T]) -> list[_T] | None:
+    """Records of a matrix-shaped batch (``uniform_stride``) in one ``struct.iter_unpack`` pass.
+
+    Every record equals the first outside offset, payload, timestamp and sequence, so one
+    format reads all of them; the strings (producer id, key) are the first record's.
+    None when the first record is not a fast shape.
+    """
+    start = view.records_offset + 4
+    version, presence = _RECORD_HEAD.unpack_from(buf, start)
+    if version != RECORD_VERSION_2 or presence & ~_FAST_PRESENCE:
+        return None
+    pos = start + back + 8
+    (payload_length,) = _U32.unpack_from(buf, pos)
+    pos += 4 + payload_length
+    layout = [f">{4 + back}xQ4x{payload_length}s"]
+    if presence & 1:
+        layout.append("q")
+        pos += 8
+    producer_id = None
+    epoch = 0
+    if presence & 2:
+        (size,) = _U32.unpack_from(buf, pos)
+        producer_id = buf[pos + 4 : pos + 4 + size].decode("utf-8")
+        pos += 4 + size
+        (epoch,) = _I64.unpack_from(buf, pos + 8)
+        layout.append(f"{4 + size}xQ8x")
+        pos += 16
+    key = None
+    if presence & 4:
+        (size,) = _U32.unpack_from(buf, pos)
+        key = buf[pos + 4 : pos + 4 + size].decode("utf-8")
+    record_end = view.records_offset + view.uniform_stride
+    if record_end > pos:
+        layout.append(f"{record_end - pos}x")
+    rows = struct.iter_unpack("".join(layout), memoryview(buf)[view.records_offset :])
+    topic, partition = view.topic, view.partition
+    if presence == 2:
+        return [make(topic, partition, offset, value, None, None, producer_id, seq, epoch)
+                for offset, value, seq in rows]
+    if presence & 3 == 3:
+        return [make(topic, partition, offset, value, key, ts, producer_id, seq, epoch)
+                for offset, value, ts, seq in rows]
+    if presence & 1:
+        return [make(topic, partition, offset, value, key, ts, None, 0, 0) for offset, value, ts in rows]
+    if presence & 2:
+        return [make(topic, partition, offset, value, key, None, producer_id, seq, epoch)
+                for offset, value, seq in rows]
+    return [make(topic, partition, offset, value, key, None, None, 0, 0) for offset, value in rows]

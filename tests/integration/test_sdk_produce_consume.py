@@ -233,3 +233,121 @@ def test_single_partition_poll_without_wait_reads(shared_broker, topic_name):
         producer.flush()
     with Consumer(topic_name, addr, start="earliest", wait_ms=0) as consumer:
         assert [r.value for r in consumer.poll()] == [b"v0", b"v1", b"v2"]
+
+
+def test_produce_from_many_threads_interleaved_with_send_keeps_order_and_sequences(shared_broker, topic_name):
+    """produce() may deliver from the calling thread; with senders busy on the same partition it must wait
+    its turn: per-partition order, contiguous idempotent sequences, every record exactly once."""
+    _create(shared_broker, topic_name, 2, idempotent=True)
+    with Producer(_addr(shared_broker), idempotent=True, linger_ms=1, batch_size=50) as producer:
+        futures = {}
+
+        def worker(index: int) -> None:
+            for i in range(60):
+                value = b"%d-%d" % (index, i)
+                if i % 3:
+                    futures[value] = producer.send(topic_name, value, partition=i % 2)
+                else:
+                    meta = producer.produce(topic_name, value, partition=i % 2)
+                    assert meta.offset is not None and meta.partition == i % 2
+                    futures[value] = meta
+
+        threads = [threading.Thread(target=worker, args=(n,)) for n in range(4)]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join(timeout=60)
+        producer.flush()
+    metas = {v: (f if not hasattr(f, "result") else f.result()) for v, f in futures.items()}
+    with Consumer(topic_name, _addr(shared_broker)) as consumer:
+        records = list(consumer.records(until_end=True))
+    assert sorted(r.value for r in records) == sorted(metas)  # each record once
+    for partition in (0, 1):
+        mine = [r for r in records if r.partition == partition]
+        assert [r.seq_num for r in mine] == list(range(1, len(mine) + 1))
+        assert {(r.offset, r.value) for r in mine} == {(m.offset, v) for v, m in metas.items()
+                                                        if m.partition == partition}
+        for n in range(4):  # each thread's records keep their order within a partition
+            own = [int(r.value.split(b"-")[1]) for r in mine if r.value.startswith(b"%d-" % n)]
+            assert own == sorted(own)
+
+
+def test_prefetched_batches_are_contiguous_and_a_seek_discards_the_prefetch(shared_broker, topic_name):
+    _create(shared_broker, topic_name, 1)
+    with Producer(_addr(shared_broker)) as producer:
+        for i in range(2500):
+            producer.send(topic_name, b"%d" % i)
+    with Consumer(topic_name, _addr(shared_broker), batch_size=1000, start="earliest") as consumer:
+        first = consumer.poll()
+        assert consumer._core.prefetched is not None  # the next CONSUME is already on its way
+        second = consumer.poll()
+        assert [r.offset for r in first + second] == list(range(2000))
+        consumer.seek(0, 5)  # the outstanding prefetch (offset 2000) no longer answers the question
+        after = consumer.poll()
+        assert after[0].offset == 5 and after[0].value == b"5"
+        it = consumer.records(until_end=True)
+        assert next(it).offset == after[-1].offset + 1
+        it.close()  # stopping early keeps the rest for the next iteration
+        rest = list(consumer.records(until_end=True))
+        assert [r.offset for r in rest] == list(range(after[-1].offset + 2, 2500))
+
+
+def test_async_prefetch_matches_the_blocking_consumer(shared_broker, topic_name):
+    _create(shared_broker, topic_name, 2)
+    with Producer(_addr(shared_broker)) as producer:
+        for i in range(3000):
+            producer.send(topic_name, b"%d" % i, partition=i % 2)
+
+    async def read() -> list[tuple[int, int]]:
+        async with AsyncConsumer(topic_name, _addr(shared_broker), batch_size=400) as consumer:
+            got = [(r.partition, r.offset) async for r in consumer.records(until_end=True)]
+            await consumer.seek(1, 0)
+            again = await consumer.poll()
+            assert again[0].partition == 1 and again[0].offset == 0
+            return got
+
+    got = asyncio.run(read())
+    assert sorted(got) == [(p, o) for p in (0, 1) for o in range(1500)]
+    for p in (0, 1):
+        assert [o for q, o in got if q == p] == list(range(1500))
+
+
+def test_async_iteration_stopped_early_hands_the_rest_out_next(shared_broker, topic_name):
+    _create(shared_broker, topic_name, 1)
+    with Producer(_addr(shared_broker)) as producer:
+        for i in range(700):
+            producer.send(topic_name, b"%d" % i)
+
+    async def read() -> None:
+        async with AsyncConsumer(topic_name, _addr(shared_broker), batch_size=300) as consumer:
+            first = [r.offset async for r in consumer.records(max_records=5)]
+            assert first == list(range(5))
+            async for record in consumer.records():
+                if record.offset == 9:
+                    break
+            assert await consumer.positions() == {0: 10}
+            assert (await consumer.poll())[0].offset == 10
+            rest = [r.offset async for r in consumer.records(until_end=True)]
+            assert rest[0] > 10 and rest[-1] == 699 and rest == list(range(rest[0], 700))
+
+    asyncio.run(read())
+
+
+def test_produce_with_a_timeout_gives_up_on_time_when_the_broker_stalls(broker_factory):
+    """produce(timeout_s=) must not deliver from the calling thread (it would wait request_timeout_s)."""
+    import os
+    import signal
+
+    broker = broker_factory("stall").start()
+    _create(broker, "stall-topic")
+    with Producer(_addr(broker), request_timeout_s=20, delivery_timeout_s=30) as producer:
+        producer.produce("stall-topic", b"warm")  # metadata and connections
+        os.kill(broker.proc.pid, signal.SIGSTOP)
+        try:
+            started = time.monotonic()
+            with pytest.raises(TimeoutError):
+                producer.produce("stall-topic", b"late", timeout_s=0.5)
+            assert time.monotonic() - started < 5
+        finally:
+            os.kill(broker.proc.pid, signal.SIGCONT)
+        producer.flush(timeout_s=30)  # the late record is still delivered once the broker resumes

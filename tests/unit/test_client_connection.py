@@ -135,3 +135,23 @@ def test_cli_durations() -> None:
     for bad in ("0", "ten", "5 parsecs"):
         with pytest.raises(Exception):  # noqa: B017 (argparse.ArgumentTypeError)
             parse_duration(bad)
+
+
+def test_connect_failures_rotate_through_the_bootstrap_list() -> None:
+    """One rotation rule for the blocking and the asyncio client (it used to be written twice)."""
+    boot = [("a", 1), ("b", 2), ("c", 3)]
+    options = ConnectionOptions(backoff=Backoff(initial_s=0.01, max_s=0.01, attempts_max=4, jitter=0))
+    attempts = Attempts(boot[0], options, True, "T", rotation=boot)
+    seen = [attempts.target]
+    for _ in range(4):
+        attempts.after_connect_failure(ConnectionRefusedError())
+        seen.append(attempts.target)
+    assert seen == [boot[0], boot[1], boot[2], boot[0], boot[1]]
+    with pytest.raises(BrokerUnavailableError):
+        attempts.after_connect_failure(ConnectionRefusedError())
+    redirected = Attempts(("elsewhere", 9), options, True, "T", rotation=boot)
+    redirected.after_connect_failure(ConnectionRefusedError())
+    assert redirected.target == boot[0]
+    pinned = Attempts(("a", 1), options, True, "T")
+    pinned.after_connect_failure(ConnectionRefusedError())
+    assert pinned.target == ("a", 1)

@@ -8,15 +8,17 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from cursus.client.records import ConsumerRecord, RecordEncoder, decode_consumed_batch, encode_string_field
+from cursus.client.records import ConsumerRecord, decode_consumed_batch
 from cursus.wire import (
     TXN_CONTROL_MARKER_PAYLOAD,
     Batch,
     InvalidFrame,
     Record,
+    RecordEncoder,
     decode_batch,
     encode_batch,
     encode_record,
+    encode_text_field,
 )
 
 TOPIC = "orders-ü"
@@ -92,7 +94,7 @@ def test_control_markers_are_skipped_by_default() -> None:
 def test_record_encoder_matches_encode_record(value: bytes, key: str | None, timestamp: int | None, seq: int,
                                               epoch: int, producer: str, partition: int) -> None:
     encoder = RecordEncoder(TOPIC, partition, producer, epoch)
-    ours = encoder.encode(value, None if key is None else encode_string_field(key), timestamp, seq)
+    ours = encoder.encode(value, None if key is None else encode_text_field(key), timestamp, seq)
     reference = encode_record(Record(topic=TOPIC, partition=partition, payload=value, timestamp=timestamp,
                                      producer_id=producer, seq_num=seq, producer_epoch=epoch, key=key))
     assert ours == struct.pack(">I", len(reference)) + reference
@@ -101,3 +103,27 @@ def test_record_encoder_matches_encode_record(value: bytes, key: str | None, tim
 def test_consumer_record_conveniences() -> None:
     record = ConsumerRecord("t", 0, 5, "héllo".encode())
     assert record.payload == record.value and record.text == "héllo"
+
+
+@given(count=st.integers(64, 120), payload_length=st.integers(0, 24), timestamps=st.booleans(),
+       producer=st.none() | texts, key=st.none() | texts, data=st.data())
+def test_matrix_shaped_batches_decode_like_wire(count: int, payload_length: int, timestamps: bool,
+                                                producer: str | None, key: str | None,
+                                                data: st.DataObject) -> None:
+    """Batches whose records all have one length take the column path; they must still match, and a
+    batch that breaks the pattern in one record (a different key) must too."""
+    recs = []
+    for index in range(count):
+        rec = Record(topic=TOPIC, partition=1, payload=data.draw(st.binary(min_size=payload_length,
+                                                                           max_size=payload_length)),
+                     offset=data.draw(st.integers(0, 2**63)), key=key)
+        if timestamps:
+            rec.timestamp = data.draw(st.integers(-(2**63), 2**63 - 1))
+        if producer is not None:
+            rec.producer_id, rec.seq_num, rec.producer_epoch = producer, 7 + index, 3
+        recs.append(rec)
+    if data.draw(st.booleans()) and key:
+        recs[data.draw(st.integers(0, count - 1))].key = key[::-1] + "x"[: len(key) - len(key[::-1])]
+    encoded = encode_batch(Batch(topic=TOPIC, partition=1, acks="1", records=recs))
+    assert decode_consumed_batch(encoded, skip_control=False)[2] == [
+        _as_consumer(r) for r in decode_batch(encoded).records]
