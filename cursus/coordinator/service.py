@@ -454,8 +454,8 @@ class GroupCoordinator:
         return group.offsets.get((topic, partition)) if group is not None else None
 
     def last_activity_ms(self, name: str | None, member: str | None, topic: str) -> int:
-        """Latest wall-clock ms the group showed life for a stream: the member's heartbeat or the group's
-        latest commit on ``topic`` (0 when unknown)."""
+        """Latest time (the coordinator's monotonic ``clock_ms``) the group showed life for a stream: the
+        member's heartbeat or the group's latest commit on ``topic`` (0 when unknown)."""
         group = self.table.groups.get(name or "")
         if group is None:
             return 0
@@ -465,7 +465,7 @@ class GroupCoordinator:
         found = group.members.get(member or "")
         if found is not None:
             stamps.append(found.last_heartbeat_ms)
-        return self._display_ms(max(stamps)) if stamps else 0
+        return max(stamps) if stamps else 0
 
     def list_groups(self) -> list[str]:
         """Durably registered group names, sorted."""

@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import time
 
 from cursus.broker.args import ReadArgs
 from cursus.broker.core import Broker
@@ -42,10 +41,6 @@ DEFAULT_STREAM_BATCH = 1000
 #: Decision 7: a keepalive at least every 3 s.
 MAX_KEEPALIVE_MS = 3000
 CLOSE_REASONS = ("stopped", "removed", "timeout", "error", "offset_out_of_range")
-
-
-def _wall_ms() -> int:
-    return int(time.time() * 1000)
 
 
 async def handle_stream(broker: Broker, req: Request, args: ReadArgs) -> StreamReply:
@@ -89,7 +84,7 @@ class PartitionStream(StreamReply):
         self.keepalive_s = min(cfg.stream_keepalive_ms, MAX_KEEPALIVE_MS) / 1000.0
         self.batch_wait_s = cfg.stream_batch_wait_ms / 1000.0
         self.timeout_ms = cfg.stream_timeout_ms
-        self.opened_ms = _wall_ms()
+        self.opened_ms = broker.clock.monotonic_ms()
         #: The reason the stream ended (None while open).
         self.close_reason: str | None = None
         self._sink: StreamSink | None = None
@@ -146,7 +141,7 @@ class PartitionStream(StreamReply):
 
     def _idle_ms(self) -> int:
         activity = max(self.opened_ms, self.broker.coordinator.last_activity_ms(self.group, self.member, self.topic))
-        return _wall_ms() - activity
+        return self.broker.clock.monotonic_ms() - activity
 
     def _ended(self) -> str | None:
         """A close reason if the stream cannot continue, else None."""
