@@ -3,7 +3,7 @@
 * publish: 100-byte records in pre-encoded CBV2 batches of 1,000, acks=1 (fsync before ack), 4 connections
   (one process each, one partition each);
 * consume: CONSUME the same records back, counting records from the length prefixes without decoding;
-* latency: single-record acks=1 PUBLISH round trips, p50/p99.
+* latency: single-record acks=1 PUBLISH round trips, p50/p99 and the broker's CPU per publish.
 
 Reports records/s plus broker and client CPU seconds, so broker limits and client limits can be told apart.
 """
@@ -123,15 +123,18 @@ def run() -> list[dict]:
             record = Record(topic=topic, partition=0, payload=b"x" * PAYLOAD_BYTES)
             payload = encode_batch(Batch(topic=topic, partition=0, acks="1", records=[record]))
             with Connection("127.0.0.1", port) as conn:
+                cpu0 = _proc_cpu_s(pid)
                 for _ in range(LATENCY_SAMPLES):
                     t0 = time.perf_counter()
                     conn.request(Command.PUBLISH, payload)
                     latencies.append(time.perf_counter() - t0)
+                broker_cpu_s = _proc_cpu_s(pid) - cpu0
             latencies.sort()
             results.append({
                 "bench": "broker_publish_latency_acks1", "samples": len(latencies),
                 "p50_ms": round(latencies[len(latencies) // 2] * 1000, 3),
                 "p99_ms": round(latencies[int(len(latencies) * 0.99)] * 1000, 3),
+                "broker_cpu_us_per_publish": round(broker_cpu_s / len(latencies) * 1e6, 1),
             })
         finally:
             broker.stop()
