@@ -30,6 +30,8 @@ class BrokerMetrics:
     def __init__(self) -> None:
         r = self.registry = CollectorRegistry()
         self._children: dict[tuple[MetricWrapperBase, tuple[str, ...]], Any] = {}
+        #: (topic, partition) -> its (log start, LEO, HWM) gauge children.
+        self._replica_gauges: dict[tuple[str, int], tuple[Gauge, Gauge, Gauge]] = {}
         self.connections_total = Counter(
             "cursus_broker_client_connections_total", "Client connections accepted.", registry=r)
         self.connections_active = Gauge(
@@ -86,12 +88,18 @@ class BrokerMetrics:
 
     def observe_replica(self, replica: Replica) -> None:
         """Export the replica's log start offset, LEO and HWM (on every HWM change)."""
-        labels = (replica.topic, str(replica.partition))
-        self.child(self.log_start, *labels).set(replica.log_start_offset)
-        self.child(self.log_end, *labels).set(replica.leo)
-        self.child(self.hwm, *labels).set(replica.hwm)
+        gauges = self._replica_gauges.get((replica.topic, replica.partition))
+        if gauges is None:
+            labels = (replica.topic, str(replica.partition))
+            gauges = self._replica_gauges[(replica.topic, replica.partition)] = (
+                self.child(self.log_start, *labels), self.child(self.log_end, *labels), self.child(self.hwm, *labels))
+        log_start, log_end, hwm = gauges
+        log_start.set(replica.log_start_offset)
+        log_end.set(replica.leo)
+        hwm.set(replica.hwm)
 
     def forget_partition(self, topic: str, partition: int) -> None:
+        self._replica_gauges.pop((topic, partition), None)
         labels = (topic, str(partition))
         for family in (self.log_start, self.log_end, self.hwm):
             self._children.pop((family, labels), None)
