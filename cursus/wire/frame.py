@@ -92,6 +92,7 @@ _NONZERO_REQUEST_ID_KINDS = frozenset({Kind.REQUEST, Kind.RESPONSE, Kind.STREAM}
 _KIND_BY_ID: Mapping[int, Kind] = MappingProxyType({int(kind): kind for kind in Kind})
 _STATUS_BY_ID: Mapping[int, Status] = MappingProxyType({int(status): status for status in Status})
 _COMPRESSION_ID_MAX = max(Compression)
+_COMPRESSION_BY_ID: Mapping[int, Compression] = MappingProxyType({int(c): c for c in Compression})
 
 
 def flags_for(compression: Compression | None) -> int:
@@ -123,7 +124,9 @@ class FrameHeader:
         """The frame's compression; None when flag bit 0 is clear (negotiation frames)."""
         if not self.flags & FLAG_COMPRESSION_EXPLICIT:
             return None
-        return Compression((self.flags & FLAG_COMPRESSION_MASK) >> 1)
+        compression_id = (self.flags & FLAG_COMPRESSION_MASK) >> 1
+        found = _COMPRESSION_BY_ID.get(compression_id)
+        return Compression(compression_id) if found is None else found  # an unknown id raises ValueError
 
 
 @dataclass(frozen=True, slots=True)
@@ -259,11 +262,11 @@ def encode_frame_parts(
     uncompressed payload is not copied (its CRC-32C is computed part by part); a compressed one is
     compressed as one buffer. Same checks and errors as :func:`encode_frame`.
     """
-    try:
-        kind = Kind(kind)
-        command = Command(command)
-        status = Status(status)
-        if compression is not None:
+    try:  # plain ints are accepted and checked; members (the common case) skip the enum call
+        kind = kind if type(kind) is Kind else Kind(kind)
+        command = command if type(command) is Command else Command(command)
+        status = status if type(status) is Status else Status(status)
+        if compression is not None and type(compression) is not Compression:
             compression = Compression(compression)
     except ValueError as exc:
         raise LocalProtocolError(str(exc)) from exc
