@@ -3,7 +3,8 @@
 * publish: 100-byte records in pre-encoded CBV2 batches of 1,000, acks=1 (fsync before ack), 4 connections
   (one process each, one partition each);
 * consume: CONSUME the same records back, counting records from the length prefixes without decoding;
-* latency: single-record acks=1 PUBLISH round trips, p50/p99.
+* latency: single-record acks=1 PUBLISH round trips, p50/p99 and the broker's CPU per publish (all threads,
+  and the event-loop thread alone; the rest is mostly the storage writer thread and its fdatasync).
 
 Reports records/s plus broker and client CPU seconds, so broker limits and client limits can be told apart.
 """
@@ -28,8 +29,10 @@ LATENCY_SAMPLES = int(os.environ.get("CURSUS_BENCH_LATENCY_SAMPLES", "500"))
 _U32 = struct.Struct(">I")
 
 
-def _proc_cpu_s(pid: int) -> float:
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+def _proc_cpu_s(pid: int, tid: int | None = None) -> float:
+    """CPU seconds (user + system) of process ``pid``, or of its thread ``tid`` only."""
+    path = f"/proc/{pid}/stat" if tid is None else f"/proc/{pid}/task/{tid}/stat"
+    fields = Path(path).read_text().rsplit(")", 1)[1].split()
     ticks = os.sysconf("SC_CLK_TCK")
     return (int(fields[11]) + int(fields[12])) / ticks
 
@@ -123,15 +126,19 @@ def run() -> list[dict]:
             record = Record(topic=topic, partition=0, payload=b"x" * PAYLOAD_BYTES)
             payload = encode_batch(Batch(topic=topic, partition=0, acks="1", records=[record]))
             with Connection("127.0.0.1", port) as conn:
+                cpu0, loop0 = _proc_cpu_s(pid), _proc_cpu_s(pid, pid)  # the main thread runs the event loop
                 for _ in range(LATENCY_SAMPLES):
                     t0 = time.perf_counter()
                     conn.request(Command.PUBLISH, payload)
                     latencies.append(time.perf_counter() - t0)
+                broker_cpu_s, loop_cpu_s = _proc_cpu_s(pid) - cpu0, _proc_cpu_s(pid, pid) - loop0
             latencies.sort()
             results.append({
                 "bench": "broker_publish_latency_acks1", "samples": len(latencies),
                 "p50_ms": round(latencies[len(latencies) // 2] * 1000, 3),
                 "p99_ms": round(latencies[int(len(latencies) * 0.99)] * 1000, 3),
+                "broker_cpu_us_per_publish": round(broker_cpu_s / len(latencies) * 1e6, 1),
+                "broker_loop_thread_cpu_us_per_publish": round(loop_cpu_s / len(latencies) * 1e6, 1),
             })
         finally:
             broker.stop()

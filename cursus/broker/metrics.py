@@ -7,13 +7,16 @@ Each broker owns its own :class:`prometheus_client.CollectorRegistry`, so severa
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 from prometheus_client.core import GaugeMetricFamily, Metric
+from prometheus_client.metrics import MetricWrapperBase
 
 if TYPE_CHECKING:
     from cursus.broker.replica import Replica
+
+_Family = TypeVar("_Family", bound=MetricWrapperBase)
 
 WIRE_FAILURE_REASONS = (
     "invalid_frame", "frame_too_large", "checksum_mismatch", "compression_mismatch", "decompression_rejected",
@@ -26,6 +29,9 @@ class BrokerMetrics:
 
     def __init__(self) -> None:
         r = self.registry = CollectorRegistry()
+        self._children: dict[tuple[MetricWrapperBase, tuple[str, ...]], Any] = {}
+        #: (topic, partition) -> its (log start, LEO, HWM) gauge children.
+        self._replica_gauges: dict[tuple[str, int], tuple[Gauge, Gauge, Gauge]] = {}
         self.connections_total = Counter(
             "cursus_broker_client_connections_total", "Client connections accepted.", registry=r)
         self.connections_active = Gauge(
@@ -69,16 +75,36 @@ class BrokerMetrics:
             "cursus_event_loop_stall_seconds", "Lateness of the event loop's stall probe, per wake-up.", registry=r,
             buckets=(0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5))
 
+    def child(self, family: _Family, *labels: str) -> _Family:
+        """``family.labels(*labels)``, looked up once per label set (``labels()`` validates the values
+        and takes a lock on every call; the request path asks for the same few children each time).
+        Label values must come from a bounded set: commands, results, error codes, ack modes, partitions
+        (:meth:`forget_partition` drops a partition's)."""
+        key = (family, labels)
+        found = self._children.get(key)
+        if found is None:
+            found = self._children[key] = family.labels(*labels)
+        return found
+
     def observe_replica(self, replica: Replica) -> None:
-        labels = (replica.topic, str(replica.partition))
-        self.log_start.labels(*labels).set(replica.log_start_offset)
-        self.log_end.labels(*labels).set(replica.leo)
-        self.hwm.labels(*labels).set(replica.hwm)
+        """Export the replica's log start offset, LEO and HWM (on every HWM change)."""
+        gauges = self._replica_gauges.get((replica.topic, replica.partition))
+        if gauges is None:
+            labels = (replica.topic, str(replica.partition))
+            gauges = self._replica_gauges[(replica.topic, replica.partition)] = (
+                self.child(self.log_start, *labels), self.child(self.log_end, *labels), self.child(self.hwm, *labels))
+        log_start, log_end, hwm = gauges
+        log_start.set(replica.log_start_offset)
+        log_end.set(replica.leo)
+        hwm.set(replica.hwm)
 
     def forget_partition(self, topic: str, partition: int) -> None:
+        self._replica_gauges.pop((topic, partition), None)
+        labels = (topic, str(partition))
         for family in (self.log_start, self.log_end, self.hwm):
+            self._children.pop((family, labels), None)
             try:
-                family.remove(topic, str(partition))
+                family.remove(*labels)
             except KeyError:
                 pass
 

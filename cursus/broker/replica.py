@@ -72,7 +72,8 @@ class Replica:
         # A heap of (end_offset, seq, future) waiting for hwm >= end_offset.
         self._hwm_waiters: list[tuple[int, int, asyncio.Future[None]]] = []
         self._waiter_seq = 0
-        self._data_event = asyncio.Event()
+        #: Set (and dropped) when the HWM moves; created only while a long poll waits for data.
+        self._data_event: asyncio.Event | None = None
         self.on_hwm_change: Callable[[Replica], None] | None = None
 
     # ------------------------------------------------------------------------------------ properties
@@ -332,8 +333,7 @@ class Replica:
             _, _, fut = heapq.heappop(self._hwm_waiters)
             if not fut.done():
                 fut.set_result(None)
-        self._data_event.set()
-        self._data_event = asyncio.Event()
+        self._wake_readers()
         if self.on_hwm_change is not None:
             self.on_hwm_change(self)
 
@@ -352,7 +352,12 @@ class Replica:
         if self.fenced is None:
             self.fenced = BrokerError.of("topic_not_found", topic=self.topic)
         self._fail_waiters(self._fenced_error())
-        self._data_event.set()
+        self._wake_readers()
+
+    def _wake_readers(self) -> None:
+        event, self._data_event = self._data_event, None
+        if event is not None:
+            event.set()
 
     def _fail_waiters(self, error: BrokerError) -> None:
         waiters, self._hwm_waiters = self._hwm_waiters, []
@@ -381,6 +386,8 @@ class Replica:
             if remaining <= 0:
                 return
             try:
+                if self._data_event is None:
+                    self._data_event = asyncio.Event()
                 await asyncio.wait_for(self._data_event.wait(), remaining)
             except TimeoutError:
                 return

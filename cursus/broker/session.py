@@ -155,6 +155,10 @@ class Session:
         peer = writer.get_extra_info("peername")
         self.info = SessionInfo(peer=f"{peer[0]}:{peer[1]}" if isinstance(peer, tuple) else str(peer))
         self.compression: Compression | None = None
+        config = broker.config
+        #: ``client_request_timeout_ms`` and ``client_idle_timeout_ms`` (None: no idle limit) in seconds.
+        self._request_timeout_s = config.client_request_timeout_ms / 1000.0
+        self._idle_timeout_s = config.client_idle_timeout_ms / 1000.0 if config.client_idle_timeout_ms > 0 else None
         #: True while a request is being handled (shutdown waits for these to finish; an open STREAM does
         #: not count: shutdown ends it with ``reason=stopped`` instead).
         self.busy = False
@@ -198,7 +202,7 @@ class Session:
             else:
                 self.writer.transport.abort()  # drop unsent bytes: a stuck peer must not pin the session
             try:
-                async with asyncio.timeout(self._request_timeout_s()):
+                async with asyncio.timeout(self._request_timeout_s):
                     await self.writer.wait_closed()
             except (ConnectionError, OSError, TimeoutError):
                 self.writer.transport.abort()
@@ -212,17 +216,21 @@ class Session:
         v1 client, a port scanner) is closed at once instead of when the deadline passes.
         """
         pending, self._pending = self._pending, b""
+        if timeout_s is None:  # the default between requests: no deadline to arm
+            return decode_header(await self._read_header_bytes(pending))
         async with asyncio.timeout(timeout_s):
-            if len(pending) < MAGIC_SIZE:
-                pending += await self.reader.readexactly(MAGIC_SIZE - len(pending))
-            if pending[:MAGIC_SIZE] != MAGIC_BYTES:
-                raise InvalidFrame(f"bad magic 0x{pending[:MAGIC_SIZE].hex()}")
-            raw = pending + await self.reader.readexactly(HEADER_SIZE - len(pending))
-        return decode_header(raw)
+            return decode_header(await self._read_header_bytes(pending))
+
+    async def _read_header_bytes(self, pending: bytes) -> bytes:
+        if len(pending) < MAGIC_SIZE:
+            pending += await self.reader.readexactly(MAGIC_SIZE - len(pending))
+        if pending[:MAGIC_SIZE] != MAGIC_BYTES:
+            raise InvalidFrame(f"bad magic 0x{pending[:MAGIC_SIZE].hex()}")
+        return pending + await self.reader.readexactly(HEADER_SIZE - len(pending))
 
     async def _negotiate(self) -> bool:
         """Negotiation first (decision 4): any failure closes the connection without a reply."""
-        timeout = self._idle_timeout_s() or 30.0
+        timeout = self._idle_timeout_s or 30.0
         header = await self._read_header(timeout)
         if (header.kind != Kind.NEGOTIATION_REQUEST or header.encoded_length > MAX_NEGOTIATION_PAYLOAD
                 or header.decoded_length > MAX_NEGOTIATION_PAYLOAD):
@@ -240,14 +248,10 @@ class Session:
         self.compression = selected
         return True
 
-    def _idle_timeout_s(self) -> float | None:
-        ms = self.broker.config.client_idle_timeout_ms
-        return ms / 1000.0 if ms > 0 else None
-
     # ---------------------------------------------------------------------------------------- requests
 
     async def _serve(self) -> None:
-        idle = self._idle_timeout_s()
+        idle = self._idle_timeout_s
         while not self.closing:
             header = await self._read_header(idle)
             if header.kind != Kind.REQUEST or header.command == Command.NEGOTIATE:
@@ -277,9 +281,6 @@ class Session:
             if close:
                 raise _CloseConnection()
 
-    def _request_timeout_s(self) -> float:
-        return self.broker.config.client_request_timeout_ms / 1000.0
-
     async def _read_payload(self, header: FrameHeader) -> _Payload:
         """Read and decode one request payload within the request deadline.
 
@@ -291,7 +292,7 @@ class Session:
         """
         payload = _Payload(self.budget)
         try:
-            async with asyncio.timeout(self._request_timeout_s()):
+            async with asyncio.timeout(self._request_timeout_s):
                 parts = []
                 remaining = header.encoded_length
                 while remaining > 0:
@@ -319,7 +320,9 @@ class Session:
         try:
             self.writer.writelines(frame)
             del frame
-            async with asyncio.timeout(self._request_timeout_s()):
+            if self.writer.transport.get_write_buffer_size() == 0:
+                return  # the socket took it all (a small reply, a reading client): nothing to drain
+            async with asyncio.timeout(self._request_timeout_s):
                 await self.writer.drain()
         finally:
             if reserved:
@@ -416,6 +419,7 @@ class Session:
         NoReply to suppress, close after)."""
         command = header.command
         metrics = self.broker.metrics
+        name = command.name
         started = time.perf_counter()
         if is_cbv2(payload):
             if command != Command.PUBLISH:
@@ -425,7 +429,7 @@ class Session:
             try:
                 decoded = await self.broker.offload.run(len(payload), functools.partial(decode_crq2, payload))
             except InvalidUtf8 as exc:  # well formed, bad text: a typed error, the connection stays (decision 8)
-                metrics.commands_total.labels(command.name, "error").inc()
+                metrics.child(metrics.commands_total, name, "error").inc()
                 return Status.ERROR, encode_error(make_error("invalid_payload", reason=str(exc))), False
             request = Request(command, header.request_id, decoded.fields, decoded.positionals, session=self.info)
         else:  # the reference answers this, then closes (facts B2); counted as a malformed frame
@@ -440,22 +444,22 @@ class Session:
                 raise BrokerError.of("UNSUPPORTED_FEATURE", command=command.name)
             result = await handler(self.broker, request)
         except BrokerError as exc:
-            metrics.commands_total.labels(command.name, "error").inc()
-            metrics.command_errors_total.labels(command.name, exc.error.code).inc()
+            metrics.child(metrics.commands_total, name, "error").inc()
+            metrics.child(metrics.command_errors_total, name, exc.error.code).inc()
             return Status.ERROR, encode_error(exc.error), False
         except LocalProtocolError as exc:  # we failed to encode something: a bug or an unchecked value
             log.exception("command %s could not encode its result", command.name)
-            metrics.commands_total.labels(command.name, "error").inc()
+            metrics.child(metrics.commands_total, name, "error").inc()
             return Status.ERROR, encode_error(make_error("broker_error", reason=str(exc)[:200])), False
         except ProtocolError:
             raise  # the request itself is undecodable (e.g. a CBV2 batch): close the connection
         except Exception as exc:  # a bug must not kill the connection's peers or the broker
             log.exception("command %s failed", command.name)
-            metrics.commands_total.labels(command.name, "error").inc()
+            metrics.child(metrics.commands_total, name, "error").inc()
             return Status.ERROR, encode_error(make_error("broker_error", reason=type(exc).__name__)), False
         finally:
-            metrics.command_duration.labels(command.name).observe(time.perf_counter() - started)
-        metrics.commands_total.labels(command.name, "ok").inc()
+            metrics.child(metrics.command_duration, name).observe(time.perf_counter() - started)
+        metrics.child(metrics.commands_total, name, "ok").inc()
         if isinstance(result, NoReply):
             return Status.OK, result, False
         if isinstance(result, Reply):

@@ -88,6 +88,11 @@ _STATUSES_BY_KIND: Mapping[Kind, frozenset[Status]] = MappingProxyType(
 # Kinds whose request id must be non-zero. The negotiation frames are exempt: the Go
 # client sends 0 and its test double answers 0 (facts A3, B1.1).
 _NONZERO_REQUEST_ID_KINDS = frozenset({Kind.REQUEST, Kind.RESPONSE, Kind.STREAM})
+# Decode lookups built once (an enum call or ``max(Enum)`` per frame costs more than the rest of the header).
+_KIND_BY_ID: Mapping[int, Kind] = MappingProxyType({int(kind): kind for kind in Kind})
+_STATUS_BY_ID: Mapping[int, Status] = MappingProxyType({int(status): status for status in Status})
+_COMPRESSION_ID_MAX = max(Compression)
+_COMPRESSION_BY_ID: Mapping[int, Compression] = MappingProxyType({int(c): c for c in Compression})
 
 
 def flags_for(compression: Compression | None) -> int:
@@ -119,7 +124,9 @@ class FrameHeader:
         """The frame's compression; None when flag bit 0 is clear (negotiation frames)."""
         if not self.flags & FLAG_COMPRESSION_EXPLICIT:
             return None
-        return Compression((self.flags & FLAG_COMPRESSION_MASK) >> 1)
+        compression_id = (self.flags & FLAG_COMPRESSION_MASK) >> 1
+        found = _COMPRESSION_BY_ID.get(compression_id)
+        return Compression(compression_id) if found is None else found  # an unknown id raises ValueError
 
 
 @dataclass(frozen=True, slots=True)
@@ -154,7 +161,7 @@ def _check_flags(kind: Kind, flags: int) -> None:
     if not flags & FLAG_COMPRESSION_EXPLICIT:
         raise InvalidFrame("compression flag is not explicit")
     compression_id = (flags & FLAG_COMPRESSION_MASK) >> 1
-    if compression_id > max(Compression):
+    if compression_id > _COMPRESSION_ID_MAX:
         raise InvalidFrame(f"unknown compression id {compression_id}")
 
 
@@ -176,18 +183,18 @@ def decode_header(data: bytes | bytearray | memoryview, *, max_payload: int = MA
         raise InvalidFrame(f"bad magic 0x{magic:08x}")
     if version != WIRE_VERSION:
         raise InvalidFrame(f"unsupported wire version {version}")
-    if not 1 <= kind_id <= max(Kind):
+    kind = _KIND_BY_ID.get(kind_id)
+    if kind is None:
         raise InvalidFrame(f"unknown frame kind {kind_id}")
-    kind = Kind(kind_id)
     _check_flags(kind, flags)
     if encoded_length > max_payload or decoded_length > max_payload:
         raise FrameTooLarge(
             f"payload lengths {encoded_length}/{decoded_length} exceed the {max_payload}-byte limit"
         )
-    if status_id > max(Status):
+    status = _STATUS_BY_ID.get(status_id)
+    if status is None:
         raise InvalidFrame(f"unknown status {status_id}")
     command = command_from_id(command_id)
-    status = Status(status_id)
     _check_semantics(kind, command, status, request_id, InvalidFrame)
     return FrameHeader(kind, flags, command, status, request_id, encoded_length, decoded_length, crc)
 
@@ -255,11 +262,11 @@ def encode_frame_parts(
     uncompressed payload is not copied (its CRC-32C is computed part by part); a compressed one is
     compressed as one buffer. Same checks and errors as :func:`encode_frame`.
     """
-    try:
-        kind = Kind(kind)
-        command = Command(command)
-        status = Status(status)
-        if compression is not None:
+    try:  # plain ints are accepted and checked; members (the common case) skip the enum call
+        kind = kind if type(kind) is Kind else Kind(kind)
+        command = command if type(command) is Command else Command(command)
+        status = status if type(status) is Status else Status(status)
+        if compression is not None and type(compression) is not Compression:
             compression = Compression(compression)
     except ValueError as exc:
         raise LocalProtocolError(str(exc)) from exc

@@ -10,6 +10,7 @@ validated once, then one caller-made object per record, read straight from the b
 from __future__ import annotations
 
 import array
+import functools
 import struct
 import sys
 from collections.abc import Callable
@@ -112,6 +113,7 @@ _Plan = tuple[tuple[int, str], ...]
 _Walked = tuple[int, int, bytes | None, int, int]  # presence, payload end, producer id, seq, epoch
 
 
+@functools.cache  # presence is checked against its version's mask first: a handful of values
 def _plan_for(presence: int) -> _Plan:
     """The optional-group steps for ``presence``: (fixed size or _STEP_* code, field name)."""
     return tuple(
@@ -316,6 +318,10 @@ def _scan_records(buf: _Buffer, head: _BatchHead) -> tuple[array.array, _Stats]:
     walked = _walk_record(buf, start, end, head, plans)
     presence, _, producer_id, seq, epoch = walked
     stats = _Stats(producer_id, epoch, seq, seq, producer_id is not None, presence, length)
+    if count == 1:  # a lone record (one-at-a-time publishes): no template to build for the others
+        if end != size:
+            raise InvalidFrame(f"batch has {size - end} trailing bytes after its records")
+        return array.array("Q", (start + head_length,)), stats
     template = _make_template(buf, start, end, walked, head_length)
     stride = 4 + length
     if count >= _UNIFORM_MIN_RECORDS and size - head.records_offset == stride * count:

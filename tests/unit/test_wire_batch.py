@@ -312,8 +312,9 @@ def test_uniform_tier_detects_a_bad_record_in_the_middle() -> None:
         lambda b: b[:-1],  # truncated
     ],
 )
-def test_batch_rejects(mutate) -> None:  # noqa: ANN001
-    raw = mutate(encode_batch(sdk_batch(3)))
+@pytest.mark.parametrize("records", [1, 3])  # a lone record takes its own path (no template)
+def test_batch_rejects(mutate, records: int) -> None:  # noqa: ANN001
+    raw = mutate(encode_batch(sdk_batch(records)))
     with pytest.raises(InvalidFrame):
         decode_batch(raw)
     with pytest.raises(InvalidFrame):
