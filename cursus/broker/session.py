@@ -21,7 +21,6 @@ from cursus.broker.request import NoReply, Parts, Reply, Request, SessionInfo, S
 from cursus.wire import (
     HEADER_SIZE,
     INTERNAL_COMMANDS,
-    MAGIC,
     MAX_NEGOTIATION_PAYLOAD,
     Command,
     Compression,
@@ -30,6 +29,7 @@ from cursus.wire import (
     Kind,
     ProtocolError,
     Status,
+    check_header_prefix,
     decode_crq2,
     decode_header,
     decode_negotiation_request,
@@ -100,8 +100,6 @@ READ_STEP_BYTES = 1 << 20
 #: Replies up to this size are not charged to the byte budget (the common case: OK lines and acks).
 SMALL_REPLY_BYTES = 64 * 1024
 #: The first bytes of every Wire v2 frame ("CRS2").
-MAGIC_BYTES = MAGIC.to_bytes(4, "big")
-MAGIC_SIZE = len(MAGIC_BYTES)
 #: Commands that may wait long for data (long polls): their sessions watch the socket for EOF meanwhile.
 WATCHED_COMMANDS = frozenset({Command.CONSUME})
 
@@ -210,23 +208,32 @@ class Session:
     # -------------------------------------------------------------------------------------- handshake
 
     async def _read_header(self, timeout_s: float | None) -> FrameHeader:
-        """Read and decode one 32-byte header within ``timeout_s`` (None: no deadline).
+        """Read and decode one 32-byte header; its first byte may take ``timeout_s`` (None: no deadline,
+        the default between requests), the rest must follow within ``client_request_timeout_ms``.
 
-        The magic is checked as soon as its 4 bytes arrive, so a peer that is not speaking Wire v2 (a Wire
-        v1 client, a port scanner) is closed at once instead of when the deadline passes.
+        Every prefix is checked as it arrives (:func:`check_header_prefix`: magic, version, kind), so a
+        peer that is not speaking Wire v2 (a Wire v1 client, a port scanner, one stray byte) is closed at
+        once, and a stalled partial header cannot hold a connection slot forever.
         """
         pending, self._pending = self._pending, b""
-        if timeout_s is None:  # the default between requests: no deadline to arm
-            return decode_header(await self._read_header_bytes(pending))
-        async with asyncio.timeout(timeout_s):
-            return decode_header(await self._read_header_bytes(pending))
-
-    async def _read_header_bytes(self, pending: bytes) -> bytes:
-        if len(pending) < MAGIC_SIZE:
-            pending += await self.reader.readexactly(MAGIC_SIZE - len(pending))
-        if pending[:MAGIC_SIZE] != MAGIC_BYTES:
-            raise InvalidFrame(f"bad magic 0x{pending[:MAGIC_SIZE].hex()}")
-        return pending + await self.reader.readexactly(HEADER_SIZE - len(pending))
+        if not pending:
+            if timeout_s is None:
+                pending = await self.reader.read(HEADER_SIZE)
+            else:
+                async with asyncio.timeout(timeout_s):
+                    pending = await self.reader.read(HEADER_SIZE)
+            if not pending:
+                raise asyncio.IncompleteReadError(b"", HEADER_SIZE)
+        check_header_prefix(pending)
+        if len(pending) < HEADER_SIZE:
+            async with asyncio.timeout(self._request_timeout_s):
+                while len(pending) < HEADER_SIZE:
+                    chunk = await self.reader.read(HEADER_SIZE - len(pending))
+                    if not chunk:
+                        raise asyncio.IncompleteReadError(pending, HEADER_SIZE)
+                    pending += chunk
+                    check_header_prefix(pending)
+        return decode_header(pending)
 
     async def _negotiate(self) -> bool:
         """Negotiation first (decision 4): any failure closes the connection without a reply."""

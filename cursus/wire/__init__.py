@@ -75,6 +75,7 @@ from cursus.wire.frame import (
     Kind,
     Status,
     check_compression,
+    check_header_prefix,
     decode_header,
     decode_payload,
     encode_frame,
@@ -101,6 +102,7 @@ from cursus.wire.scan import (
 )
 
 __all__ = [
+    "check_header_prefix",
     "ACKS_VALUES",
     "BATCH_MAGIC",
     "BATCH_VERSION",

@@ -165,6 +165,28 @@ def _check_flags(kind: Kind, flags: int) -> None:
         raise InvalidFrame(f"unknown compression id {compression_id}")
 
 
+_MAGIC_BYTES = MAGIC.to_bytes(4, "big")
+_VERSION_BYTES = WIRE_VERSION.to_bytes(2, "big")
+
+
+def check_header_prefix(prefix: bytes | bytearray | memoryview) -> None:
+    """Reject, as early as the bytes allow, a header that can never decode: the magic (bytes 0-3), the
+    version (4-5) and the kind (6) are checked on however many bytes have arrived (facts B1.1 steps 1-3).
+    A peer that is not speaking Wire v2 is then closed at its first wrong byte, not at a deadline.
+
+    Raises:
+        InvalidFrame: the prefix cannot start a Wire v2 frame header.
+    """
+    data = bytes(prefix[:7])
+    n = len(data)
+    if data[:4] != _MAGIC_BYTES[:min(n, 4)]:
+        raise InvalidFrame(f"bad magic 0x{data[:4].hex()}")
+    if n > 4 and data[4:6] != _VERSION_BYTES[:min(n, 6) - 4]:
+        raise InvalidFrame(f"unsupported wire version bytes 0x{data[4:6].hex()}")
+    if n > 6 and data[6] not in _KIND_BY_ID:
+        raise InvalidFrame(f"unknown frame kind {data[6]}")
+
+
 def decode_header(data: bytes | bytearray | memoryview, *, max_payload: int = MAX_PAYLOAD_BYTES) -> FrameHeader:
     """Decode and validate exactly 32 header bytes (facts B1.1, decode steps 1-6).
 

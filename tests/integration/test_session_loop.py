@@ -18,12 +18,14 @@ from cursus.wire import (
     CommandPayload,
     Compression,
     Kind,
+    NegotiationRequest,
     Record,
     Status,
     decode_batch,
     encode_batch,
     encode_crq2,
     encode_frame,
+    encode_negotiation_request,
     parse_command_text,
 )
 from tests.certs import make_pki
@@ -40,7 +42,8 @@ def _metric(broker, name: str, labels: str = "") -> float:
     return float(match.group(1)) if match else 0.0
 
 
-@pytest.mark.parametrize("opening", [b"XXXX", b"CRS1\x00\x01", b"GET / HTTP/1.0\r\n\r\n"])
+@pytest.mark.parametrize("opening", [b"XXXX", b"CRS1\x00\x01", b"GET / HTTP/1.0\r\n\r\n", b"X", b"\x00",
+                                     b"CRS2\x00\x03", b"CRS2\x00\x02\x09"])
 def test_short_non_wire_v2_opening_is_closed_at_once(broker_factory, opening):
     broker = broker_factory(settings={"exporter_port": 0}).start()
     before = _metric(broker, "cursus_wire_protocol_failures_total", '{reason="invalid_frame"}')
@@ -55,6 +58,23 @@ def test_short_non_wire_v2_opening_is_closed_at_once(broker_factory, opening):
         time.sleep(0.02)
     with connect(broker) as conn:  # the broker serves others as before
         assert conn.command("LIST").status.name == "OK"
+
+
+def test_a_partial_header_after_negotiation_is_timed_out(broker_factory):
+    """A header whose first bytes arrived must be complete within client_request_timeout_ms (a stalled
+    partial header never pins a connection slot), even though the broker waits for the next request
+    indefinitely by default."""
+    broker = broker_factory(settings={"client_request_timeout_ms": 800}).start()
+    offer = NegotiationRequest(2, 2, (Compression.NONE,))
+    with socket.create_connection(broker.address, timeout=10) as sock:
+        sock.sendall(encode_frame(Kind.NEGOTIATION_REQUEST, Command.NEGOTIATE, Status.NONE, 0,
+                                  encode_negotiation_request(offer), compression=None))
+        assert len(sock.recv(64)) >= 32  # the negotiation response
+        time.sleep(1.2)  # longer than the request timeout with nothing sent: an idle client stays
+        started = time.monotonic()
+        sock.sendall(b"CRS2\x00\x02\x03")  # 7 of 32 header bytes, then silence
+        assert sock.recv(1) == b""
+        assert 0.5 < time.monotonic() - started < 5
 
 
 FLOOD_BUDGET_BYTES = 128 * 1024 * 1024  # the smallest max_inflight_request_bytes
