@@ -284,3 +284,14 @@ def test_decoder_buffering_is_linear() -> None:
             count += 1
         assert len(decoder._buffer) < 3 * 65_536 + 200  # compacted, never the whole stream
     assert count == 20_000 and decoder.buffered_bytes == 0
+
+
+def test_check_header_prefix_accepts_every_prefix_of_a_valid_header_and_rejects_wrong_bytes_early():
+    from cursus.wire import check_header_prefix
+
+    header = encode_frame(Kind.REQUEST, Command.LIST, Status.NONE, 7, b"", compression=Compression.NONE)[:32]
+    for n in range(1, 33):
+        check_header_prefix(header[:n])
+    for bad in (b"X", b"\x00", b"CRS1", b"CRS2\x00\x03", b"CRS2\x01", b"CRS2\x00\x02\x00", b"CRS2\x00\x02\x09"):
+        with pytest.raises(InvalidFrame):
+            check_header_prefix(bad)
