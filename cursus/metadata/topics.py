@@ -207,23 +207,32 @@ class TopicSpec(Args):
     """
 
     STRICT = True
+    # An empty value is a malformed value here, never an omission (a typo must not silently keep a default).
     topic: str = param(kind="custom", convert=topic_name, required=True, doc="topic name")
-    partitions: int | None = param(kind="custom", convert=_positive("invalid_partitions", MAX_PARTITIONS),
+    partitions: int | None = param(
+        empty_ok=True, kind="custom", convert=_positive("invalid_partitions", MAX_PARTITIONS),
                                    doc="partition count (only grows)")
-    replication_factor: int | None = param(kind="custom", convert=_positive("invalid_replication_factor"),
+    replication_factor: int | None = param(
+        empty_ok=True, kind="custom", convert=_positive("invalid_replication_factor"),
                                            doc="standalone stores 1")
-    idempotent: bool | None = param(kind="bool", invalid="invalid_idempotent", doc="immutable")
-    event_sourcing: bool | None = param(kind="bool", invalid="invalid_event_sourcing", doc="immutable")
-    cleanup_policy: str | None = param(kind="custom", convert=_policy_choice("cleanup_policy", CLEANUP_POLICIES))
-    partitioner: str | None = param(kind="custom", convert=_policy_choice("partitioner", PARTITIONERS))
-    auth_policy: str | None = param(kind="custom", convert=_policy_choice("auth_policy", AUTH_POLICIES))
-    retention_hours: int | None = param(kind="custom", convert=_non_negative("invalid_retention_hours"),
+    idempotent: bool | None = param(empty_ok=True, kind="bool", invalid="invalid_idempotent", doc="immutable")
+    event_sourcing: bool | None = param(
+        empty_ok=True, kind="bool", invalid="invalid_event_sourcing", doc="immutable")
+    cleanup_policy: str | None = param(
+        empty_ok=True, kind="custom", convert=_policy_choice("cleanup_policy", CLEANUP_POLICIES))
+    partitioner: str | None = param(
+        empty_ok=True, kind="custom", convert=_policy_choice("partitioner", PARTITIONERS))
+    auth_policy: str | None = param(
+        empty_ok=True, kind="custom", convert=_policy_choice("auth_policy", AUTH_POLICIES))
+    retention_hours: int | None = param(
+        empty_ok=True, kind="custom", convert=_non_negative("invalid_retention_hours"),
                                         doc="0 = the broker default")
-    retention_bytes: int | None = param(kind="custom", convert=_non_negative("invalid_retention_bytes"),
+    retention_bytes: int | None = param(
+        empty_ok=True, kind="custom", convert=_non_negative("invalid_retention_bytes"),
                                         doc="0 = the broker default")
     read_acl: tuple[str, ...] | None = param(kind="csv", empty_ok=True, doc="principals (empty clears)")
     write_acl: tuple[str, ...] | None = param(kind="csv", empty_ok=True, doc="principals (empty clears)")
-    min_in_sync_replicas: int | str | None = param(kind="custom", convert=min_isr_value,
+    min_in_sync_replicas: int | str | None = param(empty_ok=True, kind="custom", convert=min_isr_value,
                                                    doc="N (at most the stored replication factor) or default")
 
     def to_fields(self) -> dict[str, str]:

@@ -125,7 +125,7 @@ def test_text_publish_and_key_routing(shared_broker, topic_name):
             key = f"user-{i}"
             ack = json.loads(conn.command(
                 f"PUBLISH topic={topic_name} acks=1 producerId=p1 key={key} message=hello {i} with spaces").payload)
-            assert ack["status"] == "OK"
+            assert ack["status"] == "OK" and ack["producer_id"] == "p1"  # echoed even without a sequence
         for p in range(4):
             for rec in consume_all(conn, topic_name, p):
                 assert partition_for_key(rec.key, 4) == p

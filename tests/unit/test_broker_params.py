@@ -106,3 +106,10 @@ def test_commands_page_is_generated_from_the_table():
                                check=True).stdout
     page = (REPO_ROOT / "docs" / "commands.md").read_text()
     assert page == generated, "regenerate: python -m cursus.broker.args > docs/commands.md"
+
+
+def test_create_treats_an_empty_value_as_malformed_not_omitted():
+    assert _code(TopicSpec, {"topic": "t", "partitions": ""}) == "invalid_partitions"
+    assert _code(TopicSpec, {"topic": "t", "cleanup_policy": ""}) == "invalid_topic_policy"
+    assert _code(TopicSpec, {"topic": "t", "min_in_sync_replicas": ""}) == "invalid_min_in_sync_replicas"
+    assert _code(TopicSpec, {"topic": ""}) == "missing_topic"

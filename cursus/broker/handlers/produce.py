@@ -169,7 +169,7 @@ async def _publish_text(broker: Broker, req: Request) -> Reply | NoReply | bytes
     buf = bytearray(len(encoded).to_bytes(4, "big") + encoded)
     positions = [_U32_LEN + record_offset_field_position(len(defn.name.encode("utf-8")))]
     seq, epoch = args.seq_num, args.epoch
-    producer = (args.producer_id, epoch, seq, seq) if seq > 0 else None
+    producer = (args.producer_id, epoch, seq, seq)  # remembered for deduplication only when seq > 0
     return await _append_and_ack(broker, replica, mode, buf, positions, memoryview(buf), 1,
                                  producer=producer, idempotent=args.idempotent)
 
