@@ -50,6 +50,9 @@ class BrokerMetrics:
         self.retention_deletions_total = Counter(
             "cursus_storage_retention_deleted_segments_total", "Segments deleted by retention.", registry=r)
         self.ready = Gauge("cursus_broker_ready", "1 when the broker is ready to serve.", registry=r)
+        self.metadata_commit_seconds = Histogram(
+            "cursus_cluster_metadata_commit_seconds", "Metadata command submit-to-applied latency through Raft.",
+            registry=r, buckets=(0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5))
         self.topics = Gauge("cursus_broker_topics", "Topics known to the broker.", registry=r)
         self.partitions = Gauge("cursus_broker_partitions", "Partition replicas hosted.", registry=r)
         self.orphan_topics = Gauge(

@@ -46,6 +46,7 @@ class BrokerServer:
         if self.broker is None:
             return {"recovery": "in progress"}
         reasons = dict(self.broker.not_ready_reasons)
+        reasons.update(self.broker.metadata.readiness())
         if self._client_server is None or not self._client_server.is_serving():
             reasons.setdefault("listener", "not accepting yet")
         return reasons

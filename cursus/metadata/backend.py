@@ -47,6 +47,18 @@ class Metadata(Protocol):
         """Call ``listener(old, new)`` after every committed change."""
         ...
 
+    async def start(self) -> None:
+        """Become usable (the cluster backend joins Raft and registers this broker). Raises on failure."""
+        ...
+
+    async def stop(self) -> None:
+        """Release what :meth:`start` acquired."""
+        ...
+
+    def readiness(self) -> dict[str, str]:
+        """``/ready`` checks that fail: {check: reason}; empty when the metadata is ready."""
+        ...
+
     async def submit(self, command: Command) -> ApplyResult:
         """Apply ``command``, commit it durably, publish it; return what it did.
 
@@ -97,6 +109,15 @@ class StandaloneMetadata:
 
     def subscribe(self, listener: Listener) -> None:
         self._listeners.append(listener)
+
+    async def start(self) -> None:
+        return None
+
+    async def stop(self) -> None:
+        return None
+
+    def readiness(self) -> dict[str, str]:
+        return {}
 
     async def submit(self, command: Command) -> ApplyResult:
         async with self._lock:

@@ -104,6 +104,11 @@ class MetadataState:
             bounded to :data:`APPLIED_REQUESTS_KEPT` entries, oldest dropped first.
         initial_leader_epoch: the leader epoch of a newly placed partition: 1 in a cluster (facts B7),
             0 standalone (facts B5: standalone METADATA reports epochs 0).
+        cluster: True for the Raft cluster's state. A cluster refuses a replication factor above the
+            registered brokers (``invalid_replication_factor``) instead of capping it, and places new
+            partitions with ISR = [leader] until the replication pipeline lands (followers hold no data).
+        coordinator_shards: the cluster's ``transaction_coordinator_shards`` (0 until the first broker
+            heartbeat fixes it; immutable after).
     """
 
     revision: int = 0
@@ -112,6 +117,8 @@ class MetadataState:
     brokers: Mapping[str, BrokerInfo] = field(default_factory=dict)
     applied: Mapping[str, Any] = field(default_factory=dict)
     initial_leader_epoch: int = FIRST_LEADER_EPOCH
+    cluster: bool = False
+    coordinator_shards: int = 0
 
     def topic(self, name: str) -> TopicDefinition | None:
         return self.topics.get(name)
@@ -154,9 +161,14 @@ def ring_replicas(brokers: Iterable[str], key: str, count: int) -> tuple[str, ..
     return tuple(chosen)
 
 
-def place(topic: TopicDefinition, partition: int, active: list[str], leader_epoch: int) -> PartitionAssignment:
-    """A fresh assignment for a new partition: RF capped by the active brokers, leader = replicas[0]."""
+def place(topic: TopicDefinition, partition: int, active: list[str], leader_epoch: int, *,
+          leader_only_isr: bool = False) -> PartitionAssignment:
+    """A fresh assignment for a new partition: RF capped by the active brokers, leader = replicas[0].
+
+    ISR = replicas, or just the leader when ``leader_only_isr`` (a cluster before record replication).
+    """
     replicas = ring_replicas(active, f"{topic.name}-{partition}", min(topic.replication_factor, len(active)))
+    isr = replicas[:1] if leader_only_isr else replicas
     return PartitionAssignment(replicas=replicas, leader=replicas[0] if replicas else None,
-                               leader_epoch=leader_epoch, isr=replicas, committed_hwm=0,
+                               leader_epoch=leader_epoch, isr=isr, committed_hwm=0,
                                lifecycle_epoch=topic.lifecycle_epoch)
