@@ -111,6 +111,11 @@ class RaftMetadata:
             return {"raft": f"applying {status.applied_index}/{status.commit_index}"}
         return {}
 
+    def raft_status(self) -> dict[str, object] | None:
+        status = self.node.status()
+        return {"leader_id": status.leader_id, "is_leader": status.is_leader, "term": status.term,
+                "commit_index": status.commit_index, "applied_index": status.applied_index}
+
     # -------------------------------------------------------------------------------- Metadata seam
 
     @property

@@ -59,6 +59,10 @@ class Metadata(Protocol):
         """``/ready`` checks that fail: {check: reason}; empty when the metadata is ready."""
         ...
 
+    def raft_status(self) -> dict[str, object] | None:
+        """Raft ``leader_id``, ``is_leader``, ``term``, ``commit_index``, ``applied_index``; None standalone."""
+        ...
+
     async def submit(self, command: Command) -> ApplyResult:
         """Apply ``command``, commit it durably, publish it; return what it did.
 
@@ -118,6 +122,9 @@ class StandaloneMetadata:
 
     def readiness(self) -> dict[str, str]:
         return {}
+
+    def raft_status(self) -> dict[str, object] | None:
+        return None
 
     async def submit(self, command: Command) -> ApplyResult:
         async with self._lock:

@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 
 from cursus.client.connection import Connection
+from cursus.wire import Status
 from tests.cluster.clustersupport import Cluster, wait_for
 from tests.integration.helpers import create_topic, error_of, ok_fields, render
 
@@ -48,3 +49,90 @@ def test_forms_from_empty_dirs_and_create_is_visible_everywhere(cluster: Cluster
     st = status(cluster.brokers[0])
     assert st["active_brokers"] == 3 and st["raft_leader"]
     assert {p["leader"] for p in st["partitions"] if p["topic"] == "orders"} <= {"node-1", "node-2", "node-3"}
+
+
+def leader_of(cluster: Cluster, topic: str, partition: int) -> tuple[str, int]:
+    st = status(cluster.brokers[0])
+    (p,) = [p for p in st["partitions"] if p["topic"] == topic and p["partition"] == partition]
+    return p["leader"], p["leader_epoch"]
+
+
+def test_partition_commands_on_a_non_leader_redirect_and_acks_all_is_refused(cluster: Cluster) -> None:
+    from tests.integration.helpers import publish_batch
+
+    with conn(cluster.brokers[0]) as c:
+        create_topic(c, "routed", 1)
+    leader, _ = leader_of(cluster, "routed", 0)
+    leader_proc = cluster.by_id(leader)
+    other = next(b for b in cluster.brokers if b is not leader_proc)
+    with conn(other) as c:
+        err = error_of(c.command("CONSUME topic=routed partition=0 offset=0"))
+        assert err.code == "NOT_LEADER" and err.fields["leader"] == f"127.0.0.1:{leader_proc.port}"
+        assert error_of(publish_batch(c, "routed", 0, [b"x"])).code == "NOT_LEADER"
+        assert error_of(c.command("LIST_OFFSETS topic=routed partition=0")).code == "NOT_LEADER"
+    with conn(leader_proc) as c:
+        assert publish_batch(c, "routed", 0, [b"x"]).status == Status.OK
+        # followers hold no data yet: ISR = [leader] < min ISR 2, refused before append
+        assert error_of(publish_batch(c, "routed", 0, [b"y"], acks="all")).code == "insufficient_in_sync_replicas"
+    coordinator = ok_fields(conn(other).command("FIND_COORDINATOR group=g1"))
+    coord_proc = next(b for b in cluster.brokers if b.port == int(coordinator["port"]))
+    non_coord = next(b for b in cluster.brokers if b is not coord_proc)
+    with conn(non_coord) as c:
+        err = error_of(c.command("JOIN_GROUP topic=routed group=g1 member=m"))
+        assert err.code == "NOT_COORDINATOR" and err.fields["port"] == str(coord_proc.port)
+    with conn(coord_proc) as c:
+        ok_fields(c.command("JOIN_GROUP topic=routed group=g1 member=m"))
+
+
+def test_elect_leader_rules(cluster: Cluster) -> None:
+    with conn(cluster.brokers[2]) as c:
+        create_topic(c, "elect", 1, replication_factor="3")
+        leader, epoch = leader_of(cluster, "elect", 0)
+        other = next(i for i in ("node-1", "node-2", "node-3") if i != leader)
+        again = ok_fields(c.command(f"ELECT_LEADER topic=elect partition=0 broker={leader}"))
+        assert again == {"topic": "elect", "partition": "0", "previous_leader": leader, "leader": leader,
+                         "leader_epoch": str(epoch), "changed": "false"}
+        err = error_of(c.command(f"ELECT_LEADER topic=elect partition=0 broker={other}"))
+        assert err.code == "leader_election_rejected" and "ISR" in err.fields["reason"]
+        assert error_of(c.command("ELECT_LEADER topic=elect partition=0")).code == "missing_broker"
+        assert error_of(c.command("ELECT_LEADER topic=elect partition=7 broker=x")).code == "partition_not_found"
+    assert leader_of(cluster, "elect", 0) == (leader, epoch)
+
+
+def test_standalone_refuses_cluster_commands(tmp_path: Path) -> None:
+    from tests.brokerproc import BrokerProcess
+
+    broker = BrokerProcess(tmp_path / "solo").start()
+    try:
+        with conn(broker) as c:
+            assert error_of(c.command("CLUSTER_STATUS")).code == "distribution_required"
+            assert error_of(c.command("ELECT_LEADER topic=t partition=0 broker=b")).code == "distribution_required"
+    finally:
+        broker.stop()
+
+
+def test_kill_raft_leader_new_leader_commits_and_state_survives_restart(cluster: Cluster) -> None:
+    st = status(cluster.brokers[0])
+    old_leader = cluster.by_id(st["raft_leader"])
+    old_leader.kill()
+    survivors = [b for b in cluster.brokers if b is not old_leader]
+    with conn(survivors[0]) as c:
+        wait_for(lambda: ok_fields(c.command("CREATE topic=after-failover partitions=2")), 15, "commit after failover")
+    st = wait_for(lambda: (s := status(survivors[1]))["inactive_brokers"] == 1 and s, 15, "dead broker fenced")
+    assert st["raft_leader"] != old_leader.log_dir.name and st["healthy"] is False
+    # partitions the dead broker led are leaderless (their only ISR member is gone): no unclean election
+    dead = [p for p in st["partitions"] if p["isr"] == [old_leader.log_dir.name]]
+    assert dead and all(p["leader"] == "" for p in dead)
+    old_leader.start(timeout_s=60)
+    st = wait_for(lambda: (s := status(old_leader))["inactive_brokers"] == 0 and s, 15, "broker back")
+    back = {p["key"]: p for p in st["partitions"]}
+    assert all(back[p["key"]]["leader"] == old_leader.log_dir.name for p in dead)  # the last ISR member leads again
+    topics_before = sorted(p["key"] for p in st["partitions"])
+    for broker in cluster.brokers:
+        broker.kill()
+    cluster.start()
+    st = wait_for(lambda: status(cluster.brokers[0])["active_brokers"] == 3 and status(cluster.brokers[0]), 20,
+                  "restarted cluster")
+    assert sorted(p["key"] for p in st["partitions"]) == topics_before
+    with conn(cluster.brokers[1]) as c:
+        assert "after-failover" in c.command("LIST").payload.decode()
