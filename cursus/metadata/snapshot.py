@@ -1,7 +1,8 @@
 """The whole :class:`~cursus.metadata.state.MetadataState` as bytes (the Raft FSM's snapshot payload).
 
-Sorted-key compact JSON with ``v: 1``. Every partition carries explicit committed-HWM provenance
-(``committed_hwm_version: 1`` and an integer ``committed_hwm``); :func:`decode_state` refuses a partition
+Sorted-key compact JSON with ``v: 1``; partitions are rows of :data:`PARTITION_COLUMNS` (named once in
+``partition_columns``). Every partition carries explicit committed-HWM provenance (its
+``committed_hwm_version`` column is 1 and ``committed_hwm`` an integer); :func:`decode_state` refuses a partition
 without it (:class:`MissingProvenance`), and the Raft layer turns that into ``unsupported recovery
 protocol``. Recently applied results (``applied``) are kept, so a retried request id answers the same on
 a node restored from a snapshot as on one that replayed the journal.
@@ -43,12 +44,26 @@ def result_from_dict(doc: Mapping[str, Any]) -> ApplyResult:
                        previous_leader=doc["previous_leader"])
 
 
-def _assignment(doc: Mapping[str, Any]) -> PartitionAssignment:
-    if doc.get("committed_hwm_version") != COMMITTED_HWM_VERSION or type(doc.get("committed_hwm")) is not int:
-        raise MissingProvenance("partition without committed_hwm_version 1 and an integer committed_hwm")
-    return PartitionAssignment(replicas=tuple(doc["replicas"]), leader=doc["leader"],
-                               leader_epoch=int(doc["leader_epoch"]), isr=tuple(doc["isr"]),
-                               committed_hwm=doc["committed_hwm"], lifecycle_epoch=int(doc["lifecycle_epoch"]))
+#: One partition row of the snapshot, in this order (rows keep 10,000 partitions fast to encode).
+PARTITION_COLUMNS = ("topic", "partition", "replicas", "leader", "leader_epoch", "isr", "committed_hwm_version",
+                     "committed_hwm", "lifecycle_epoch")
+
+
+def _row(key: tuple[str, int], a: PartitionAssignment) -> list[Any]:
+    return [key[0], key[1], list(a.replicas), a.leader, a.leader_epoch, list(a.isr), COMMITTED_HWM_VERSION,
+            a.committed_hwm, a.lifecycle_epoch]
+
+
+def _assignment(row: list[Any]) -> tuple[tuple[str, int], PartitionAssignment]:
+    if len(row) != len(PARTITION_COLUMNS):
+        raise MissingProvenance(f"partition row of {len(row)} columns, expected {len(PARTITION_COLUMNS)}")
+    topic, partition, replicas, leader, epoch, isr, hwm_version, hwm, lifecycle = row
+    if hwm_version != COMMITTED_HWM_VERSION or type(hwm) is not int:
+        raise MissingProvenance(f"partition {topic}-{partition} without committed_hwm_version 1 and an "
+                                "integer committed_hwm")
+    return (str(topic), int(partition)), PartitionAssignment(
+        replicas=tuple(replicas), leader=leader, leader_epoch=int(epoch), isr=tuple(isr), committed_hwm=hwm,
+        lifecycle_epoch=int(lifecycle))
 
 
 def encode_state(state: MetadataState) -> bytes:
@@ -57,8 +72,8 @@ def encode_state(state: MetadataState) -> bytes:
         "v": STATE_VERSION, "revision": state.revision, "cluster": state.cluster,
         "initial_leader_epoch": state.initial_leader_epoch, "coordinator_shards": state.coordinator_shards,
         "topics": [state.topics[name].to_manifest() for name in sorted(state.topics)],
-        "partitions": [{"topic": t, "partition": p, **state.assignments[(t, p)].to_dict()}
-                       for t, p in sorted(state.assignments)],
+        "partition_columns": list(PARTITION_COLUMNS),
+        "partitions": [_row(key, state.assignments[key]) for key in sorted(state.assignments)],
         "brokers": [state.brokers[b].to_dict() for b in sorted(state.brokers)],
         "applied": [[rid, result_to_dict(r)] for rid, r in state.applied.items()],
     }
@@ -77,7 +92,9 @@ def decode_state(data: bytes) -> MetadataState:
         if not isinstance(doc, dict) or doc.get("v") != STATE_VERSION:
             raise ValueError("bad metadata state version")
         topics = {d["name"]: TopicDefinition.from_manifest(d) for d in doc["topics"]}
-        assignments = {(str(d["topic"]), int(d["partition"])): _assignment(d) for d in doc["partitions"]}
+        if doc["partition_columns"] != list(PARTITION_COLUMNS):
+            raise MissingProvenance(f"partition columns {doc['partition_columns']}")
+        assignments = dict(_assignment(row) for row in doc["partitions"])
         brokers = {d["id"]: BrokerInfo.from_dict(d) for d in doc["brokers"]}
         applied = {str(rid): result_from_dict(r) for rid, r in doc["applied"]}
         return MetadataState(revision=int(doc["revision"]), topics=topics, assignments=assignments,
