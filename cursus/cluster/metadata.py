@@ -114,7 +114,8 @@ class RaftMetadata:
     def raft_status(self) -> dict[str, object] | None:
         status = self.node.status()
         return {"leader_id": status.leader_id, "is_leader": status.is_leader, "term": status.term,
-                "commit_index": status.commit_index, "applied_index": status.applied_index}
+                "commit_index": status.commit_index, "applied_index": status.applied_index,
+                "rejected_connections": dict(status.rejected_connections)}
 
     # -------------------------------------------------------------------------------- Metadata seam
 

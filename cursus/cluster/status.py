@@ -43,7 +43,8 @@ def partition_status(state: MetadataState, key: tuple[str, int], min_isr_default
 
 def cluster_status(state: MetadataState, raft: Mapping[str, Any], min_isr_default: int) -> dict[str, Any]:
     """The CLUSTER_STATUS document. ``raft``: ``leader_id``, ``is_leader``, ``term``, ``commit_index``,
-    ``applied_index`` (see :class:`cursus.cluster.raft.node.RaftStatus`)."""
+    ``applied_index``, ``rejected_connections`` (this node's refused Raft peers by reason; see
+    :class:`cursus.cluster.raft.node.RaftStatus`)."""
     partitions = [partition_status(state, key, min_isr_default) for key in sorted(state.assignments)]
     brokers = [state.brokers[b] for b in sorted(state.brokers)]
     active = [b for b in brokers if b.status == "active"]
@@ -56,6 +57,7 @@ def cluster_status(state: MetadataState, raft: Mapping[str, Any], min_isr_defaul
         "raft_term": raft.get("term", 0),
         "raft_applied_index": raft.get("applied_index", 0),
         "raft_commit_index": raft.get("commit_index", 0),
+        "raft_rejected_connections": raft.get("rejected_connections", {}),
         "broker_count": len(brokers), "active_brokers": len(active), "inactive_brokers": len(brokers) - len(active),
         "partition_count": len(partitions), "leaderless_partitions": leaderless,
         "under_replicated_partitions": under,

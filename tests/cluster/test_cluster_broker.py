@@ -4,6 +4,8 @@ every node, routing, failover, restart. One cluster per module keeps CI time bou
 from __future__ import annotations
 
 import json
+import socket
+import ssl
 from pathlib import Path
 
 import pytest
@@ -16,7 +18,9 @@ from tests.integration.helpers import create_topic, error_of, ok_fields, render
 
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory: pytest.TempPathFactory, pki) -> Cluster:
-    c = Cluster(Path(tmp_path_factory.mktemp("cluster")), pki)
+    # small snapshot thresholds: the restart test recovers from snapshot plus journal
+    c = Cluster(Path(tmp_path_factory.mktemp("cluster")), pki, raft_snapshot_min_entries=20,
+                raft_snapshot_interval_ms=500)
     c.start()
     yield c
     c.stop()
@@ -128,6 +132,11 @@ def test_kill_raft_leader_new_leader_commits_and_state_survives_restart(cluster:
     back = {p["key"]: p for p in st["partitions"]}
     assert all(back[p["key"]]["leader"] == old_leader.log_dir.name for p in dead)  # the last ISR member leads again
     topics_before = sorted(p["key"] for p in st["partitions"])
+    wait_for(lambda: all((b.log_dir / "raft" / "snapshot.v9").exists() for b in cluster.brokers), 20,
+             "a snapshot on every node")
+    with conn(cluster.brokers[0]) as c:
+        create_topic(c, "in-journal-only", 1)  # most likely after the last snapshot
+    topics_before = sorted([*topics_before, "in-journal-only-0"])
     for broker in cluster.brokers:
         broker.kill()
     cluster.start()
@@ -136,3 +145,42 @@ def test_kill_raft_leader_new_leader_commits_and_state_survives_restart(cluster:
     assert sorted(p["key"] for p in st["partitions"]) == topics_before
     with conn(cluster.brokers[1]) as c:
         assert "after-failover" in c.command("LIST").payload.decode()
+
+
+def _raft_port(cluster: Cluster, broker) -> int:
+    return int(cluster.raft[broker.log_dir.name].rsplit(":", 1)[1])
+
+
+def _closed_by_peer(sock: socket.socket, timeout: float = 8.0) -> bool:
+    sock.settimeout(timeout)
+    try:
+        while True:
+            if not sock.recv(4096):
+                return True
+    except (ssl.SSLError, ConnectionError):
+        return True
+    except TimeoutError:
+        return False
+
+
+def test_raft_port_refuses_plaintext_and_foreign_ca_peers(cluster: Cluster, pki) -> None:
+    target = cluster.brokers[0]
+    before = status(target)["raft_rejected_connections"].get("handshake_failed", 0)
+    with socket.create_connection(("127.0.0.1", _raft_port(cluster, target)), timeout=5) as sock:
+        sock.sendall(b'{"type": "request_vote", "term": 999}\n' * 4)
+        assert _closed_by_peer(sock)
+    context = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)
+    context.check_hostname = False
+    context.verify_mode = ssl.CERT_NONE
+    context.load_cert_chain(pki.foreign.cert, pki.foreign.key)
+    with socket.create_connection(("127.0.0.1", _raft_port(cluster, target)), timeout=5) as raw:
+        try:
+            with context.wrap_socket(raw) as sock:
+                sock.sendall(b"hello")
+                assert _closed_by_peer(sock)
+        except (ssl.SSLError, ConnectionError):
+            pass
+    wait_for(lambda: status(target)["raft_rejected_connections"].get("handshake_failed", 0) >= before + 2, 10,
+             "two refused handshakes")
+    with conn(cluster.brokers[1]) as c:  # the cluster is unaffected
+        create_topic(c, "after-refusals", 1)
