@@ -103,6 +103,25 @@ def test_elect_leader_rules(cluster: Cluster) -> None:
     assert leader_of(cluster, "elect", 0) == (leader, epoch)
 
 
+def test_sdk_follows_redirects_from_any_broker(cluster: Cluster) -> None:
+    from cursus.client.admin import Admin
+    from cursus.client.consumer import Consumer
+    from cursus.client.producer import Producer
+
+    with conn(cluster.brokers[0]) as c:
+        create_topic(c, "sdk", 3)
+    for broker in cluster.brokers:  # every broker leads at most some partitions: the rest are redirects
+        address = f"127.0.0.1:{broker.port}"
+        with Producer(address, acks="1") as producer:
+            for p in range(3):
+                producer.produce("sdk", f"{broker.log_dir.name}-{p}".encode(), partition=p, timeout_s=20)
+        assert Admin(address).describe_topic("sdk").topic == "sdk"
+    with Consumer("sdk", f"127.0.0.1:{cluster.brokers[2].port}", wait_ms=50) as consumer:
+        got: list[bytes] = []
+        wait_for(lambda: got.extend(r.value for r in consumer.poll(1.0)) or len(got) >= 9, 20, "nine records")
+    assert sorted(got) == sorted(f"node-{n}-{p}".encode() for n in (1, 2, 3) for p in range(3))
+
+
 def test_standalone_refuses_cluster_commands(tmp_path: Path) -> None:
     from tests.brokerproc import BrokerProcess
 
