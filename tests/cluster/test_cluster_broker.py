@@ -122,6 +122,25 @@ def test_sdk_follows_redirects_from_any_broker(cluster: Cluster) -> None:
     assert sorted(got) == sorted(f"node-{n}-{p}".encode() for n in (1, 2, 3) for p in range(3))
 
 
+def test_cursusctl_cluster_status(cluster: Cluster) -> None:
+    import subprocess
+    import sys
+
+    def ctl(*args: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run([sys.executable, "-m", "cursus.cli.ctl", *args,
+                               "--broker", f"127.0.0.1:{cluster.brokers[1].port}"],
+                              capture_output=True, text=True, timeout=60)
+
+    done = ctl("cluster-status", "--json")
+    doc = json.loads(done.stdout)
+    # partitions with RF 3 have ISR = [leader] until replication lands: under-replicated, so unhealthy
+    assert doc["under_replicated_partitions"] > 0 and doc["healthy"] is False and done.returncode == 1
+    assert doc["active_brokers"] == 3 and doc["raft_leader"] in ("node-1", "node-2", "node-3")
+    table = ctl("cluster-status", "--unhealthy")
+    assert table.returncode == 1 and "healthy=false" in table.stdout
+    assert "partition=elect-0" in table.stdout and "reasons=under_replicated" in table.stdout
+
+
 def test_standalone_refuses_cluster_commands(tmp_path: Path) -> None:
     from tests.brokerproc import BrokerProcess
 
