@@ -851,7 +851,7 @@ def cmd_certs(args: argparse.Namespace, options: ConnectionOptions, out: Output)
 
 
 def cmd_cluster_status(args: argparse.Namespace, options: ConnectionOptions, out: Output) -> int:
-    """``cluster-status``: CLUSTER_STATUS as tables (unhealthy rows marked ``!``) or ``--json``; exit code 1
+    """``cluster-status``: CLUSTER_STATUS as tables (unhealthy rows marked ``UNHEALTHY``) or ``--json``; exit code 1
     when the cluster is unhealthy (no Raft leader, an inactive broker, a leaderless or under-replicated
     partition)."""
     client = Client(args.broker, options)
@@ -873,12 +873,12 @@ def cmd_cluster_status(args: argparse.Namespace, options: ConnectionOptions, out
         "healthy", "raft_leader", "raft_state", "raft_term", "raft_commit_index", "raft_applied_index",
         "active_brokers", "inactive_brokers", "partition_count", "leaderless_partitions",
         "under_replicated_partitions")})
-    out.table("brokers", ["", "id", "status", "client_addr", "raft_addr"],
-              [["" if b["status"] == "active" else "!", b["id"], b["status"], b.get("client_addr", ""),
+    out.table("brokers", ["state", "id", "status", "client_addr", "raft_addr"],
+              [["ok" if b["status"] == "active" else "UNHEALTHY", b["id"], b["status"], b.get("client_addr", ""),
                 b.get("addr", "")] for b in doc.get("brokers", [])])
     partitions = [p for p in doc.get("partitions", []) if not (args.unhealthy and p["healthy"])]
-    out.table("partitions", ["", "partition", "leader", "epoch", "replicas", "isr", "committed_hwm", "reasons"],
-              [["" if p["healthy"] else "!", p["key"], p["leader"] or "-", p["leader_epoch"],
+    out.table("partitions", ["state", "partition", "leader", "epoch", "replicas", "isr", "committed_hwm", "reasons"],
+              [["ok" if p["healthy"] else "UNHEALTHY", p["key"], p["leader"] or "-", p["leader_epoch"],
                 ",".join(p["replicas"]), ",".join(p["isr"]), p["committed_hwm"], ",".join(p.get("reasons", []))]
                for p in partitions])
     return EXIT_OK if healthy else EXIT_FAILURE

@@ -21,9 +21,11 @@ def cluster(tmp_path_factory: pytest.TempPathFactory, pki) -> Cluster:
     # small snapshot thresholds: the restart test recovers from snapshot plus journal
     c = Cluster(Path(tmp_path_factory.mktemp("cluster")), pki, raft_snapshot_min_entries=20,
                 raft_snapshot_interval_ms=500)
-    c.start()
-    yield c
-    c.stop()
+    try:
+        c.start()
+        yield c
+    finally:
+        c.stop()
 
 
 def conn(broker) -> Connection:
