@@ -20,7 +20,7 @@ from tests.integration.helpers import create_topic, error_of, ok_fields, render
 def cluster(tmp_path_factory: pytest.TempPathFactory, pki) -> Cluster:
     # small snapshot thresholds: the restart test recovers from snapshot plus journal
     c = Cluster(Path(tmp_path_factory.mktemp("cluster")), pki, raft_snapshot_min_entries=20,
-                raft_snapshot_interval_ms=500)
+                raft_snapshot_interval_ms=500, exporter_port=0)
     try:
         c.start()
         yield c
@@ -141,6 +141,15 @@ def test_cursusctl_cluster_status(cluster: Cluster) -> None:
     table = ctl("cluster-status", "--unhealthy")
     assert table.returncode == 1 and "healthy=false" in table.stdout
     assert "partition=elect-0" in table.stdout and "reasons=under_replicated" in table.stdout
+
+
+def test_cluster_metrics(cluster: Cluster) -> None:
+    broker = cluster.brokers[0]
+    code, body = broker.http_get("/metrics", port=broker.metrics_port)
+    text = body.decode()
+    assert code == 200 and "cursus_distribution_enabled 1.0" in text and "cursus_cluster_brokers 3.0" in text
+    assert "cursus_cluster_has_leader 1.0" in text and 'cursus_cluster_partition_leader_epoch{partition="0",topic="orders"}' in text
+    assert "cursus_cluster_metadata_commit_seconds_count" in text and "cursus_cluster_under_replicated_partitions" in text
 
 
 def test_standalone_refuses_cluster_commands(tmp_path: Path) -> None:
