@@ -24,10 +24,9 @@ from cursus.cluster.fsm import MetadataFSM, decode_result
 from cursus.cluster.raft.errors import CommandTooLarge, RaftUnavailable, UnknownOutcome
 from cursus.cluster.raft.node import RaftConfig, RaftNode
 from cursus.metadata.apply import ApplyResult
-from cursus.metadata.backend import Listener
+from cursus.metadata.backend import PublishedState
 from cursus.metadata.commands import Command, encode
 from cursus.metadata.state import BrokerInfo, MetadataState
-from cursus.metadata.topics import TopicDefinition
 from cursus.wire.errors import BrokerError
 
 log = logging.getLogger("cursus.metadata.raft")
@@ -47,7 +46,7 @@ def raft_request_id(request_id: str) -> bytes:
     return hashlib.sha256(request_id.encode()).digest()[:16]
 
 
-class RaftMetadata:
+class RaftMetadata(PublishedState):
     """Cluster metadata replicated by Raft. ``await start()`` once, ``await stop()`` at shutdown.
 
     Args:
@@ -63,8 +62,7 @@ class RaftMetadata:
         self._loop: asyncio.AbstractEventLoop | None = None
         self._fsm = MetadataFSM(MetadataState(cluster=True), self._on_change)
         self.node = RaftNode(raft, self._fsm)
-        self._state = self._fsm.state
-        self._listeners: list[Listener] = []
+        super().__init__(self._fsm.state)
         self._observers: list[Observer] = []
         self._commit_timeout = commit_timeout
         self.controller = Controller(self.submit, lambda: self._state, lambda: self.node.is_leader, local,
@@ -119,19 +117,6 @@ class RaftMetadata:
 
     # -------------------------------------------------------------------------------- Metadata seam
 
-    @property
-    def state(self) -> MetadataState:
-        return self._state
-
-    def get(self, name: str) -> TopicDefinition | None:
-        return self._state.topics.get(name)
-
-    def names(self) -> list[str]:
-        return self._state.names()
-
-    def subscribe(self, listener: Listener) -> None:
-        self._listeners.append(listener)
-
     def observe(self, observer: Observer) -> None:
         """Call ``observer(command)`` on the loop for every applied command."""
         self._observers.append(observer)
@@ -172,14 +157,8 @@ class RaftMetadata:
             pass  # the loop is closed: shutting down
 
     def _publish(self, state: MetadataState, command: Command | None) -> None:
-        old = self._state
-        if state is not old:
-            self._state = state
-            for listener in list(self._listeners):
-                try:
-                    listener(old, state)
-                except Exception:
-                    log.exception("metadata listener failed")
+        if state is not self._state:
+            self._publish_state(state)
         for observer in list(self._observers):
             try:
                 observer(command)

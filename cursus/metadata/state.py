@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import bisect
 import functools
+import hashlib
 import zlib
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
@@ -159,6 +160,22 @@ def ring_replicas(brokers: Iterable[str], key: str, count: int) -> tuple[str, ..
             if len(chosen) == count:
                 break
     return tuple(chosen)
+
+
+def transaction_shard(transactional_id: str, shards: int) -> int:
+    """The coordinator shard of ``transactional_id`` (facts B7): the first 8 bytes of its SHA-256 as a
+    big-endian integer, modulo ``shards``."""
+    return int.from_bytes(hashlib.sha256(transactional_id.encode()).digest()[:8], "big") % shards
+
+
+def transaction_coordinator(state: MetadataState, transactional_id: str) -> str | None:
+    """The owner of ``transactional_id``'s shard: ``__transaction_coordinator-<shard>`` on the ring of
+    active brokers (facts B7); None when no shard count is fixed yet or no broker is active."""
+    if not state.coordinator_shards:
+        return None
+    shard = transaction_shard(transactional_id, state.coordinator_shards)
+    owners = ring_replicas(state.active_brokers(), f"__transaction_coordinator-{shard}", 1)
+    return owners[0] if owners else None
 
 
 def place(topic: TopicDefinition, partition: int, active: list[str], leader_epoch: int, *,

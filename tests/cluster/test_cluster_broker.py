@@ -13,6 +13,7 @@ import pytest
 from cursus.client.connection import Connection
 from cursus.wire import Status
 from tests.cluster.clustersupport import Cluster, wait_for
+from tests.cluster.raftsupport import closed_by_peer
 from tests.integration.helpers import create_topic, error_of, ok_fields, render
 
 
@@ -200,24 +201,12 @@ def _raft_port(cluster: Cluster, broker) -> int:
     return int(cluster.raft[broker.log_dir.name].rsplit(":", 1)[1])
 
 
-def _closed_by_peer(sock: socket.socket, timeout: float = 8.0) -> bool:
-    sock.settimeout(timeout)
-    try:
-        while True:
-            if not sock.recv(4096):
-                return True
-    except (ssl.SSLError, ConnectionError):
-        return True
-    except TimeoutError:
-        return False
-
-
 def test_raft_port_refuses_plaintext_and_foreign_ca_peers(cluster: Cluster, pki) -> None:
     target = cluster.brokers[0]
     before = status(target)["raft_rejected_connections"].get("handshake_failed", 0)
     with socket.create_connection(("127.0.0.1", _raft_port(cluster, target)), timeout=5) as sock:
         sock.sendall(b'{"type": "request_vote", "term": 999}\n' * 4)
-        assert _closed_by_peer(sock)
+        assert closed_by_peer(sock)
     context = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)
     context.check_hostname = False
     context.verify_mode = ssl.CERT_NONE
@@ -226,7 +215,7 @@ def test_raft_port_refuses_plaintext_and_foreign_ca_peers(cluster: Cluster, pki)
         try:
             with context.wrap_socket(raw) as sock:
                 sock.sendall(b"hello")
-                assert _closed_by_peer(sock)
+                assert closed_by_peer(sock)
         except (ssl.SSLError, ConnectionError):
             pass
     wait_for(lambda: status(target)["raft_rejected_connections"].get("handshake_failed", 0) >= before + 2, 10,

@@ -299,3 +299,18 @@ def test_snapshot_of_10000_partitions_is_fast() -> None:
     decode_s = time.perf_counter() - started
     print(f"10,000 partitions: {len(data)} bytes, encode {encode_s * 1000:.1f} ms, decode {decode_s * 1000:.1f} ms")
     assert encode_s < 0.1  # well under 100 ms even on a loaded CI core
+
+
+def test_transaction_coordinator_is_the_shard_owner_on_the_active_ring() -> None:
+    from cursus.metadata.state import ring_replicas, transaction_coordinator, transaction_shard
+
+    assert transaction_coordinator(MetadataState(cluster=True), "tx") is None  # no shard count fixed yet
+    state = MetadataState(cluster=True)
+    for b in ("a", "b", "c"):
+        state, _ = apply(state, BrokerHeartbeat(f"h{b}", BrokerInfo(b, f"{b}:1"), 50))
+    shard = transaction_shard("payments-1", 50)
+    assert 0 <= shard < 50 and shard == transaction_shard("payments-1", 50)
+    owner = transaction_coordinator(state, "payments-1")
+    assert owner == ring_replicas(["a", "b", "c"], f"__transaction_coordinator-{shard}", 1)[0]
+    state, _ = apply(state, FenceBroker("f", owner))
+    assert transaction_coordinator(state, "payments-1") not in (None, owner)

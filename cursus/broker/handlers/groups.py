@@ -24,6 +24,7 @@ from cursus.broker.args import (
 from cursus.broker.core import Broker
 from cursus.broker.request import Request
 from cursus.coordinator.groups import Group, Selector
+from cursus.metadata.state import transaction_coordinator
 from cursus.wire.errors import BrokerError
 from cursus.wire.responses import json_envelope, ok_text
 
@@ -192,13 +193,16 @@ async def handle_list_groups(broker: Broker, req: Request, args: NoArgs) -> byte
 
 async def handle_find_coordinator(broker: Broker, req: Request, args: FindCoordinatorArgs) -> bytes:
     """FIND_COORDINATOR group= | transactional_id= (txn=, transaction=) ->
-    ``OK coordinator_id=<broker_id> coordinator_type=group|transaction host=H port=P`` (its registered address)."""
+    ``OK coordinator_id=<broker_id> coordinator_type=group|transaction host=H port=P`` (its registered address).
+
+    Groups: the leader of ``__consumer_offsets`` partition 0. Transactional ids: the owner of the id's
+    shard on the ring of active brokers (facts B7); standalone both are this broker."""
     if args.group:
-        kind = "group"
+        kind, coordinator = "group", broker.coordinator_id()
     elif args.transactional_id:
-        kind = "transaction"
+        kind, coordinator = "transaction", transaction_coordinator(broker.metadata.state, args.transactional_id)
     else:
         raise BrokerError.of("missing_coordinator_key", command="FIND_COORDINATOR")
-    coordinator = broker.coordinator_id() or broker.broker_id
+    coordinator = coordinator or broker.broker_id
     host, _, port = broker.broker_address(coordinator).rpartition(":")
     return ok_text(("coordinator_id", coordinator), ("coordinator_type", kind), ("host", host), ("port", port))
