@@ -165,6 +165,27 @@ def test_standalone_refuses_cluster_commands(tmp_path: Path) -> None:
         broker.stop()
 
 
+def test_group_offsets_survive_a_coordinator_kill(cluster: Cluster) -> None:
+    with conn(cluster.brokers[0]) as c:
+        create_topic(c, "grouped", 1)
+        found = ok_fields(c.command("FIND_COORDINATOR group=gk"))
+    coordinator = next(b for b in cluster.brokers if b.port == int(found["port"]))
+    with conn(coordinator) as c:
+        joined = ok_fields(c.command("JOIN_GROUP topic=grouped group=gk member=m"))
+        ok_fields(c.command(f"COMMIT_OFFSET topic=grouped partition=0 group=gk offset=42 "
+                            f"member={joined['member']} generation={joined['generation']}"))
+    coordinator.kill()
+    survivor = next(b for b in cluster.brokers if b is not coordinator)
+    with conn(survivor) as c:  # __consumer_offsets-0 has no other in-sync replica: unavailable, retryable
+        err = wait_for(lambda: (e := error_of(c.command("FETCH_OFFSET topic=grouped partition=0 group=gk")))
+                       .code == "coordinator_not_available" and e, 15, "coordinator fenced")
+        assert err.retryable
+    coordinator.start(timeout_s=60)
+    with conn(coordinator) as c:
+        assert ok_fields(c.command("FETCH_OFFSET topic=grouped partition=0 group=gk")) == {"offset": "42"}
+    wait_for(lambda: status(survivor)["inactive_brokers"] == 0, 15, "coordinator active again")
+
+
 def test_kill_raft_leader_new_leader_commits_and_state_survives_restart(cluster: Cluster) -> None:
     st = status(cluster.brokers[0])
     old_leader = cluster.by_id(st["raft_leader"])
