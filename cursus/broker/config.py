@@ -140,7 +140,7 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("raft_port", _I, 9001, "port", "Raft (metadata) listener port on advertised_host; always mutual TLS.", 1),
     Setting("internal_broker_port", _I, 0, "port", "Reserved for the internal broker-to-broker listener of the replication pipeline; 0 is off.", 0),
     Setting("static_cluster_members", _parse_members, (), "list", "Every cluster member as `<broker-id>@<host>:<raft_port>` (YAML list or comma-separated); this broker's id must be among them."),
-    Setting("bootstrap_cluster", _B, False, "bool", "This node may start a new cluster from empty Raft directories (the static members elect a leader; a non-bootstrap node with an empty directory waits to be contacted)."),
+    Setting("bootstrap_cluster", _B, False, "bool", "Accepted for the reference's deployments; with static membership every member takes part in the first election from empty Raft directories, so it changes nothing yet."),
     Setting("transaction_coordinator_shards", _I, 50, "shards", "Transaction-coordinator shards, fixed when the cluster is created; a broker configured with another count is refused.", 1),
     Setting("internal_auth_token", _S, "", "token", "Shared secret of broker-to-broker requests; required (non-empty, no whitespace) in a cluster."),
     Setting("internal_use_tls", _B, False, "bool", "Mutual TLS for broker-to-broker traffic (Raft and internal requests). Required in a cluster unless allow_insecure_cluster_transport."),
