@@ -117,6 +117,8 @@ class Broker:
         #: Serializes the consumer-group follow-up of topic changes (groups take new partitions in order).
         self._group_sync = asyncio.Lock()
         self._coordinator_opening = asyncio.Lock()
+        #: The coordinator was not opened here because another broker led ``__consumer_offsets`` then.
+        self._coordinator_elsewhere = False
         self.ready = False
         self.not_ready_reasons: dict[str, str] = {"recovery": "not started"}
         self.log_config = LogConfig(
@@ -193,6 +195,10 @@ class Broker:
         log_dir = await loop.run_in_executor(None, open_log_dir, Path(config.log_dir))
         try:
             broker = cls(config, log_dir, metrics, client_port=client_port, clock=clock)
+        except BaseException:
+            log_dir.close()
+            raise
+        try:
             broker.writer.start()
             await broker.metadata.start()
             count = await broker.reconciler.start(broker.metadata.state)
@@ -212,11 +218,13 @@ class Broker:
     async def _open_coordinator(self) -> None:
         """Open the group coordinator here if this broker leads ``__consumer_offsets`` partition 0
         (standalone: always); elsewhere group commands are redirected (:meth:`route_group`)."""
+        self._coordinator_elsewhere = False
         try:
             await self.coordinator.open()
         except BrokerError as exc:
             if exc.error.code not in ("NOT_LEADER", "leader_not_available"):
                 raise
+            self._coordinator_elsewhere = True
             self.not_ready_reasons.pop("coordinator", None)
             log.info("group coordinator is elsewhere: %s", exc.error.code)
 
@@ -234,9 +242,9 @@ class Broker:
         """
         coordinator = self.coordinator_id()
         if coordinator == self.broker_id:
-            if not self.coordinator.ready:
+            if self._coordinator_elsewhere:  # it moved here since startup (a failed replay is not retried)
                 async with self._coordinator_opening:
-                    if not self.coordinator.ready:
+                    if self._coordinator_elsewhere:
                         await self._open_coordinator()
             return
         host, _, port = self.broker_address(coordinator).rpartition(":")
