@@ -4,7 +4,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: venv run test lint bench chaos chaos-long clean
+.PHONY: venv run cluster test lint bench chaos chaos-long clean
 
 $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -17,6 +17,11 @@ venv: $(STAMP)
 ## make run: a standalone broker on 127.0.0.1 with data under ./data (Ctrl-C stops it cleanly)
 run: $(STAMP)
 	$(VENV)/bin/cursus-broker --host 127.0.0.1 --log-dir ./data
+
+## make cluster: three brokers on 127.0.0.1 (client ports 9000-9002) as one Raft metadata cluster, data
+## under ./data/cluster/node-N, certificates generated on the first run (Ctrl-C stops all three cleanly)
+cluster: $(STAMP)
+	$(PY) -m cursus.cluster.devcluster --data ./data/cluster
 
 ## make test: the whole test suite (unit, integration with real broker processes)
 test: $(STAMP)

@@ -238,6 +238,15 @@ class FindCoordinatorArgs(Args):
     transactional_id: str | None = param(aliases=("txn", "transaction"))
 
 
+@dataclass(frozen=True)
+class ElectLeaderArgs(Args):
+    """ELECT_LEADER topic= partition= broker=<broker-id>."""
+
+    topic: str = param(kind="custom", convert=topic_name, required=True)
+    partition: int = param(kind="int", required=True, minimum=0, maximum=I32_MAX, invalid="invalid_partition")
+    broker: str = param(required=True, doc="the target broker id")
+
+
 ARGS: Mapping[Command, type[Args]] = {
     Command.AUTH: AuthArgs,
     Command.EXIT: NoArgs,
@@ -263,6 +272,8 @@ ARGS: Mapping[Command, type[Args]] = {
     Command.GROUP_STATUS: GroupArgs,
     Command.LIST_GROUPS: NoArgs,
     Command.FIND_COORDINATOR: FindCoordinatorArgs,
+    Command.CLUSTER_STATUS: NoArgs,
+    Command.ELECT_LEADER: ElectLeaderArgs,
 }
 
 

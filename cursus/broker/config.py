@@ -44,6 +44,18 @@ def _parse_int(value: Any) -> int:
     return int(str(value).strip(), 10)
 
 
+def _parse_members(value: Any) -> tuple[str, ...]:
+    """``static_cluster_members``: a YAML list or a comma-separated string of ``<id>@<host>:<port>``."""
+    items = value if isinstance(value, (list, tuple)) else [] if value in (None, "") else str(value).split(",")
+    members = tuple(str(item).strip() for item in items if str(item).strip())
+    for member in members:
+        member_id, at, address = member.partition("@")
+        host, colon, port = address.rpartition(":")
+        if not (member_id and at and host and colon and port.isdigit()):
+            raise ValueError(f"expected <broker-id>@<host>:<raft_port>, got {member!r}")
+    return members
+
+
 def _parse_str(value: Any) -> str:
     if isinstance(value, (dict, list)):
         raise ValueError(f"expected a string, got {type(value).__name__}")
@@ -100,8 +112,8 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("client_idle_timeout_ms", _I, 0, "ms", "Close a client connection idle this long; 0 never closes idle connections (the spec's behaviour).", 0),
     Setting("max_inflight_request_bytes", _I, 256 * MIB, "bytes", "Broker-wide budget for request payloads being read or handled (encoded + decoded).", 2 * 64 * MIB),
     Setting("producer_state_ttl_ms", _I, 1_800_000, "ms", "Idle time after which an idempotent producer's sequence state expires.", 1),
-    Setting("min_insync_replicas", _I, 1, "replicas", "Broker default minimum ISR for acks=all (standalone: 1).", 1),
-    Setting("default_replication_factor", _I, 1, "replicas", "Replication factor for topics created without one (standalone records 1).", 1),
+    Setting("min_insync_replicas", _I, 0, "replicas", "Broker default minimum ISR for acks=all. 0: 2 in a cluster, 1 standalone.", 0),
+    Setting("default_replication_factor", _I, 3, "replicas", "Replication factor for topics created without one (capped at the active brokers standalone, which records 1).", 1),
     Setting("default_partitions", _I, 4, "partitions", "Partition count for topics created without one.", 1),
     Setting("log_cleanup_policy", _S, "delete", "policy", "Broker default cleanup policy for new topics.", choices=("delete",)),
     Setting("consume_max_bytes_limit", _I, 16 * MIB, "bytes", "Upper bound on a CONSUME/STREAM reply's records (caps max_bytes; must stay below the 64 MiB frame limit).", 1),
@@ -124,6 +136,27 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("stream_batch_wait_ms", _I, 100, "ms", "How long a woken STREAM waits for a fuller batch before sending.", 0),
     Setting("offload_threshold_bytes", _I, 256 * 1024, "bytes", "Payloads and replies at least this large are checksummed, (de)compressed and parsed, and partition reads expected this large are done, on the offload threads instead of the event loop; 0 offloads all.", 0),
     Setting("offload_threads", _I, 2, "threads", "Threads of the offload pool (see offload_threshold_bytes).", 1),
+    Setting("enabled_distribution", _B, False, "bool", "Run as a member of a Raft metadata cluster (see docs/cluster.md).", env_aliases=("ENABLE_DISTRIBUTION",)),
+    Setting("raft_port", _I, 9001, "port", "Raft (metadata) listener port on advertised_host; always mutual TLS.", 1),
+    Setting("internal_broker_port", _I, 0, "port", "Reserved for the internal broker-to-broker listener of the replication pipeline; 0 is off.", 0),
+    Setting("static_cluster_members", _parse_members, (), "list", "Every cluster member as `<broker-id>@<host>:<raft_port>` (YAML list or comma-separated); this broker's id must be among them."),
+    Setting("bootstrap_cluster", _B, False, "bool", "Accepted for the reference's deployments; with static membership every member takes part in the first election from empty Raft directories, so it changes nothing yet."),
+    Setting("transaction_coordinator_shards", _I, 50, "shards", "Transaction-coordinator shards, fixed when the cluster is created; a broker configured with another count is refused.", 1),
+    Setting("internal_auth_token", _S, "", "token", "Shared secret of broker-to-broker requests; required (non-empty, no whitespace) in a cluster."),
+    Setting("internal_use_tls", _B, False, "bool", "Mutual TLS for broker-to-broker traffic (Raft and internal requests). Required in a cluster unless allow_insecure_cluster_transport."),
+    Setting("internal_tls_cert_path", _S, "", "path", "PEM certificate of this node for internal TLS (`cursusctl certs` writes `<broker-id>.crt`)."),
+    Setting("internal_tls_key_path", _S, "", "path", "PEM private key of this node for internal TLS."),
+    Setting("internal_tls_ca_path", _S, "", "path", "PEM CA that signs every member's internal certificate."),
+    Setting("allow_insecure_cluster_transport", _B, False, "bool", "Tests only: start a cluster without internal_use_tls. The Raft transport itself is always mutual TLS, so the internal TLS paths are still needed."),
+    Setting("raft_election_timeout_min_ms", _I, 400, "ms", "Lower bound of the randomized Raft election timeout (must exceed 3 x raft_heartbeat_ms).", 1),
+    Setting("raft_election_timeout_max_ms", _I, 1000, "ms", "Upper bound of the randomized Raft election timeout; also how long a leader cut off from a majority keeps believing it leads.", 1),
+    Setting("raft_heartbeat_ms", _I, 100, "ms", "Raft AppendEntries (heartbeat and batching) period.", 1),
+    Setting("raft_poll_interval_ms", _I, 50, "ms", "Idle wait of the Raft tick thread; a submitted command wakes it at once, and commands submitted meanwhile travel as one batch.", 1),
+    Setting("raft_snapshot_min_entries", _I, 5000, "entries", "Snapshot the metadata state after this many applied Raft entries (and raft_snapshot_interval_ms).", 1),
+    Setting("raft_snapshot_interval_ms", _I, 300_000, "ms", "Minimum time between two metadata snapshots.", 1),
+    Setting("metadata_commit_timeout_ms", _I, 5000, "ms", "How long a metadata mutation waits for its Raft commit; after it the outcome is unknown (retry is safe: the request id applies once).", 1),
+    Setting("broker_heartbeat_interval_ms", _I, 1000, "ms", "How often a cluster broker commits its liveness heartbeat, and the controller checks for missed ones.", 1),
+    Setting("broker_session_timeout_ms", _I, 3000, "ms", "The controller marks a broker inactive (it leaves every ISR) when no heartbeat of it was applied for this long.", 1),
     Setting("loop_probe_interval_ms", _I, 100, "ms", "How often the stall probe checks the event loop's lateness (cursus_event_loop_max_stall_seconds).", 1),
 )
 
@@ -132,15 +165,15 @@ SETTINGS_BY_NAME: Mapping[str, Setting] = {s.name: s for s in SETTINGS}
 #: Reference-broker keys that are accepted (with a warning) but have no effect here yet.
 REFERENCE_KEYS_NOT_IMPLEMENTED: frozenset[str] = frozenset(
     {
-        "enable_exporter", "raft_port", "discovery_port", "internal_broker_port", "disk_flush_batch_size",
+        "enable_exporter", "discovery_port", "disk_flush_batch_size",
         "linger_ms", "disk_flush_interval_ms", "disk_write_timeout_ms", "channel_buffer_size", "compression_type",
-        "log_index_size_bytes", "log_min_cleanable_dirty_ratio", "log_cleanup_interval", "enabled_distribution",
-        "raft_snapshot_interval_ms", "raft_snapshot_threshold", "raft_trailing_logs", "static_cluster_members",
+        "log_index_size_bytes", "log_min_cleanable_dirty_ratio", "log_cleanup_interval",
+        "raft_snapshot_threshold", "raft_trailing_logs",
         "enable_idempotence", "transactional_id_expiration_ms", "transaction_timeout_ms",
-        "transaction_coordinator_shards", "transaction_recovery_batch_size",
+        "transaction_recovery_batch_size",
         "consumer_heartbeat_check_ms", "stream_timeout", "stream_heartbeat_interval",
         "sasl_users",
-        "max_inflight_requests", "internal_auth_token", "internal_auth_token_next", "observation_grpc_port",
+        "max_inflight_requests", "internal_auth_token_next", "observation_grpc_port",
     }
 )
 
@@ -232,7 +265,30 @@ def load_config(
         raise ConfigError("invalid value for consume_max_bytes_limit: at most 48 MiB, so replies fit a 64 MiB frame")
     if values["enable_sasl"]:
         raise ConfigError("invalid value for enable_sasl: token authentication is not implemented yet")
+    if values["min_insync_replicas"] == 0:
+        values["min_insync_replicas"] = 2 if values["enabled_distribution"] else 1
+    if values["enabled_distribution"]:
+        _check_distribution(values)
     return BrokerConfig(values=values, warnings=tuple(warnings))
+
+
+def _check_distribution(values: Mapping[str, Any]) -> None:
+    """Distributed mode needs an internal token and authenticated transport (facts B7 "Internal security")."""
+    token = values["internal_auth_token"]
+    if not token or any(ch.isspace() for ch in token):
+        raise ConfigError("internal_auth_token is required in distributed mode (non-empty, no whitespace)")
+    if not values["internal_use_tls"] and not values["allow_insecure_cluster_transport"]:
+        raise ConfigError("internal_use_tls is required in distributed mode "
+                          "(or allow_insecure_cluster_transport, for tests only)")
+    for key in ("internal_tls_cert_path", "internal_tls_key_path", "internal_tls_ca_path"):
+        if not values[key]:
+            raise ConfigError(f"{key} is required in distributed mode: the Raft transport is always mutual TLS")
+    if not values["static_cluster_members"]:
+        raise ConfigError("static_cluster_members is required in distributed mode")
+    if not values["raft_election_timeout_min_ms"] > 3 * values["raft_heartbeat_ms"]:
+        raise ConfigError("invalid value for raft_election_timeout_min_ms: must exceed 3 x raft_heartbeat_ms")
+    if not values["raft_election_timeout_max_ms"] > values["raft_election_timeout_min_ms"]:
+        raise ConfigError("invalid value for raft_election_timeout_max_ms: must exceed raft_election_timeout_min_ms")
 
 
 def render_markdown() -> str:

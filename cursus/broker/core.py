@@ -26,11 +26,16 @@ from cursus.broker.offload import Offload, StallProbe
 from cursus.broker.producer_state import ProducerStateTable
 from cursus.broker.reconciler import Reconciler
 from cursus.broker.replica import Replica
+from cursus.broker.replica_role import TransitionRefused
+from cursus.cluster.metadata import RaftMetadata
+from cursus.cluster.raft.node import RaftConfig
+from cursus.cluster.tls import TLSFiles
+from cursus.coordinator.offsets import OFFSETS_TOPIC
 from cursus.coordinator.service import GroupCoordinator
 from cursus.metadata.apply import ApplyResult
 from cursus.metadata.backend import Metadata, StandaloneMetadata
 from cursus.metadata.commands import AlterTopicConfig, Command, CreateTopic, DeleteTopic, PutTopic
-from cursus.metadata.state import BrokerInfo
+from cursus.metadata.state import BrokerInfo, MetadataState, PartitionAssignment
 from cursus.metadata.topics import TopicDefinition, TopicSpec, is_internal_topic
 from cursus.storage import (
     Completion,
@@ -73,6 +78,11 @@ def default_broker_id(config: BrokerConfig, port: int) -> str:
     return str(config.broker_id) or f"{config.advertised}-{port}"
 
 
+def cluster_members(config: BrokerConfig) -> dict[str, str]:
+    """``static_cluster_members`` as {broker id: Raft address ``host:port``}."""
+    return dict(member.split("@", 1) for member in config.static_cluster_members)
+
+
 def recovery_threads(config: BrokerConfig) -> int:
     """Size of the partition-open pool: ``recovery_threads``, or min(4, CPUs) when 0."""
     return int(config.recovery_threads) or min(4, os.cpu_count() or 1)
@@ -95,16 +105,20 @@ class Broker:
         self.broker_id = default_broker_id(config, self.client_port)
         self.loop = asyncio.get_running_loop()
         self.writer = GroupCommitWriter(self._notify_from_writer_thread)
-        #: Authoritative metadata (topics, partition assignment, broker registry).
-        self.metadata: Metadata = StandaloneMetadata(log_dir.path, self.run_blocking,
-                                                     BrokerInfo(self.broker_id, self.leader_address()))
+        #: Authoritative metadata (topics, partition assignment, broker registry): the one place that
+        #: chooses the backend by ``enabled_distribution``.
+        self.metadata: Metadata = self._metadata_backend()
         self.reconciler = Reconciler(self, log_dir.path, recovery_threads(config), metrics.orphan_topics.set)
         self.metadata.subscribe(self.reconciler.on_metadata)
+        self.metadata.subscribe(self._follow_leadership)
         self.replicas: dict[tuple[str, int], Replica] = {}
         self.producers: dict[tuple[str, int], ProducerStateTable] = {}
         self.round_robin: dict[str, int] = {}
         #: Serializes the consumer-group follow-up of topic changes (groups take new partitions in order).
         self._group_sync = asyncio.Lock()
+        self._coordinator_opening = asyncio.Lock()
+        #: The coordinator was not opened here because another broker led ``__consumer_offsets`` then.
+        self._coordinator_elsewhere = False
         self.ready = False
         self.not_ready_reasons: dict[str, str] = {"recovery": "not started"}
         self.log_config = LogConfig(
@@ -136,6 +150,32 @@ class Broker:
                                       metrics.loop_stall)
         self.stall_probe.start()
 
+    def _metadata_backend(self) -> Metadata:
+        config = self.config
+        if not config.enabled_distribution:
+            return StandaloneMetadata(self.log_dir.path, self.run_blocking,
+                                      BrokerInfo(self.broker_id, self.leader_address()))
+        members = cluster_members(config)
+        local = BrokerInfo(self.broker_id, self.leader_address(), members.get(self.broker_id, ""))
+        raft = RaftConfig(
+            node_id=self.broker_id, members=members, data_dir=self.log_dir.path / "raft",
+            tls=TLSFiles(Path(config.internal_tls_cert_path), Path(config.internal_tls_key_path),
+                         Path(config.internal_tls_ca_path)),
+            election_timeout_min=config.raft_election_timeout_min_ms / 1000.0,
+            election_timeout_max=config.raft_election_timeout_max_ms / 1000.0,
+            heartbeat_period=config.raft_heartbeat_ms / 1000.0,
+            leader_fallback_timeout=config.raft_election_timeout_max_ms / 1000.0,
+            connection_timeout=max(3.5, config.raft_election_timeout_max_ms / 1000.0),
+            poll_interval=config.raft_poll_interval_ms / 1000.0,
+            snapshot_min_entries=config.raft_snapshot_min_entries,
+            snapshot_min_interval=config.raft_snapshot_interval_ms / 1000.0)
+        backend = RaftMetadata(raft, local, coordinator_shards=config.transaction_coordinator_shards,
+                               commit_timeout=config.metadata_commit_timeout_ms / 1000.0,
+                               heartbeat_interval=config.broker_heartbeat_interval_ms / 1000.0,
+                               session_timeout=config.broker_session_timeout_ms / 1000.0)
+        backend.on_commit_latency = self.metrics.metadata_commit_seconds.observe
+        return backend
+
     # -------------------------------------------------------------------------------------- lifecycle
 
     @classmethod
@@ -155,10 +195,16 @@ class Broker:
         log_dir = await loop.run_in_executor(None, open_log_dir, Path(config.log_dir))
         try:
             broker = cls(config, log_dir, metrics, client_port=client_port, clock=clock)
-            broker.writer.start()
-            count = await broker.reconciler.start(broker.metadata.state)
-            await broker.coordinator.open()
         except BaseException:
+            log_dir.close()
+            raise
+        try:
+            broker.writer.start()
+            await broker.metadata.start()
+            count = await broker.reconciler.start(broker.metadata.state)
+            await broker._open_coordinator()
+        except BaseException:
+            await broker.metadata.stop()
             log_dir.close()
             raise
         elapsed_ms = (time.monotonic() - started) * 1000
@@ -166,6 +212,45 @@ class Broker:
                  log_dir.clean_shutdown)
         broker.not_ready_reasons.pop("recovery", None)
         return broker
+
+    # ------------------------------------------------------------------------------- group coordinator
+
+    async def _open_coordinator(self) -> None:
+        """Open the group coordinator here if this broker leads ``__consumer_offsets`` partition 0
+        (standalone: always); elsewhere group commands are redirected (:meth:`route_group`)."""
+        self._coordinator_elsewhere = False
+        try:
+            await self.coordinator.open()
+        except BrokerError as exc:
+            if exc.error.code not in ("NOT_LEADER", "leader_not_available"):
+                raise
+            self._coordinator_elsewhere = True
+            self.not_ready_reasons.pop("coordinator", None)
+            log.info("group coordinator is elsewhere: %s", exc.error.code)
+
+    def coordinator_id(self) -> str | None:
+        """The broker that coordinates consumer groups: the leader of ``__consumer_offsets`` partition 0."""
+        assignment = self.metadata.state.assignment(OFFSETS_TOPIC, 0)
+        return assignment.leader if assignment is not None else self.broker_id
+
+    async def route_group(self) -> None:
+        """Group commands run on the coordinator: open it here when this broker became it, else redirect.
+
+        Raises:
+            BrokerError: ``NOT_COORDINATOR host= port=`` (another broker coordinates);
+                ``coordinator_not_available`` (retryable: no leader for ``__consumer_offsets`` yet).
+        """
+        coordinator = self.coordinator_id()
+        if coordinator == self.broker_id:
+            if self._coordinator_elsewhere:  # it moved here since startup (a failed replay is not retried)
+                async with self._coordinator_opening:
+                    if self._coordinator_elsewhere:
+                        await self._open_coordinator()
+            return
+        host, _, port = self.broker_address(coordinator).rpartition(":")
+        if not host:
+            raise BrokerError.of("coordinator_not_available", reason="__consumer_offsets has no leader")
+        raise BrokerError.of("NOT_COORDINATOR", host=host, port=port)
 
     # ------------------------------------------------------------------- local replicas (reconciler)
 
@@ -183,14 +268,34 @@ class Broker:
         plog, producers = opened
         replica = Replica(topic, partition, plog, self.writer, broker_id=self.broker_id)
         replica.on_hwm_change = self.metrics.observe_replica
-        # The leader epoch comes from the partition's assignment (standalone: this broker leads every
-        # partition with a one-member ISR, epoch 0 as the reference reports).
+        # The role and leader epoch come from the partition's assignment (standalone: this broker leads
+        # every partition with a one-member ISR, epoch 0 as the reference reports).
         assignment = self.metadata.state.assignment(topic, partition)
-        replica.become_leader(assignment.leader_epoch if assignment is not None else plog.leader_epoch)
+        if assignment is None:
+            replica.become_leader(plog.leader_epoch)
+        else:
+            self._take_role(replica, assignment)
         self.replicas[(topic, partition)] = replica
         self.producers[(topic, partition)] = producers
         self.metrics.observe_replica(replica)
         self.metrics.partitions.set(len(self.replicas))
+
+    def _take_role(self, replica: Replica, assignment: PartitionAssignment) -> None:
+        """Lead or follow as ``assignment`` says (a leaderless partition keeps its current role)."""
+        try:
+            if assignment.leader == self.broker_id:
+                replica.become_leader(assignment.leader_epoch)
+            elif assignment.leader is not None:
+                replica.become_follower(assignment.leader_epoch, assignment.leader)
+        except TransitionRefused as exc:
+            log.warning("%s/%d keeps its role: %s", replica.topic, replica.partition, exc)
+
+    def _follow_leadership(self, old: MetadataState, new: MetadataState) -> None:
+        """Metadata listener: local replicas whose assignment changed take their new role."""
+        for key, replica in list(self.replicas.items()):
+            assignment = new.assignments.get(key)
+            if assignment is not None and assignment is not old.assignments.get(key):
+                self._take_role(replica, assignment)
 
     @staticmethod
     def discard_opened(opened: OpenedPartition) -> None:
@@ -241,6 +346,7 @@ class Broker:
         await self.coordinator.close()
         await self.reconciler.close()
         await self.loop.run_in_executor(None, self.writer.close)
+        await self.metadata.stop()
         for replica in self.replicas.values():
             replica.log.close()  # writes the producer-state snapshot at the LEO
         failed = any(r.fenced is not None for r in self.replicas.values())
@@ -290,17 +396,25 @@ class Broker:
         return defn
 
     def replica(self, topic: str, partition: int) -> Replica:
-        """The local replica.
+        """The local replica, when this broker leads the partition.
 
         Raises:
-            BrokerError: ``partition_not_found`` when the metadata has no such partition;
+            BrokerError: ``partition_not_found`` when the metadata has no such partition; ``NOT_LEADER
+                leader=<host:port>`` (retryable) when another broker leads it;
                 ``leader_not_available`` (retryable) when it is assigned but no local replica serves it
                 (still opening, or placed on another broker).
         """
+        assignment = self.metadata.state.assignment(topic, partition)
+        if assignment is None:
+            raise BrokerError.of("partition_not_found", topic=topic, partition=partition)
+        if assignment.leader != self.broker_id:
+            address = self.broker_address(assignment.leader)
+            if address:
+                raise BrokerError.of("NOT_LEADER", topic=topic, partition=partition, leader=address)
+            raise BrokerError.of("leader_not_available", topic=topic, partition=partition,
+                                 reason="the partition has no leader")
         replica = self.replicas.get((topic, partition))
         if replica is None:
-            if self.metadata.state.assignment(topic, partition) is None:
-                raise BrokerError.of("partition_not_found", topic=topic, partition=partition)
             raise BrokerError.of("leader_not_available", topic=topic, partition=partition,
                                  reason="no local replica of this partition is open")
         return replica
@@ -343,7 +457,8 @@ class Broker:
         if self.metadata.get(name) is None and await self.reconciler.retry_cleanup(name):
             raise BrokerError.of("create_topic_failed", topic=name, cleanup_pending=True,
                                  reason="storage of a deleted topic of this name is not removed yet")
-        command = CreateTopic(uuid.uuid4().hex, spec, self.config.default_partitions, self.config.log_cleanup_policy)
+        command = CreateTopic(uuid.uuid4().hex, spec, self.config.default_partitions, self.config.log_cleanup_policy,
+                              default_replication_factor=self.config.default_replication_factor)
         try:
             result = await self._submit(command)
         except OSError as exc:

@@ -240,9 +240,10 @@ async def open_offsets_log(broker: Broker) -> OffsetsTopicLog:
 
 
 def partition_offsets(broker: Broker, topic: str, partition: int) -> PartitionOffsets | None:
-    """The coordinator's view of a local replica's offsets (None when there is none)."""
+    """The coordinator's view of a local replica's offsets (None when there is none, or when another
+    broker leads the partition: a follower's log says nothing about the leader's)."""
     replica = broker.replicas.get((topic, partition))
-    if replica is None:
+    if replica is None or replica.leader_id != broker.broker_id:
         return None
     return PartitionOffsets(replica.log_start_offset, replica.hwm, replica.leo)
 

@@ -56,6 +56,9 @@ class BrokerMetrics:
         self.retention_deletions_total = Counter(
             "cursus_storage_retention_deleted_segments_total", "Segments deleted by retention.", registry=r)
         self.ready = Gauge("cursus_broker_ready", "1 when the broker is ready to serve.", registry=r)
+        self.metadata_commit_seconds = Histogram(
+            "cursus_cluster_metadata_commit_seconds", "Metadata command submit-to-applied latency through Raft.",
+            registry=r, buckets=(0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5))
         self.topics = Gauge("cursus_broker_topics", "Topics known to the broker.", registry=r)
         self.partitions = Gauge("cursus_broker_partitions", "Partition replicas hosted.", registry=r)
         self.orphan_topics = Gauge(
@@ -146,3 +149,61 @@ class GroupStateCollector:
                 lag.add_metric(labels, entry["lag"])
         yield from (members, generation, committed, lag)
         yield GaugeMetricFamily("cursus_streams_active", "Open STREAM requests.", value=streams)
+
+
+class ClusterCollector:
+    """The Cluster group of facts B9, computed at scrape time from the committed metadata state (an
+    immutable value, safe to read from the metrics thread) and this node's Raft status.
+
+    ``state()`` returns the :class:`~cursus.metadata.state.MetadataState`; ``raft()`` the metadata
+    backend's ``raft_status()`` (None standalone: only ``cursus_distribution_enabled 0`` is exported).
+    """
+
+    def __init__(self, state: Callable[[], Any], raft: Callable[[], dict[str, Any] | None]) -> None:
+        self._state, self._raft = state, raft
+
+    def describe(self) -> list[Metric]:
+        return []
+
+    def collect(self) -> Iterator[Metric]:
+        raft = self._raft()
+        enabled = GaugeMetricFamily("cursus_distribution_enabled", "1 when this broker runs in a cluster.")
+        enabled.add_metric([], 0 if raft is None else 1)
+        yield enabled
+        if raft is None:
+            return
+        state = self._state()
+        def gauge(name: str, doc: str, value: float) -> GaugeMetricFamily:
+            family = GaugeMetricFamily(name, doc)
+            family.add_metric([], value)
+            return family
+
+        yield gauge("cursus_cluster_brokers", "Active registered brokers.", len(state.active_brokers()))
+        yield gauge("cursus_cluster_has_leader", "1 when a Raft leader is known.", 1 if raft["leader_id"] else 0)
+        yield gauge("cursus_cluster_is_leader", "1 when this node believes it leads Raft.",
+                    1 if raft["is_leader"] else 0)
+        yield gauge("cursus_cluster_raft_term", "Current Raft term.", raft["term"])
+        yield gauge("cursus_cluster_raft_commit_index", "Raft commit index known here.", raft["commit_index"])
+        yield gauge("cursus_cluster_raft_applied_index", "Raft index applied here.", raft["applied_index"])
+        labels = ["topic", "partition"]
+        replicas = GaugeMetricFamily("cursus_cluster_partition_replicas", "Replicas per partition.", labels=labels)
+        in_sync = GaugeMetricFamily("cursus_cluster_partition_in_sync_replicas", "ISR size per partition.",
+                                    labels=labels)
+        epoch = GaugeMetricFamily("cursus_cluster_partition_leader_epoch", "Leader epoch per partition.",
+                                  labels=labels)
+        leader = GaugeMetricFamily("cursus_cluster_partition_leader", "1 for the partition's leader broker.",
+                                   labels=[*labels, "broker_id"])
+        offline = under = 0
+        for (topic, partition), a in sorted(state.assignments.items()):
+            key = [topic, str(partition)]
+            replicas.add_metric(key, len(a.replicas))
+            in_sync.add_metric(key, len(a.isr))
+            epoch.add_metric(key, a.leader_epoch)
+            if a.leader is not None:
+                leader.add_metric([*key, a.leader], 1)
+            offline += a.leader is None
+            under += len(a.isr) < len(a.replicas)
+        yield gauge("cursus_cluster_offline_partitions", "Partitions without a leader.", offline)
+        yield gauge("cursus_cluster_under_replicated_partitions", "Partitions whose ISR is below their replicas.",
+                    under)
+        yield from (replicas, in_sync, epoch, leader)

@@ -18,7 +18,7 @@ from prometheus_client import start_http_server
 from cursus.broker.config import BrokerConfig
 from cursus.broker.core import Broker
 from cursus.broker.health import serve_health
-from cursus.broker.metrics import BrokerMetrics, GroupStateCollector
+from cursus.broker.metrics import BrokerMetrics, ClusterCollector, GroupStateCollector
 from cursus.broker.session import ByteBudget, Session
 from cursus.broker.tls import server_context
 
@@ -46,6 +46,7 @@ class BrokerServer:
         if self.broker is None:
             return {"recovery": "in progress"}
         reasons = dict(self.broker.not_ready_reasons)
+        reasons.update(self.broker.metadata.readiness())
         if self._client_server is None or not self._client_server.is_serving():
             reasons.setdefault("listener", "not accepting yet")
         return reasons
@@ -78,6 +79,7 @@ class BrokerServer:
             raise
         await self._client_server.start_serving()
         self.metrics.registry.register(GroupStateCollector(self._group_snapshot))
+        self.metrics.registry.register(ClusterCollector(lambda: broker.metadata.state, broker.metadata.raft_status))
         self.metrics.topics.set(len(broker.metadata.names()))
         self.metrics.partitions.set(len(broker.replicas))
         self.metrics.ready.set(1)

@@ -254,6 +254,9 @@ def build_parser() -> argparse.ArgumentParser:
     certs.add_argument("--nodes", type=int, required=True, metavar="N", help="number of nodes (node-1..node-N)")
     certs.add_argument("--host", action="append", metavar="H",
                        help="host or IP in every node certificate (repeatable; default 127.0.0.1, localhost)")
+    cluster_status = commands.add_parser("cluster-status", parents=[common],
+                                         help="brokers, Raft leader, partitions; exit 1 when unhealthy")
+    cluster_status.add_argument("--unhealthy", action="store_true", help="list only unhealthy partitions")
     return parser
 
 
@@ -847,7 +850,41 @@ def cmd_certs(args: argparse.Namespace, options: ConnectionOptions, out: Output)
     return EXIT_OK
 
 
-_HANDLERS = {"topic": cmd_topic, "produce": cmd_produce, "consume": cmd_consume, "group": cmd_group,
+def cmd_cluster_status(args: argparse.Namespace, options: ConnectionOptions, out: Output) -> int:
+    """``cluster-status``: CLUSTER_STATUS as tables (unhealthy rows marked ``UNHEALTHY``) or ``--json``; exit code 1
+    when the cluster is unhealthy (no Raft leader, an inactive broker, a leaderless or under-replicated
+    partition)."""
+    client = Client(args.broker, options)
+    try:
+        frame = client.call(Command.CLUSTER_STATUS)
+    finally:
+        client.close()
+    if frame.status == Status.ERROR:
+        raise error_from_frame(frame)
+    text = frame.payload.decode("utf-8")
+    if not text.startswith("OK cluster="):
+        raise ValueError(f"unexpected CLUSTER_STATUS reply: {text[:80]}")
+    doc = json.loads(text[len("OK cluster="):])
+    healthy = bool(doc.get("healthy"))
+    if out.json_mode:
+        out.json(doc)
+        return EXIT_OK if healthy else EXIT_FAILURE
+    out.fields("cluster", {key: doc.get(key) for key in (
+        "healthy", "raft_leader", "raft_state", "raft_term", "raft_commit_index", "raft_applied_index",
+        "active_brokers", "inactive_brokers", "partition_count", "leaderless_partitions",
+        "under_replicated_partitions")})
+    out.table("brokers", ["state", "id", "status", "client_addr", "raft_addr"],
+              [["ok" if b["status"] == "active" else "UNHEALTHY", b["id"], b["status"], b.get("client_addr", ""),
+                b.get("addr", "")] for b in doc.get("brokers", [])])
+    partitions = [p for p in doc.get("partitions", []) if not (args.unhealthy and p["healthy"])]
+    out.table("partitions", ["state", "partition", "leader", "epoch", "replicas", "isr", "committed_hwm", "reasons"],
+              [["ok" if p["healthy"] else "UNHEALTHY", p["key"], p["leader"] or "-", p["leader_epoch"],
+                ",".join(p["replicas"]), ",".join(p["isr"]), p["committed_hwm"], ",".join(p.get("reasons", []))]
+               for p in partitions])
+    return EXIT_OK if healthy else EXIT_FAILURE
+
+
+_HANDLERS = {"cluster-status": cmd_cluster_status, "topic": cmd_topic, "produce": cmd_produce, "consume": cmd_consume, "group": cmd_group,
              "offsets": cmd_offsets, "metadata": cmd_metadata, "raw": cmd_raw, "certs": cmd_certs}
 
 

@@ -384,7 +384,11 @@ class Consumer(_ConsumerSettings):
             return
         metadata = self.metadata()
         wanted = self._wanted if self._wanted is not None else list(range(metadata.partitions))
-        offsets = {o.partition: o for o in self._list_offsets()}
+        try:
+            listed = self._list_offsets()
+        except NotLeaderError:  # a cluster: partitions have different leaders, ask each (redirects followed)
+            listed = [o for p in wanted for o in self._list_offsets(p)]
+        offsets = {o.partition: o for o in listed}
         positions = {}
         for p in wanted:
             if p not in offsets:
@@ -655,7 +659,11 @@ class AsyncConsumer(_ConsumerSettings):
             return
         metadata = await self.metadata()
         wanted = self._wanted if self._wanted is not None else list(range(metadata.partitions))
-        offsets = {o.partition: o for o in await self._list_offsets()}
+        try:
+            listed = await self._list_offsets()
+        except NotLeaderError:  # a cluster: partitions have different leaders, ask each (redirects followed)
+            listed = [o for p in wanted for o in await self._list_offsets(p)]
+        offsets = {o.partition: o for o in listed}
         positions = {}
         for p in wanted:
             if p not in offsets:

@@ -21,14 +21,19 @@ from dataclasses import dataclass
 
 from cursus.metadata.commands import (
     AlterTopicConfig,
+    BrokerHeartbeat,
+    ChangeIsr,
     Command,
     CreateTopic,
     DeleteTopic,
+    ElectLeader,
+    FenceBroker,
     PutTopic,
     RegisterBroker,
 )
 from cursus.metadata.state import (
     APPLIED_REQUESTS_KEPT,
+    BrokerInfo,
     MetadataState,
     PartitionAssignment,
     PartitionKey,
@@ -47,12 +52,16 @@ class ApplyResult:
         changed: False when the command was a no-op (restated values, an already-applied request id).
         added: (topic, partition) keys whose assignment the command created.
         removed: (topic, partition) keys whose assignment the command removed.
+        moved: (topic, partition) keys whose leader, leader epoch or ISR the command changed.
+        previous_leader: ELECT_LEADER: the leader before the command (None when it was leaderless).
     """
 
     topic: TopicDefinition | None = None
     changed: bool = False
     added: tuple[PartitionKey, ...] = ()
     removed: tuple[PartitionKey, ...] = ()
+    moved: tuple[PartitionKey, ...] = ()
+    previous_leader: str | None = None
 
 
 def apply(state: MetadataState, command: Command) -> tuple[MetadataState, ApplyResult]:
@@ -61,7 +70,15 @@ def apply(state: MetadataState, command: Command) -> tuple[MetadataState, ApplyR
     if isinstance(previous, ApplyResult):
         return state, dataclasses.replace(previous, changed=False)
     if isinstance(command, RegisterBroker):
-        new, result = _register(state, command)
+        new, result = _register(state, command.broker)
+    elif isinstance(command, BrokerHeartbeat):
+        new, result = _heartbeat(state, command)
+    elif isinstance(command, FenceBroker):
+        new, result = _fence(state, command)
+    elif isinstance(command, ElectLeader):
+        new, result = _elect(state, command)
+    elif isinstance(command, ChangeIsr):
+        new, result = _change_isr(state, command)
     elif isinstance(command, DeleteTopic):
         new, result = _delete(state, command)
     else:
@@ -84,13 +101,103 @@ def _check_revision(state: MetadataState, topic: str, expected: int | None) -> N
         raise BrokerError.of("version_conflict", topic=topic, expected_revision=expected, revision=actual)
 
 
-def _register(state: MetadataState, command: RegisterBroker) -> tuple[MetadataState, ApplyResult]:
-    info = command.broker
-    if state.brokers.get(info.id) == info:
+def _register(state: MetadataState, info: BrokerInfo) -> tuple[MetadataState, ApplyResult]:
+    previous = state.brokers.get(info.id)
+    if previous == info:
         return state, ApplyResult()
     brokers = dict(state.brokers)
     brokers[info.id] = info
-    return dataclasses.replace(state, brokers=brokers), ApplyResult(changed=True)
+    new = dataclasses.replace(state, brokers=brokers)
+    if info.status == "active" and (previous is None or previous.status != "active"):
+        # The last ISR member of a leaderless partition is back: its log holds the committed data.
+        moves = {key: dataclasses.replace(a, leader=info.id, leader_epoch=a.leader_epoch + 1)
+                 for key, a in state.assignments.items() if a.leader is None and a.isr == (info.id,)}
+        if moves:
+            new = dataclasses.replace(new, assignments={**state.assignments, **moves})
+        return new, ApplyResult(changed=True, moved=tuple(sorted(moves)))
+    return new, ApplyResult(changed=True)
+
+
+def _heartbeat(state: MetadataState, command: BrokerHeartbeat) -> tuple[MetadataState, ApplyResult]:
+    shards = command.coordinator_shards
+    if shards < 1:
+        raise BrokerError.of("cluster_join_failed", broker=command.broker.id, reason="coordinator shards must be >= 1")
+    if state.coordinator_shards not in (0, shards):
+        raise BrokerError.of("cluster_join_failed", broker=command.broker.id,
+                             reason="transaction_coordinator_shards differs from the cluster's",
+                             configured=shards, cluster=state.coordinator_shards)
+    base = state if state.coordinator_shards else dataclasses.replace(state, coordinator_shards=shards)
+    new, result = _register(base, dataclasses.replace(command.broker, status="active"))
+    if base is not state and not result.changed:
+        return base, ApplyResult(changed=True)
+    return new, result
+
+
+def _fence(state: MetadataState, command: FenceBroker) -> tuple[MetadataState, ApplyResult]:
+    info = state.brokers.get(command.broker_id)
+    if info is None:
+        raise BrokerError.of("missing_broker", broker=command.broker_id, reason="not registered")
+    if info.status == "inactive":
+        return state, ApplyResult()
+    brokers = {**state.brokers, info.id: dataclasses.replace(info, status="inactive")}
+    moves: dict[PartitionKey, PartitionAssignment] = {}
+    for key, a in state.assignments.items():
+        if info.id not in a.isr:
+            continue
+        isr = tuple(b for b in a.isr if b != info.id)
+        if not isr:  # leaderless, never an unclean election; the last member stays recorded
+            moves[key] = dataclasses.replace(a, leader=None, leader_epoch=a.leader_epoch + (a.leader is not None))
+        elif a.leader == info.id:
+            moves[key] = dataclasses.replace(a, leader=isr[0], leader_epoch=a.leader_epoch + 1, isr=isr)
+        else:
+            moves[key] = dataclasses.replace(a, isr=isr)
+    new = dataclasses.replace(state, brokers=brokers, assignments={**state.assignments, **moves})
+    return new, ApplyResult(changed=True, moved=tuple(sorted(moves)))
+
+
+def _partition(state: MetadataState, topic: str, partition: int) -> PartitionAssignment:
+    assignment = state.assignments.get((topic, partition))
+    if assignment is None:
+        raise BrokerError.of("partition_not_found", topic=topic, partition=partition)
+    return assignment
+
+
+def _elect(state: MetadataState, command: ElectLeader) -> tuple[MetadataState, ApplyResult]:
+    a = _partition(state, command.topic, command.partition)
+    target = command.broker_id
+    if a.leader == target:  # a retry against the already selected leader
+        return state, ApplyResult(previous_leader=a.leader)
+    info = state.brokers.get(target)
+    reason = ("target is not a replica" if target not in a.replicas
+              else "target is not in the ISR" if target not in a.isr
+              else "target broker is not active" if info is None or info.status != "active"
+              else None)
+    if reason is None and command.expected_leader_epoch not in (None, a.leader_epoch):
+        reason = "leader epoch changed"
+    if reason is not None:
+        raise BrokerError.of("leader_election_rejected", topic=command.topic, partition=command.partition,
+                             broker=target, leader_epoch=a.leader_epoch,
+                             expected_leader_epoch=command.expected_leader_epoch, reason=reason)
+    key = (command.topic, command.partition)
+    moved = dataclasses.replace(a, leader=target, leader_epoch=a.leader_epoch + 1)
+    new = dataclasses.replace(state, assignments={**state.assignments, key: moved})
+    return new, ApplyResult(changed=True, moved=(key,), previous_leader=a.leader)
+
+
+def _change_isr(state: MetadataState, command: ChangeIsr) -> tuple[MetadataState, ApplyResult]:
+    a = _partition(state, command.topic, command.partition)
+    if command.leader_epoch != a.leader_epoch:
+        raise BrokerError.of("STALE_LEADER_EPOCH", current=a.leader_epoch, requested=command.leader_epoch)
+    wanted = set(command.isr)
+    if a.leader is None or a.leader not in wanted or not wanted <= set(a.replicas):
+        raise BrokerError.of("invalid_cluster_request", topic=command.topic, partition=command.partition,
+                             reason="the ISR must hold the leader and only replicas")
+    isr = tuple(b for b in a.replicas if b in wanted)
+    if isr == a.isr:
+        return state, ApplyResult()
+    key = (command.topic, command.partition)
+    new = dataclasses.replace(state, assignments={**state.assignments, key: dataclasses.replace(a, isr=isr)})
+    return new, ApplyResult(changed=True, moved=(key,))
 
 
 def _delete(state: MetadataState, command: DeleteTopic) -> tuple[MetadataState, ApplyResult]:
@@ -107,10 +214,16 @@ def _delete(state: MetadataState, command: DeleteTopic) -> tuple[MetadataState, 
 def _next_definition(state: MetadataState, command: CreateTopic | PutTopic | AlterTopicConfig,
                      current: TopicDefinition | None) -> TopicDefinition:
     if isinstance(command, CreateTopic):
+        if state.cluster and current is None:
+            wanted = command.spec.replication_factor or command.default_replication_factor
+            if wanted > len(state.brokers):
+                raise BrokerError.of("invalid_replication_factor", topic=command.topic, value=wanted,
+                                     registered_brokers=len(state.brokers))
         return apply_create(current, command.spec,
                             default_partitions=command.default_partitions,
                             default_cleanup_policy=command.default_cleanup_policy,
-                            max_replication_factor=len(state.active_brokers()))
+                            max_replication_factor=len(state.active_brokers()),
+                            default_replication_factor=command.default_replication_factor)
     if isinstance(command, PutTopic):
         defn = command.definition
         if current is not None and defn.partitions < current.partitions:
@@ -146,7 +259,7 @@ def _put(state: MetadataState, command: CreateTopic | PutTopic | AlterTopicConfi
         raise BrokerError.of("cluster_metadata_unavailable", topic=name, reason="no active broker to place on")
     assignments: dict[PartitionKey, PartitionAssignment] = dict(state.assignments)
     for key in added:
-        assignments[key] = place(defn, key[1], active, state.initial_leader_epoch)
+        assignments[key] = place(defn, key[1], active, state.initial_leader_epoch, leader_only_isr=state.cluster)
     topics = dict(state.topics)
     topics[name] = defn
     new = dataclasses.replace(state, topics=topics, assignments=assignments)

@@ -47,6 +47,22 @@ class Metadata(Protocol):
         """Call ``listener(old, new)`` after every committed change."""
         ...
 
+    async def start(self) -> None:
+        """Become usable (the cluster backend joins Raft and registers this broker). Raises on failure."""
+        ...
+
+    async def stop(self) -> None:
+        """Release what :meth:`start` acquired."""
+        ...
+
+    def readiness(self) -> dict[str, str]:
+        """``/ready`` checks that fail: {check: reason}; empty when the metadata is ready."""
+        ...
+
+    def raft_status(self) -> dict[str, object] | None:
+        """Raft ``leader_id``, ``is_leader``, ``term``, ``commit_index``, ``applied_index``; None standalone."""
+        ...
+
     async def submit(self, command: Command) -> ApplyResult:
         """Apply ``command``, commit it durably, publish it; return what it did.
 
@@ -57,7 +73,37 @@ class Metadata(Protocol):
         ...
 
 
-class StandaloneMetadata:
+class PublishedState:
+    """The read side every backend shares: the latest committed state and its listeners."""
+
+    def __init__(self, state: MetadataState) -> None:
+        self._state = state
+        self._listeners: list[Listener] = []
+
+    @property
+    def state(self) -> MetadataState:
+        return self._state
+
+    def get(self, name: str) -> TopicDefinition | None:
+        return self._state.topics.get(name)
+
+    def names(self) -> list[str]:
+        return self._state.names()
+
+    def subscribe(self, listener: Listener) -> None:
+        self._listeners.append(listener)
+
+    def _publish_state(self, new: MetadataState) -> None:
+        """Make ``new`` the committed state and tell every listener (on the event loop)."""
+        old, self._state = self._state, new
+        for listener in list(self._listeners):
+            try:
+                listener(old, new)
+            except Exception:
+                log.exception("metadata listener failed")
+
+
+class StandaloneMetadata(PublishedState):
     """Metadata of a cluster of one: topic definitions persisted in the manifest (format 3, facts B6).
 
     Commands are serialized by an internal lock (each commit stages the whole manifest). The partition
@@ -79,24 +125,22 @@ class StandaloneMetadata:
         self._log_dir = log_dir
         self._run_blocking = run_blocking
         self._lock = asyncio.Lock()
-        self._listeners: list[Listener] = []
         state, _ = apply(MetadataState(initial_leader_epoch=0), RegisterBroker(f"register-{local.id}", local))
         for name, defn in sorted(load_manifest(log_dir).items()):
             state, _ = apply(state, PutTopic(f"restore-{name}", defn))
-        self._state = state
+        super().__init__(state)
 
-    @property
-    def state(self) -> MetadataState:
-        return self._state
+    async def start(self) -> None:
+        return None
 
-    def get(self, name: str) -> TopicDefinition | None:
-        return self._state.topics.get(name)
+    async def stop(self) -> None:
+        return None
 
-    def names(self) -> list[str]:
-        return self._state.names()
+    def readiness(self) -> dict[str, str]:
+        return {}
 
-    def subscribe(self, listener: Listener) -> None:
-        self._listeners.append(listener)
+    def raft_status(self) -> dict[str, object] | None:
+        return None
 
     async def submit(self, command: Command) -> ApplyResult:
         async with self._lock:
@@ -107,10 +151,5 @@ class StandaloneMetadata:
             if new.topics != old.topics:
                 topics = dict(new.topics)
                 await self._run_blocking(lambda: save_manifest(self._log_dir, topics))
-            self._state = new
-            for listener in list(self._listeners):
-                try:
-                    listener(old, new)
-                except Exception:
-                    log.exception("metadata listener failed")
+            self._publish_state(new)
             return result

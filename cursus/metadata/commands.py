@@ -36,6 +36,7 @@ class CreateTopic:
     default_partitions: int = 1
     default_cleanup_policy: str = "delete"
     expected_revision: int | None = None
+    default_replication_factor: int = 1
 
     @property
     def topic(self) -> str:
@@ -81,7 +82,65 @@ class RegisterBroker:
     broker: BrokerInfo
 
 
-Command = CreateTopic | PutTopic | AlterTopicConfig | DeleteTopic | RegisterBroker
+@dataclass(frozen=True, slots=True)
+class BrokerHeartbeat:
+    """A cluster broker's liveness heartbeat: register or refresh it as ``active``.
+
+    ``coordinator_shards`` is the broker's configured ``transaction_coordinator_shards``: the first
+    heartbeat fixes the cluster's count, a broker configured with another count is refused
+    (``cluster_join_failed``). A broker returning from ``inactive`` leads again every leaderless partition
+    whose ISR is just itself (the last ISR member holds the committed data).
+    """
+
+    request_id: str
+    broker: BrokerInfo
+    coordinator_shards: int
+
+
+@dataclass(frozen=True, slots=True)
+class FenceBroker:
+    """The controller saw no heartbeat of ``broker_id`` in time: mark it ``inactive``; it leaves every ISR.
+
+    A partition it led gets the first remaining ISR member (replica order) as leader, leader epoch + 1; a
+    partition whose ISR was only this broker becomes leaderless (leader None, epoch + 1, ISR kept as the
+    last member: never an unclean election).
+    """
+
+    request_id: str
+    broker_id: str
+
+
+@dataclass(frozen=True, slots=True)
+class ElectLeader:
+    """ELECT_LEADER: make ``broker_id`` the leader of one partition (spec "ELECT_LEADER").
+
+    The target must be active and in both the replicas and the ISR; ``expected_leader_epoch`` (None: the
+    current one) must match; the epoch grows by exactly one. Electing the current leader changes nothing.
+    """
+
+    request_id: str
+    topic: str
+    partition: int
+    broker_id: str
+    expected_leader_epoch: int | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class ChangeIsr:
+    """Replace a partition's ISR (the replication pipeline's shrink/expand), fenced by the leader epoch.
+
+    ``isr`` must contain the leader and be a subset of the replicas; it is stored in replica order.
+    """
+
+    request_id: str
+    topic: str
+    partition: int
+    leader_epoch: int
+    isr: tuple[str, ...]
+
+
+Command = (CreateTopic | PutTopic | AlterTopicConfig | DeleteTopic | RegisterBroker | BrokerHeartbeat
+           | FenceBroker | ElectLeader | ChangeIsr)
 
 _TYPES: dict[str, type] = {
     "create_topic": CreateTopic,
@@ -89,6 +148,10 @@ _TYPES: dict[str, type] = {
     "alter_topic_config": AlterTopicConfig,
     "delete_topic": DeleteTopic,
     "register_broker": RegisterBroker,
+    "broker_heartbeat": BrokerHeartbeat,
+    "fence_broker": FenceBroker,
+    "elect_leader": ElectLeader,
+    "change_isr": ChangeIsr,
 }
 _NAMES = {cls: name for name, cls in _TYPES.items()}
 
@@ -98,6 +161,7 @@ def _body(command: Command) -> dict[str, Any]:
         return {"spec": command.spec.to_fields(),
                 "default_partitions": command.default_partitions,
                 "default_cleanup_policy": command.default_cleanup_policy,
+                "default_replication_factor": command.default_replication_factor,
                 "expected_revision": command.expected_revision}
     if isinstance(command, PutTopic):
         return {"definition": command.definition.to_manifest(), "expected_revision": command.expected_revision}
@@ -106,6 +170,16 @@ def _body(command: Command) -> dict[str, Any]:
                 "expected_revision": command.expected_revision}
     if isinstance(command, DeleteTopic):
         return {"topic": command.topic, "expected_revision": command.expected_revision}
+    if isinstance(command, BrokerHeartbeat):
+        return {"broker": command.broker.to_dict(), "coordinator_shards": command.coordinator_shards}
+    if isinstance(command, FenceBroker):
+        return {"broker_id": command.broker_id}
+    if isinstance(command, ElectLeader):
+        return {"topic": command.topic, "partition": command.partition, "broker_id": command.broker_id,
+                "expected_leader_epoch": command.expected_leader_epoch}
+    if isinstance(command, ChangeIsr):
+        return {"topic": command.topic, "partition": command.partition, "leader_epoch": command.leader_epoch,
+                "isr": list(command.isr)}
     return {"broker": command.broker.to_dict()}
 
 
@@ -135,11 +209,16 @@ def _str(value: Any) -> str:
 
 
 _FIELDS = {
-    "create_topic": {"spec", "default_partitions", "default_cleanup_policy", "expected_revision"},
+    "create_topic": {"spec", "default_partitions", "default_cleanup_policy", "default_replication_factor",
+                     "expected_revision"},
     "put_topic": {"definition", "expected_revision"},
     "alter_topic_config": {"topic", "min_in_sync_replicas", "expected_revision"},
     "delete_topic": {"topic", "expected_revision"},
     "register_broker": {"broker"},
+    "broker_heartbeat": {"broker", "coordinator_shards"},
+    "fence_broker": {"broker_id"},
+    "elect_leader": {"topic", "partition", "broker_id", "expected_leader_epoch"},
+    "change_isr": {"topic", "partition", "leader_epoch", "isr"},
 }
 
 
@@ -165,7 +244,8 @@ def decode(data: bytes) -> Command:
             except BrokerError as exc:
                 raise ValueError(f"bad CREATE spec: {exc.error.code}") from None
             return CreateTopic(request_id, spec, _int(doc["default_partitions"]),
-                               _str(doc["default_cleanup_policy"]), _opt_int(doc["expected_revision"]))
+                               _str(doc["default_cleanup_policy"]), _opt_int(doc["expected_revision"]),
+                               _int(doc["default_replication_factor"]))
         if kind == "put_topic":
             return PutTopic(request_id, TopicDefinition.from_manifest(doc["definition"]),
                             _opt_int(doc["expected_revision"]))
@@ -174,8 +254,21 @@ def decode(data: bytes) -> Command:
                                     _opt_int(doc["expected_revision"]))
         if kind == "delete_topic":
             return DeleteTopic(request_id, _str(doc["topic"]), _opt_int(doc["expected_revision"]))
+        if kind == "fence_broker":
+            return FenceBroker(request_id, _str(doc["broker_id"]))
+        if kind == "elect_leader":
+            return ElectLeader(request_id, _str(doc["topic"]), _int(doc["partition"]), _str(doc["broker_id"]),
+                               _opt_int(doc["expected_leader_epoch"]))
+        if kind == "change_isr":
+            if not isinstance(doc["isr"], list):
+                raise ValueError("isr must be a list")
+            return ChangeIsr(request_id, _str(doc["topic"]), _int(doc["partition"]), _int(doc["leader_epoch"]),
+                             tuple(_str(b) for b in doc["isr"]))
         if not isinstance(doc["broker"], dict):
             raise ValueError("broker must be an object")
-        return RegisterBroker(request_id, BrokerInfo.from_dict(doc["broker"]))
+        broker = BrokerInfo.from_dict(doc["broker"])
+        if kind == "broker_heartbeat":
+            return BrokerHeartbeat(request_id, broker, _int(doc["coordinator_shards"]))
+        return RegisterBroker(request_id, broker)
     except (KeyError, TypeError) as exc:
         raise ValueError(f"bad metadata command: {exc}") from None

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import bisect
 import functools
+import hashlib
 import zlib
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
@@ -104,6 +105,11 @@ class MetadataState:
             bounded to :data:`APPLIED_REQUESTS_KEPT` entries, oldest dropped first.
         initial_leader_epoch: the leader epoch of a newly placed partition: 1 in a cluster (facts B7),
             0 standalone (facts B5: standalone METADATA reports epochs 0).
+        cluster: True for the Raft cluster's state. A cluster refuses a replication factor above the
+            registered brokers (``invalid_replication_factor``) instead of capping it, and places new
+            partitions with ISR = [leader] until the replication pipeline lands (followers hold no data).
+        coordinator_shards: the cluster's ``transaction_coordinator_shards`` (0 until the first broker
+            heartbeat fixes it; immutable after).
     """
 
     revision: int = 0
@@ -112,6 +118,8 @@ class MetadataState:
     brokers: Mapping[str, BrokerInfo] = field(default_factory=dict)
     applied: Mapping[str, Any] = field(default_factory=dict)
     initial_leader_epoch: int = FIRST_LEADER_EPOCH
+    cluster: bool = False
+    coordinator_shards: int = 0
 
     def topic(self, name: str) -> TopicDefinition | None:
         return self.topics.get(name)
@@ -154,9 +162,30 @@ def ring_replicas(brokers: Iterable[str], key: str, count: int) -> tuple[str, ..
     return tuple(chosen)
 
 
-def place(topic: TopicDefinition, partition: int, active: list[str], leader_epoch: int) -> PartitionAssignment:
-    """A fresh assignment for a new partition: RF capped by the active brokers, leader = replicas[0]."""
+def transaction_shard(transactional_id: str, shards: int) -> int:
+    """The coordinator shard of ``transactional_id`` (facts B7): the first 8 bytes of its SHA-256 as a
+    big-endian integer, modulo ``shards``."""
+    return int.from_bytes(hashlib.sha256(transactional_id.encode()).digest()[:8], "big") % shards
+
+
+def transaction_coordinator(state: MetadataState, transactional_id: str) -> str | None:
+    """The owner of ``transactional_id``'s shard: ``__transaction_coordinator-<shard>`` on the ring of
+    active brokers (facts B7); None when no shard count is fixed yet or no broker is active."""
+    if not state.coordinator_shards:
+        return None
+    shard = transaction_shard(transactional_id, state.coordinator_shards)
+    owners = ring_replicas(state.active_brokers(), f"__transaction_coordinator-{shard}", 1)
+    return owners[0] if owners else None
+
+
+def place(topic: TopicDefinition, partition: int, active: list[str], leader_epoch: int, *,
+          leader_only_isr: bool = False) -> PartitionAssignment:
+    """A fresh assignment for a new partition: RF capped by the active brokers, leader = replicas[0].
+
+    ISR = replicas, or just the leader when ``leader_only_isr`` (a cluster before record replication).
+    """
     replicas = ring_replicas(active, f"{topic.name}-{partition}", min(topic.replication_factor, len(active)))
+    isr = replicas[:1] if leader_only_isr else replicas
     return PartitionAssignment(replicas=replicas, leader=replicas[0] if replicas else None,
-                               leader_epoch=leader_epoch, isr=replicas, committed_hwm=0,
+                               leader_epoch=leader_epoch, isr=isr, committed_hwm=0,
                                lifecycle_epoch=topic.lifecycle_epoch)

@@ -258,6 +258,7 @@ def apply_create(
     default_partitions: int,
     default_cleanup_policy: str,
     max_replication_factor: int = 1,
+    default_replication_factor: int = 1,
 ) -> TopicDefinition:
     """Build a new definition, or patch ``current``, from a validated CREATE spec (spec "CREATE", facts B5).
 
@@ -274,7 +275,7 @@ def apply_create(
     name = spec.topic
     # The replication factor that will be stored: a new topic gets the requested value capped by the
     # brokers available for placement (standalone: 1, facts decision 11); an existing topic keeps its own.
-    stored_rf = current.replication_factor if current else min(spec.replication_factor or 1,
+    stored_rf = current.replication_factor if current else min(spec.replication_factor or default_replication_factor,
                                                                 max(1, max_replication_factor))
     min_isr = spec.min_in_sync_replicas
     if isinstance(min_isr, int):

@@ -6,6 +6,7 @@ import json
 import os
 import signal
 import socket
+import ssl
 import subprocess
 import sys
 import time
@@ -83,6 +84,21 @@ def wait_for(predicate: Callable[[], Any], timeout: float, what: str, interval: 
         if time.monotonic() > deadline:
             raise AssertionError(f"timed out after {timeout}s waiting for {what}")
         time.sleep(interval)
+
+
+def closed_by_peer(sock: socket.socket, timeout: float = 5.0) -> bool:
+    """Read until EOF/reset/TLS alert; True when the peer closed within ``timeout``."""
+    sock.settimeout(timeout)
+    deadline = time.monotonic() + timeout
+    try:
+        while time.monotonic() < deadline:
+            if not sock.recv(4096):
+                return True
+    except (ssl.SSLError, ConnectionError):
+        return True
+    except TimeoutError:
+        return False
+    return False
 
 
 class DevNode:

@@ -11,7 +11,6 @@ import pickle
 import socket
 import ssl
 import struct
-import time
 import zlib
 from collections.abc import Iterator
 from pathlib import Path
@@ -20,7 +19,7 @@ import pytest
 
 from cursus.cluster.raft.node import RaftNode
 from cursus.cluster.tls import TLSFiles
-from tests.cluster.raftsupport import IDS, RaftPki, free_ports, in_process_node, wait_for
+from tests.cluster.raftsupport import IDS, RaftPki, closed_by_peer, free_ports, in_process_node, wait_for
 
 
 def _frame(message: object) -> bytes:
@@ -57,21 +56,6 @@ def _connect(node: RaftNode, members: dict[str, str]) -> socket.socket:
     return socket.create_connection((host, int(port)), timeout=5)
 
 
-def _closed_by_peer(sock: socket.socket, timeout: float = 5.0) -> bool:
-    """Read until EOF/reset/TLS alert; True when the peer closed within ``timeout``."""
-    sock.settimeout(timeout)
-    deadline = time.monotonic() + timeout
-    try:
-        while time.monotonic() < deadline:
-            if not sock.recv(4096):
-                return True
-    except (ssl.SSLError, ConnectionError):
-        return True
-    except TimeoutError:
-        return False
-    return False
-
-
 def _rejections(node: RaftNode, reason: str) -> int:
     return int(node.status().rejected_connections.get(reason, 0))
 
@@ -100,7 +84,7 @@ def test_plaintext_peer_is_refused(target: tuple[RaftNode, dict[str, str]]) -> N
     before = _rejections(node, "handshake_failed")
     with _connect(node, members) as sock:
         sock.sendall(_frame(members["node-2"]) + _frame({"type": "request_vote", "term": 99}))
-        assert _closed_by_peer(sock)
+        assert closed_by_peer(sock)
     _assert_refused(node, "handshake_failed", before)
 
 
@@ -108,7 +92,7 @@ def test_silent_peer_is_dropped(target: tuple[RaftNode, dict[str, str]]) -> None
     node, members = target
     before = _rejections(node, "authentication_timeout")
     with _connect(node, members) as sock:
-        assert _closed_by_peer(sock, timeout=5)
+        assert closed_by_peer(sock, timeout=5)
     _assert_refused(node, "authentication_timeout", before)
 
 
@@ -119,7 +103,7 @@ def test_foreign_ca_certificate_is_refused(pki: RaftPki, target: tuple[RaftNode,
         try:
             sock = _context(pki.foreign).wrap_socket(raw)
             sock.sendall(_frame(members["node-2"]))
-            assert _closed_by_peer(sock)
+            assert closed_by_peer(sock)
         except (ssl.SSLError, ConnectionError):
             pass
     _assert_refused(node, "handshake_failed", before)
@@ -132,7 +116,7 @@ def test_missing_client_certificate_is_refused(target: tuple[RaftNode, dict[str,
         try:  # TLS 1.3: the client finishes first and learns of the refusal on its next read
             sock = _context(None).wrap_socket(raw)
             sock.sendall(_frame(members["node-2"]))
-            assert _closed_by_peer(sock)
+            assert closed_by_peer(sock)
         except (ssl.SSLError, ConnectionError):
             pass
     _assert_refused(node, "handshake_failed", before)
@@ -154,7 +138,7 @@ def test_certificate_claiming_another_node_is_refused(pki: RaftPki,
     before = _rejections(node, "identity_mismatch")
     with _tls_session(pki.files("node-3"), node, members) as sock:  # a valid cert, but node-3's
         sock.sendall(_frame(members["node-2"]))
-        assert _closed_by_peer(sock)
+        assert closed_by_peer(sock)
     _assert_refused(node, "identity_mismatch", before)
 
 
@@ -202,5 +186,5 @@ def test_dialled_peer_must_present_its_own_identity(pki: RaftPki, dialer: tuple[
                 assert pickle.loads(zlib.decompress(body)) == members["node-1"]
                 wait_for(lambda: "node-2" in node.status().connected_peers, 5, "node-2 connected")
             else:
-                assert _closed_by_peer(sock)
+                assert closed_by_peer(sock)
                 _assert_refused(node, "identity_mismatch", before)

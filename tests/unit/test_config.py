@@ -54,9 +54,9 @@ def test_invalid_values_name_the_key(tmp_path, yaml_text, message):
 
 def test_reference_key_accepted_with_warning(tmp_path):
     path = tmp_path / "ref.yaml"
-    path.write_text("raft_port: 9001\n")
+    path.write_text("discovery_port: 8000\n")
     cfg = load_config(config_path=path, environ={})
-    assert any("raft_port" in w for w in cfg.warnings)
+    assert any("discovery_port" in w for w in cfg.warnings)
 
 
 def test_env_invalid_value_names_key():

@@ -11,7 +11,7 @@ from collections.abc import Awaitable, Callable, Mapping
 from typing import Any
 
 from cursus.broker.args import ARGS
-from cursus.broker.handlers import admin, fetch, groups, produce, session_cmds, stream, topics
+from cursus.broker.handlers import admin, cluster, fetch, groups, produce, session_cmds, stream, topics
 from cursus.broker.request import Answer, Handler, Request
 from cursus.params import Args, parse_args
 from cursus.wire import Command
@@ -55,6 +55,8 @@ _TYPED: Mapping[Command, TypedHandler] = {
     Command.FIND_COORDINATOR: groups.handle_find_coordinator,
     Command.CONSUME: fetch.handle_consume,
     Command.STREAM: stream.handle_stream,
+    Command.CLUSTER_STATUS: cluster.handle_cluster_status,
+    Command.ELECT_LEADER: cluster.handle_elect_leader,
 }
 
 HANDLERS: Mapping[Command, Handler] = {

@@ -29,7 +29,7 @@ async def handle_describe(broker: Broker, req: Request, args: TopicArgs) -> byte
             "leader_epoch": a.leader_epoch if a else 0,
         }
         r = broker.replicas.get((defn.name, p))
-        if r is not None:
+        if r is not None and a is not None and a.leader == broker.broker_id:  # offsets of the leader only
             entry.update(log_start_offset=r.log_start_offset, leo=r.leo, hwm=r.hwm)
         else:
             entry.update(hwm=a.committed_hwm if a else 0)
