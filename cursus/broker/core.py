@@ -21,6 +21,7 @@ from typing import Any
 
 from cursus.broker import group_log
 from cursus.broker.config import BrokerConfig
+from cursus.broker.fdlimit import check_partition_headroom
 from cursus.broker.metrics import BrokerMetrics
 from cursus.broker.offload import Offload, StallProbe
 from cursus.broker.producer_state import ProducerStateTable
@@ -71,6 +72,10 @@ class Clock:
 
     monotonic_ms: Callable[[], int] = monotonic_ms
     wall_ms: Callable[[], int] = now_ms
+
+
+#: Descriptors kept free beyond one per client connection (listeners, Raft, gRPC, temp files).
+FD_RESERVE = 128
 
 
 def default_broker_id(config: BrokerConfig, port: int) -> str:
@@ -450,13 +455,22 @@ class Broker:
         """CREATE (new topic or presence-aware patch): committed, local partitions open, groups updated.
 
         Raises:
-            BrokerError: CREATE validation errors; ``create_topic_failed`` when the commit or a partition
-                open fails, or while storage of a deleted topic of that name could not be removed yet.
+            BrokerError: CREATE validation errors; ``resource_exhausted`` when the new partitions' files
+                would not fit under the open-file limit; ``create_topic_failed`` when the commit or a
+                partition open fails, or while storage of a deleted topic of that name could not be removed
+                yet.
         """
         name = spec.topic
         if self.metadata.get(name) is None and await self.reconciler.retry_cleanup(name):
             raise BrokerError.of("create_topic_failed", topic=name, cleanup_pending=True,
                                  reason="storage of a deleted topic of this name is not removed yet")
+        current = self.metadata.get(name)
+        wanted = spec.partitions or (current.partitions if current else self.config.default_partitions)
+        # Refuse before the commit a topic whose partitions' files would not fit (else it is committed,
+        # cannot be opened, and every restart fails with EMFILE). Conservative in a cluster: every new
+        # partition is counted as local.
+        check_partition_headroom(wanted - (current.partitions if current else 0),
+                                 reserve=self.config.max_client_connections + FD_RESERVE)
         command = CreateTopic(uuid.uuid4().hex, spec, self.config.default_partitions, self.config.log_cleanup_policy,
                               default_replication_factor=self.config.default_replication_factor)
         try:

@@ -12,6 +12,7 @@ import logging
 import sys
 
 from cursus.broker.config import ConfigError, load_config
+from cursus.broker.fdlimit import raise_open_file_limit
 
 log = logging.getLogger("cursus")
 
@@ -57,6 +58,7 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     for warning in config.warnings:
         log.warning("%s", warning)
+    log.info("open-file limit: %d", raise_open_file_limit())
     try:
         import uvloop
 
