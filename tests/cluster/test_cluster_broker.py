@@ -170,6 +170,10 @@ def test_group_offsets_survive_a_coordinator_kill(cluster: Cluster) -> None:
         create_topic(c, "grouped", 1)
         found = ok_fields(c.command("FIND_COORDINATOR group=gk"))
     coordinator = next(b for b in cluster.brokers if b.port == int(found["port"]))
+    with conn(cluster.by_id(leader_of(cluster, "grouped", 0)[0])) as c:  # a commit must not pass the log end
+        for i in range(42):
+            reply = c.command(f"PUBLISH topic=grouped partition=0 acks=1 producerId=p message=m{i}")
+            assert reply.status == Status.OK, render(reply)
     with conn(coordinator) as c:
         joined = ok_fields(c.command("JOIN_GROUP topic=grouped group=gk member=m"))
         ok_fields(c.command(f"COMMIT_OFFSET topic=grouped partition=0 group=gk offset=42 "
