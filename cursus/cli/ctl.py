@@ -11,7 +11,7 @@ Usage::
     topic delete NAME [--if-exists]
     topic list
     topic describe NAME
-    produce TOPIC [--file F] [--key-sep SEP] [--acks 0|1|all] [--partition N] [--idempotent]
+    produce TOPIC [--file F] [--key K | --key-sep SEP] [--acks 0|1|all] [--partition N] [--idempotent]
     consume TOPIC [--partition N ...] [--offset N | --from-beginning] [--follow] [--max N]
                   [--format text|json|hex]
     consume TOPIC --group G [--from-beginning | --reset earliest|latest|error] [--mode poll|stream]
@@ -162,11 +162,20 @@ def _global_options(parser: argparse.ArgumentParser) -> None:
     group.add_argument("--json", action="store_true", default=argparse.SUPPRESS, help="machine-readable output")
 
 
+class _Parser(argparse.ArgumentParser):
+    """An argument parser that takes options only as spelled: argparse's prefix matching would read
+    ``--key k1`` as ``--key-sep k1`` (subparsers inherit the class, so this holds for every subcommand)."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        kwargs["allow_abbrev"] = False
+        super().__init__(*args, **kwargs)
+
+
 def build_parser() -> argparse.ArgumentParser:
     """The ``cursusctl`` argument parser."""
-    common = argparse.ArgumentParser(add_help=False)
+    common = _Parser(add_help=False)
     _global_options(common)
-    parser = argparse.ArgumentParser(prog="cursusctl", parents=[common],
+    parser = _Parser(prog="cursusctl", parents=[common],
                                      description="Command-line client for Cursus brokers (Wire v2).")
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
@@ -199,7 +208,9 @@ def build_parser() -> argparse.ArgumentParser:
     produce = commands.add_parser("produce", parents=[common], help="produce lines from stdin or a file")
     produce.add_argument("topic")
     produce.add_argument("--file", help="read records from this file (default: stdin), one per line")
-    produce.add_argument("--key-sep", help="split each line into key and value at the first SEP")
+    keying = produce.add_mutually_exclusive_group()
+    keying.add_argument("--key", "-k", help="the key of every record")
+    keying.add_argument("--key-sep", help="split each line into key and value at the first SEP")
     produce.add_argument("--acks", default=None, choices=["0", "1", "all", "-1"], help="default 1 (all with --idempotent)")
     produce.add_argument("--partition", type=_non_negative, help="send every record to this partition")
     produce.add_argument("--idempotent", action="store_true", help="idempotent producer (acks=all)")
@@ -510,7 +521,7 @@ def cmd_produce(args: argparse.Namespace, options: ConnectionOptions, out: Outpu
     failure: CursusError | None = None
     try:
         for index, line in enumerate(_read_lines(args.file)):
-            key = None
+            key = args.key
             value = line
             if sep is not None and sep in line:
                 raw_key, value = line.split(sep, 1)
