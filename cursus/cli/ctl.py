@@ -67,6 +67,7 @@ from cursus.client.errors import (
 from cursus.client.group import GroupConsumer, GroupMembership
 from cursus.client.producer import Producer
 from cursus.client.records import ConsumerRecord, RecordMetadata, decode_consumed_batch
+from cursus.client.signals import sigterm_exits
 from cursus.wire import (
     Command,
     CommandTextError,
@@ -874,7 +875,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         _finish_globals(args)
         out = Output(args.json)
         options = connection_options(args)
-        return _HANDLERS[args.command](args, options, out)
+        with sigterm_exits():  # SIGTERM unwinds like Ctrl-C: a group member leaves its group (exit 143)
+            return _HANDLERS[args.command](args, options, out)
     except UsageError as exc:
         print(f"cursusctl: error: {exc}", file=sys.stderr)
         return EXIT_USAGE

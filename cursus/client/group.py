@@ -61,6 +61,7 @@ from cursus.client.errors import (
     error_from_frame,
 )
 from cursus.client.records import ConsumerRecord, decode_consumed_batch
+from cursus.client.signals import sigterm_exits
 from cursus.wire import Command, CommandPayload, Frame, ProtocolError, Status, encode_crq2
 
 __all__ = ["AsyncGroupConsumer", "GroupConsumer", "GroupMembership", "REJOIN_CODES"]
@@ -387,6 +388,7 @@ class GroupConsumer(_GroupSettings):
         self._heartbeat_thread: threading.Thread | None = None
         self._streams: list[_PartitionStreamThread] = []
         self._stream_queue: queue.Queue[tuple[int, int, list[ConsumerRecord]]] = queue.Queue()
+        self._sigterm: contextlib.AbstractContextManager[None] = contextlib.nullcontext()
 
     # ---------------------------------------------------------------------------------------- properties
 
@@ -604,10 +606,18 @@ class GroupConsumer(_GroupSettings):
         self._heartbeat_client.close()
 
     def __enter__(self) -> GroupConsumer:
+        """Inside the block SIGTERM exits cleanly (:func:`~cursus.client.signals.sigterm_exits`): leaving the
+        block leaves the group, also when the process is stopped with ``kill`` (unless the application set
+        its own SIGTERM handler)."""
+        self._sigterm = sigterm_exits()
+        self._sigterm.__enter__()
         return self
 
     def __exit__(self, *exc: object) -> None:
-        self.close()
+        try:
+            self.close()
+        finally:
+            self._sigterm.__exit__(None, None, None)
 
 
 class _PartitionStreamThread(threading.Thread):

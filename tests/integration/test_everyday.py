@@ -1,0 +1,133 @@
+"""Everyday-use defects of ``cursusctl`` and the SDK (issue 19), each reproduced against a real broker."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+
+from cursus.client import Admin, ConflictError, CursusError, GroupConsumer
+from cursus.wire import Status
+from tests.integration.conftest import connect
+from tests.integration.helpers import create_topic, publish_batch
+
+pytestmark = pytest.mark.timeout(90)
+
+
+def _address(broker) -> str:
+    host, port = broker.address
+    return f"{host}:{port}"
+
+
+def ctl(broker, *args: str, stdin: str | None = None) -> subprocess.CompletedProcess[str]:
+    env = {**os.environ, "CURSUS_BROKER": _address(broker)}
+    return subprocess.run([sys.executable, "-m", "cursus.cli.ctl", *args], input=stdin, capture_output=True,
+                          text=True, env=env, timeout=60)
+
+
+def group_status(broker, group: str) -> dict:
+    """The GROUP_STATUS document, or {} while the group does not exist."""
+    with connect(broker) as conn:
+        frame = conn.command(f"GROUP_STATUS group={group}")
+    return json.loads(frame.payload) if frame.status == Status.OK else {}
+
+
+def wait_for(predicate, timeout_s: float, what: str):
+    deadline = time.monotonic() + timeout_s
+    while True:
+        value = predicate()
+        if value:
+            return value
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        time.sleep(0.05)
+
+
+# ------------------------------------------------------------------------------ option abbreviations
+
+
+def test_key_is_a_static_key_and_option_prefixes_are_refused(shared_broker, topic_name):
+    assert ctl(shared_broker, "topic", "create", topic_name).returncode == 0
+    produced = ctl(shared_broker, "produce", topic_name, "--key", "k1", stdin="order-k1-payload\n")
+    assert produced.returncode == 0, produced.stderr
+    short = ctl(shared_broker, "produce", topic_name, "-k", "k2", stdin="second\n")
+    assert short.returncode == 0, short.stderr
+    consumed = ctl(shared_broker, "--json", "consume", topic_name, "--offset", "0")
+    docs = [json.loads(line) for line in consumed.stdout.splitlines()]
+    assert sorted((d["key"], d["value"]) for d in docs) == [("k1", "order-k1-payload"), ("k2", "second")]
+    # a prefix of a longer option is not that option: usage error, nothing produced
+    for argv in (["produce", topic_name, "--key-s", ":"], ["produce", topic_name, "--idem"],
+                 ["consume", topic_name, "--from"], ["consume", topic_name, "--off", "0"],
+                 ["consume", topic_name, "--part", "0"], ["produce", topic_name, "--key", "a", "--key-sep", ":"]):
+        refused = ctl(shared_broker, *argv, stdin="x:y\n")
+        assert refused.returncode == 2, (argv, refused.stdout, refused.stderr)
+    with Admin(_address(shared_broker)) as admin:
+        assert sum(o.latest for o in admin.list_offsets(topic_name)) == 2
+
+
+# ------------------------------------------------------------------------------ SIGTERM leaves the group
+
+
+MEMBER_SCRIPT = r"""
+import sys
+from cursus.client import GroupConsumer
+topic, group, address = sys.argv[1:4]
+with GroupConsumer(topic, group, address, client_id="sdk", heartbeat_interval_s=0.5) as consumer:
+    consumer.assignment()
+    print("joined", flush=True)
+    while True:
+        consumer.poll(0.2)
+"""
+
+
+@pytest.mark.parametrize("how", ["cursusctl", "sdk"])
+def test_sigterm_leaves_the_group(shared_broker, topic_name, how):
+    group = f"g-{topic_name}"
+    with connect(shared_broker) as conn:
+        create_topic(conn, topic_name, partitions=2)
+    env = {**os.environ, "CURSUS_BROKER": _address(shared_broker)}
+    if how == "cursusctl":
+        argv = [sys.executable, "-m", "cursus.cli.ctl", "consume", topic_name, "--group", group, "--follow"]
+    else:
+        argv = [sys.executable, "-c", MEMBER_SCRIPT, topic_name, group, _address(shared_broker)]
+    proc = subprocess.Popen(argv, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        wait_for(lambda: group_status(shared_broker, group).get("member_count") == 1, 20, "the member to join")
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=20) == 128 + signal.SIGTERM, proc.stderr.read() if proc.stderr else ""
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    doc = group_status(shared_broker, group)
+    assert doc["member_count"] == 0 and doc["state"] == "Empty"  # left at once, not after the session timeout
+    deleted = ctl(shared_broker, "topic", "delete", topic_name)
+    assert deleted.returncode == 0, deleted.stderr
+
+
+# ------------------------------------------------------------------------------ SDK commits
+
+
+def test_group_commit_refusals_raise_and_the_consumer_joins_eagerly(shared_broker, topic_name):
+    address = _address(shared_broker)
+    with connect(shared_broker) as conn:
+        create_topic(conn, topic_name, partitions=2)
+        for p in range(2):
+            publish_batch(conn, topic_name, p, [b"x"] * 200)
+    with GroupConsumer(topic_name, f"g-{topic_name}", address, auto_commit=False) as consumer:
+        assert consumer.member_id is not None and consumer.generation == 1  # joined, before any poll
+        assert consumer.commit({0: 150}) == {0: 150}
+        with pytest.raises(ConflictError) as regression:
+            consumer.commit({0: 100})
+        assert regression.value.code == "offset_regression"
+        assert consumer.commit({0: 150}) == {}  # the committed value again: nothing to do
+        with pytest.raises(CursusError) as missing:
+            consumer.commit({9: 1})  # not dropped silently either
+        assert missing.value.code == "partition_not_found"
+    with GroupConsumer(topic_name, f"g2-{topic_name}", address, auto_commit=False) as fresh:
+        assert fresh.commit() == {}  # nothing polled yet: nothing to commit, but it is a member
+        assert fresh.assignment() == [0, 1] and fresh.member_id
