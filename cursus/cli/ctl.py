@@ -597,7 +597,9 @@ def cmd_consume(args: argparse.Namespace, options: ConnectionOptions, out: Outpu
     elif args.offset is not None:
         start = args.offset
     fmt = "json" if out.json_mode else args.format
-    consumer = Consumer(args.topic, args.broker, partitions=args.partition, start=start,
+    # An explicit offset outside the partition's offsets is an error (exit 1), never a silent jump or nothing.
+    reset = "error" if args.offset is not None and args.offset >= 0 else "earliest"
+    consumer = Consumer(args.topic, args.broker, partitions=args.partition, start=start, auto_offset_reset=reset,
                         isolation_level=args.isolation, wait_ms=args.wait_ms, options=options)
     count = 0
     try:

@@ -11,7 +11,16 @@ import time
 
 import pytest
 
-from cursus.client import Admin, ConflictError, CursusError, GroupConsumer
+from cursus.client import (
+    Admin,
+    ConflictError,
+    Consumer,
+    CursusError,
+    DeliveryFailedError,
+    GroupConsumer,
+    OffsetOutOfRangeError,
+    Producer,
+)
 from cursus.wire import Status
 from tests.integration.conftest import connect
 from tests.integration.helpers import create_topic, publish_batch
@@ -131,3 +140,37 @@ def test_group_commit_refusals_raise_and_the_consumer_joins_eagerly(shared_broke
     with GroupConsumer(topic_name, f"g2-{topic_name}", address, auto_commit=False) as fresh:
         assert fresh.commit() == {}  # nothing polled yet: nothing to commit, but it is a member
         assert fresh.assignment() == [0, 1] and fresh.member_id
+
+
+# ------------------------------------------------------------------------------ sizes and ranges
+
+
+def test_an_oversized_record_fails_client_side_with_any_acks(shared_broker, topic_name):
+    assert ctl(shared_broker, "topic", "create", topic_name, "--partitions", "1").returncode == 0
+    big = "x" * (1024 * 1024 + 10)
+    produced = ctl(shared_broker, "--json", "produce", topic_name, "--acks", "0", stdin=f"small\n{big}\nsmall\n")
+    assert produced.returncode == 1, produced.stdout
+    summary = json.loads(produced.stdout.splitlines()[0])
+    assert summary["records"] == 2 and summary["failed"] == 1
+    assert "message_too_large" in produced.stderr
+    with Producer(_address(shared_broker), acks=0, max_record_bytes=1000) as producer:
+        future = producer.send(topic_name, b"y" * 1000)
+        with pytest.raises(DeliveryFailedError) as failed:
+            producer.flush()
+    assert failed.value.failed_count == 1 and future.exception().code == "message_too_large"
+
+
+def test_an_out_of_range_start_is_an_error(shared_broker, topic_name):
+    address = _address(shared_broker)
+    with connect(shared_broker) as conn:
+        create_topic(conn, topic_name, partitions=1)
+        publish_batch(conn, topic_name, 0, [b"a", b"b"])
+    with Consumer(topic_name, address, start=999999, auto_offset_reset="error") as consumer:
+        with pytest.raises(OffsetOutOfRangeError) as err:
+            list(consumer.records(until_end=True))
+        assert (err.value.requested, err.value.earliest, err.value.latest) == (999999, 0, 2)
+    with Consumer(topic_name, address, start=999999, auto_offset_reset="earliest") as consumer:
+        assert [r.value for r in consumer.records(until_end=True)] == [b"a", b"b"]
+    printed = ctl(shared_broker, "consume", topic_name, "--partition", "0", "--offset", "999999")
+    assert printed.returncode == 1 and printed.stderr.startswith("ERROR: OFFSET_OUT_OF_RANGE"), printed.stderr
+    assert ctl(shared_broker, "consume", topic_name, "--offset", "1").stdout == "b\n"
