@@ -174,3 +174,20 @@ def test_an_out_of_range_start_is_an_error(shared_broker, topic_name):
     printed = ctl(shared_broker, "consume", topic_name, "--partition", "0", "--offset", "999999")
     assert printed.returncode == 1 and printed.stderr.startswith("ERROR: OFFSET_OUT_OF_RANGE"), printed.stderr
     assert ctl(shared_broker, "consume", topic_name, "--offset", "1").stdout == "b\n"
+
+
+# ------------------------------------------------------------------------------ help and startup log
+
+
+def test_create_help_offers_only_accepted_policies_and_a_new_data_directory_says_so(broker_factory):
+    shown = subprocess.run([sys.executable, "-m", "cursus.cli.ctl", "topic", "create", "--help"],
+                           capture_output=True, text=True, timeout=60)
+    assert shown.returncode == 0
+    assert "{delete}" in shown.stdout and "compact}" not in shown.stdout
+    assert "{open,deny_write,deny_read}" in shown.stdout
+    broker = broker_factory().start()
+    wait_for(lambda: "recovered" in broker.output(), 10, "the recovery log line")
+    assert "(new data directory)" in broker.output() and "clean shutdown: False" not in broker.output()
+    assert broker.terminate() == 0
+    broker.start()
+    wait_for(lambda: "clean shutdown: True" in broker.output(), 10, "the clean restart's log line")
