@@ -43,6 +43,7 @@ from collections.abc import Iterable, Iterator, Sequence
 from concurrent.futures import Future
 from typing import IO, Any
 
+from cursus import __version__
 from cursus.client.admin import Admin, TopicMetadata
 from cursus.client.connection import (
     DEFAULT_ADDRESS,
@@ -178,7 +179,8 @@ def build_parser() -> argparse.ArgumentParser:
     _global_options(common)
     parser = _Parser(prog="cursusctl", parents=[common],
                                      description="Command-line client for Cursus brokers (Wire v2).")
-    commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    parser.add_argument("--version", action="version", version=f"cursusctl {__version__} (Cursus Wire v2)")
+    commands = parser.add_subparsers(dest="command", metavar="COMMAND")
 
     topic = commands.add_parser("topic", help="create, alter, delete, list or describe topics")
     topic_commands = topic.add_subparsers(dest="topic_command", required=True, metavar="ACTION")
@@ -873,6 +875,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         args = parser.parse_args(list(sys.argv[1:] if argv is None else argv))
     except SystemExit as exc:  # argparse: --help (0) or a usage error (2)
         return int(exc.code or 0)
+    if args.command is None:  # bare ``cursusctl``: what it can do
+        parser.print_help()
+        return EXIT_OK
     out: Output | None = None
     try:
         _finish_globals(args)
