@@ -133,6 +133,25 @@ def _non_negative(text: str) -> int:
     return value
 
 
+def _start_offset(text: str) -> str | int:
+    """``--offset``: ``start``/``beginning``/``earliest``, ``end``/``latest``, or an integer."""
+    named = {"start": "earliest", "beginning": "earliest", "earliest": "earliest", "end": "latest",
+             "latest": "latest"}
+    if text in named:
+        return named[text]
+    try:
+        return int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not start, end, N or -N") from None
+
+
+def _record_format(text: str) -> str:
+    """``--format``: a named format or a template with at least one ``%`` directive."""
+    if text in ("text", "json", "hex") or "%" in text:
+        return text
+    raise argparse.ArgumentTypeError(f"{text!r} is not text, json, hex or a template such as '%p %o %k %v\\n'")
+
+
 def _positive(text: str) -> int:
     value = _non_negative(text)
     if value == 0:
@@ -226,11 +245,16 @@ def build_parser() -> argparse.ArgumentParser:
     consume.add_argument("--partition", type=_non_negative, action="append",
                          help="partition to read (repeatable; default: all)")
     start = consume.add_mutually_exclusive_group()
-    start.add_argument("--offset", type=int, help="start offset (negative: that many before the end)")
-    start.add_argument("--from-beginning", action="store_true", help="start at the earliest offset")
+    start.add_argument("--offset", type=_start_offset, metavar="start|end|N|-N",
+                       help="where to start: start (the default, as rpk and kcat), end, an offset N (an error "
+                            "when outside the partition), or -N: N records before the end")
+    start.add_argument("--from-beginning", action="store_true", help="start at the earliest offset (--offset start)")
     consume.add_argument("--follow", "-f", action="store_true", help="keep waiting for new records")
     consume.add_argument("--max", type=_positive, help="stop after this many records")
-    consume.add_argument("--format", choices=["text", "json", "hex"], default="text")
+    consume.add_argument("--format", type=_record_format, default="text", metavar="text|json|hex|TEMPLATE",
+                         help="text (the value), json (one document per record), hex, or a template: %%t topic, "
+                              "%%p partition, %%o offset, %%k key, %%v value, %%d timestamp (ms), %%%% a percent "
+                              "sign, \\n \\t; e.g. '%%p %%o %%k %%v\\n'")
     consume.add_argument("--key-sep", help="text format: print KEY<SEP>VALUE")
     consume.add_argument("--wait-ms", type=_non_negative, default=500, help="long-poll time (default 500)")
     consume.add_argument("--isolation", choices=["read_committed", "read_uncommitted"], default="read_committed")
@@ -577,7 +601,27 @@ def record_document(record: ConsumerRecord) -> dict[str, Any]:
     return doc
 
 
+_TEMPLATE = re.compile(r"%[tpokvd%]|\\[nt\\]")
+
+
+def render_template(template: str, record: ConsumerRecord) -> str:
+    """A record through a kcat/rpk-style template (``%t %p %o %k %v %d %%``, ``\\n \\t \\\\``); other
+    text is copied. The result has no newline added."""
+    values = {"%t": record.topic, "%p": str(record.partition), "%o": str(record.offset), "%k": record.key or "",
+              "%v": record.value.decode("utf-8", "replace"),
+              "%d": "" if record.timestamp is None else str(record.timestamp), "%%": "%",
+              "\\n": "\n", "\\t": "\t", "\\\\": "\\"}
+    return _TEMPLATE.sub(lambda m: values[m.group(0)], template)
+
+
 def _format_record(record: ConsumerRecord, fmt: str, key_sep: str | None) -> str:
+    """One record as printed: a template as rendered, the named formats as one line."""
+    if "%" in fmt:
+        return render_template(fmt, record)
+    return _format_line(record, fmt, key_sep) + "\n"
+
+
+def _format_line(record: ConsumerRecord, fmt: str, key_sep: str | None) -> str:
     if fmt == "json":
         return json.dumps(record_document(record), ensure_ascii=False)
     if fmt == "hex":
@@ -594,21 +638,17 @@ def cmd_consume(args: argparse.Namespace, options: ConnectionOptions, out: Outpu
         return _consume_group(args, options, out)
     if args.reset is not None or args.mode is not None:
         raise UsageError("--reset and --mode need --group")
-    start: str | int = "latest"
-    if args.from_beginning:
-        start = "earliest"
-    elif args.offset is not None:
-        start = args.offset
+    start: str | int = "earliest" if args.offset is None else args.offset  # from the start, as rpk and kcat
     fmt = "json" if out.json_mode else args.format
     # An explicit offset outside the partition's offsets is an error (exit 1), never a silent jump or nothing.
-    reset = "error" if args.offset is not None and args.offset >= 0 else "earliest"
+    reset = "error" if isinstance(start, int) and start >= 0 else "earliest"
     consumer = Consumer(args.topic, args.broker, partitions=args.partition, start=start, auto_offset_reset=reset,
                         isolation_level=args.isolation, wait_ms=args.wait_ms, options=options)
     count = 0
     try:
         records = consumer.records(max_records=args.max, until_end=not args.follow)
         for record in records:
-            out.stream.write(_format_record(record, fmt, args.key_sep) + "\n")
+            out.stream.write(_format_record(record, fmt, args.key_sep))
             count += 1
             if count % 1000 == 0:
                 out.stream.flush()
@@ -671,7 +711,7 @@ def _consume_group(args: argparse.Namespace, options: ConnectionOptions, out: Ou
             if not records:
                 continue
             for record in records:
-                out.stream.write(_format_record(record, fmt, args.key_sep) + "\n")
+                out.stream.write(_format_record(record, fmt, args.key_sep))
             out.stream.flush()
             count += len(records)
             _commit_printed(consumer, records[0].partition, records[-1].offset + 1)
