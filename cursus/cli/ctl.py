@@ -205,6 +205,8 @@ def build_parser() -> argparse.ArgumentParser:
     topic_commands = topic.add_subparsers(dest="topic_command", required=True, metavar="ACTION")
     create = topic_commands.add_parser("create", parents=[common], help="create a topic (or patch it)")
     create.add_argument("name")
+    create.add_argument("--if-not-exists", action="store_true",
+                        help="leave an existing topic as it is (exit 0) instead of patching it")
     create.add_argument("--partitions", type=_positive)
     create.add_argument("--replication-factor", type=_positive)
     create.add_argument("--min-isr", help="minimum in-sync replicas override, or 'default'")
@@ -410,13 +412,19 @@ def cmd_topic(args: argparse.Namespace, options: ConnectionOptions, out: Output)
     with Admin(args.broker, options=options) as admin:
         action = args.topic_command
         if action == "create":
+            before = admin.metadata(args.name).revision if args.name in admin.list_topics() else None
+            if before is not None and args.if_not_exists:
+                _show_config(out, {"result": "exists", "topic": args.name, "revision": before}, f"topic {args.name}")
+                return EXIT_OK
             config = admin.create_topic(
                 args.name, args.partitions, idempotent=args.idempotent, event_sourcing=args.event_sourcing,
                 replication_factor=args.replication_factor, min_in_sync_replicas=args.min_isr,
                 cleanup_policy=args.cleanup_policy, retention_hours=args.retention_hours,
                 retention_bytes=args.retention_bytes, partitioner=args.partitioner, auth_policy=args.auth_policy,
                 read_acl=args.read_acl, write_acl=args.write_acl)
-            _show_config(out, config.to_dict(), f"topic {config.topic}")
+            # CREATE of an existing topic patches it: say which of the three happened
+            result = "created" if before is None else ("unchanged" if config.revision == before else "updated")
+            _show_config(out, {"result": result, **config.to_dict()}, f"topic {config.topic}")
         elif action == "alter":
             config = admin.alter_topic_config(args.name, min_in_sync_replicas=args.min_isr)
             _show_config(out, config.to_dict(), f"topic {config.topic}")

@@ -191,3 +191,22 @@ def test_create_help_offers_only_accepted_policies_and_a_new_data_directory_says
     assert broker.terminate() == 0
     broker.start()
     wait_for(lambda: "clean shutdown: True" in broker.output(), 10, "the clean restart's log line")
+
+
+def test_topic_create_says_what_happened_and_if_not_exists_leaves_it(shared_broker, topic_name):
+    def create(*extra: str) -> dict:
+        done = ctl(shared_broker, "--json", "topic", "create", topic_name, *extra)
+        assert done.returncode == 0, done.stderr
+        return json.loads(done.stdout)
+
+    first = create("--partitions", "2")
+    assert first["result"] == "created" and first["partitions"] == 2
+    again = create("--partitions", "2")
+    assert again["result"] == "unchanged" and again["revision"] == first["revision"]
+    grown = create("--partitions", "3")
+    assert grown["result"] == "updated" and grown["revision"] > first["revision"]
+    kept = create("--partitions", "5", "--if-not-exists")
+    assert kept == {"result": "exists", "topic": topic_name, "revision": grown["revision"]}
+    assert create("--partitions", "3")["partitions"] == 3  # --if-not-exists changed nothing
+    plain = ctl(shared_broker, "topic", "create", topic_name, "--if-not-exists")
+    assert "result=exists" in plain.stdout
