@@ -210,3 +210,25 @@ def test_topic_create_says_what_happened_and_if_not_exists_leaves_it(shared_brok
     assert create("--partitions", "3")["partitions"] == 3  # --if-not-exists changed nothing
     plain = ctl(shared_broker, "topic", "create", topic_name, "--if-not-exists")
     assert "result=exists" in plain.stdout
+
+
+def test_admin_lists_describes_and_measures_groups(shared_broker, topic_name):
+    address = _address(shared_broker)
+    group = f"g-{topic_name}"
+    with connect(shared_broker) as conn:
+        create_topic(conn, topic_name, partitions=2)
+        for p in range(2):
+            publish_batch(conn, topic_name, p, [b"x"] * 10)
+    with GroupConsumer(topic_name, group, address, auto_commit=False) as consumer:
+        consumer.commit({0: 4})
+        with Admin(address) as admin:
+            assert group in admin.list_groups()
+            doc = admin.describe_group(group)
+            assert doc["state"] == "Stable" and doc["members"][0]["member_id"] == consumer.member_id
+            offsets = admin.group_offsets(group)
+            assert [(o.partition, o.committed, o.log_end, o.lag, o.owner) for o in offsets] == [
+                (0, 4, 10, 6, consumer.member_id), (1, None, 10, 10, consumer.member_id)]
+            assert admin.group_lag(group) == 16
+            with pytest.raises(CursusError) as missing:
+                admin.describe_group(f"{group}-none")
+            assert missing.value.code == "group_not_found"
