@@ -423,8 +423,8 @@ def cmd_topic(args: argparse.Namespace, options: ConnectionOptions, out: Output)
                 retention_bytes=args.retention_bytes, partitioner=args.partitioner, auth_policy=args.auth_policy,
                 read_acl=args.read_acl, write_acl=args.write_acl)
             # CREATE of an existing topic patches it: say which of the three happened
-            result = "created" if before is None else ("unchanged" if config.revision == before else "updated")
-            _show_config(out, {"result": result, **config.to_dict()}, f"topic {config.topic}")
+            outcome = "created" if before is None else ("unchanged" if config.revision == before else "updated")
+            _show_config(out, {"result": outcome, **config.to_dict()}, f"topic {config.topic}")
         elif action == "alter":
             config = admin.alter_topic_config(args.name, min_in_sync_replicas=args.min_isr)
             _show_config(out, config.to_dict(), f"topic {config.topic}")
