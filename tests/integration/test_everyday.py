@@ -232,3 +232,17 @@ def test_admin_lists_describes_and_measures_groups(shared_broker, topic_name):
             with pytest.raises(CursusError) as missing:
                 admin.describe_group(f"{group}-none")
             assert missing.value.code == "group_not_found"
+
+
+def test_errors_say_what_to_do_next(shared_broker, topic_name):
+    missing = ctl(shared_broker, "consume", f"{topic_name}-nope")
+    assert missing.returncode == 1
+    assert f"create it with: cursusctl topic create {topic_name}-nope" in missing.stderr
+    with connect(shared_broker) as conn:
+        create_topic(conn, topic_name, partitions=1)
+    with GroupConsumer(topic_name, f"g-{topic_name}", _address(shared_broker)) as consumer:
+        member = consumer.member_id
+        blocked = ctl(shared_broker, "topic", "delete", topic_name)
+    assert blocked.returncode == 1 and blocked.stderr.startswith("ERROR: topic_delete_blocked")
+    assert f"still has members ({member})" in blocked.stderr and "30 s" in blocked.stderr
+    assert ctl(shared_broker, "topic", "delete", topic_name).returncode == 0  # the member left on close
