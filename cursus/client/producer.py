@@ -153,7 +153,7 @@ class _Pending:
     def __init__(self, value: bytes, key_field: bytes | None, timestamp: int | None, future: Any) -> None:
         self.value = value
         self.key_field = key_field
-        self.timestamp = timestamp
+        self.timestamp = int(time.time() * 1000) if timestamp is None else timestamp  # CreateTime, as Kafka
         self.future = future
         self.size = len(value) + (len(key_field) if key_field else 0) + _RECORD_OVERHEAD_BYTES
 
@@ -735,7 +735,8 @@ class Producer(_ProducerSettings):
             key: routing key (UTF-8 text); keyed records on ``hash_key`` topics go where the broker would put
                 them.
             partition: explicit partition (overrides the key for routing; the key is still stored).
-            timestamp_ms: optional record timestamp (milliseconds since the epoch).
+            timestamp_ms: the record timestamp (milliseconds since the epoch); default the time of this call
+                (CreateTime, as Kafka producers set it).
 
         Raises:
             ClientClosedError: after ``close()``.

@@ -246,3 +246,16 @@ def test_errors_say_what_to_do_next(shared_broker, topic_name):
     assert blocked.returncode == 1 and blocked.stderr.startswith("ERROR: topic_delete_blocked")
     assert f"still has members ({member})" in blocked.stderr and "30 s" in blocked.stderr
     assert ctl(shared_broker, "topic", "delete", topic_name).returncode == 0  # the member left on close
+
+
+def test_records_carry_their_create_time_by_default(shared_broker, topic_name):
+    assert ctl(shared_broker, "topic", "create", topic_name, "--partitions", "1").returncode == 0
+    before = int(time.time() * 1000)
+    assert ctl(shared_broker, "produce", topic_name, stdin="a\n").returncode == 0
+    with Producer(_address(shared_broker)) as producer:
+        producer.send(topic_name, b"b")
+        producer.send(topic_name, b"c", timestamp_ms=7)
+    after = int(time.time() * 1000)
+    with Consumer(topic_name, _address(shared_broker)) as consumer:
+        stamps = [r.timestamp for r in consumer.records(until_end=True)]
+    assert all(before <= t <= after for t in stamps[:2]) and stamps[2] == 7
