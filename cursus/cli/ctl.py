@@ -160,7 +160,8 @@ def _positive(text: str) -> int:
 
 
 _GLOBAL_DEFAULTS: dict[str, Any] = {
-    "broker": None, "compression": "none", "timeout": 10.0, "tls_ca": None, "tls_cert": None,
+    "broker": None, "compression": "none", "timeout": 10.0, "tls": False, "tls_insecure": False, "tls_ca": None,
+    "tls_cert": None,
     "tls_key": None, "principal": None, "auth_token_env": None, "json": False,
 }
 
@@ -174,7 +175,11 @@ def _global_options(parser: argparse.ArgumentParser) -> None:
                        help="preferred compression: none, gzip, snappy, lz4 (default: none)")
     group.add_argument("--timeout", type=parse_duration, default=argparse.SUPPRESS,
                        help="connect and request timeout, e.g. 10s, 500ms (default: 10s)")
+    group.add_argument("--tls", action="store_true", default=argparse.SUPPRESS,
+                       help="TLS, verifying the broker against the system trust store")
     group.add_argument("--tls-ca", default=argparse.SUPPRESS, metavar="FILE", help="CA bundle (enables TLS)")
+    group.add_argument("--tls-insecure", action="store_true", default=argparse.SUPPRESS,
+                       help="TLS without verifying the broker's certificate (development only)")
     group.add_argument("--tls-cert", default=argparse.SUPPRESS, metavar="FILE", help="client certificate (PEM)")
     group.add_argument("--tls-key", default=argparse.SUPPRESS, metavar="FILE", help="client key (PEM)")
     group.add_argument("--principal", default=argparse.SUPPRESS, help="authenticate as this principal")
@@ -314,11 +319,13 @@ def _finish_globals(args: argparse.Namespace) -> None:
 def connection_options(args: argparse.Namespace) -> ConnectionOptions:
     """ConnectionOptions from the global flags. Raises ``UsageError`` for inconsistent flags."""
     ssl_context = None
-    if args.tls_ca or args.tls_cert or args.tls_key:
+    if args.tls or args.tls_insecure or args.tls_ca or args.tls_cert or args.tls_key:
         if bool(args.tls_cert) != bool(args.tls_key):
             raise UsageError("--tls-cert and --tls-key go together")
+        if args.tls_insecure and args.tls_ca:
+            raise UsageError("--tls-insecure verifies nothing: drop --tls-ca, or drop --tls-insecure")
         try:
-            ssl_context = make_ssl_context(args.tls_ca, args.tls_cert, args.tls_key)
+            ssl_context = make_ssl_context(args.tls_ca, args.tls_cert, args.tls_key, verify=not args.tls_insecure)
         except (OSError, ValueError) as exc:
             raise UsageError(f"TLS files: {exc}") from None
     token = None
