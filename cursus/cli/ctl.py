@@ -289,8 +289,9 @@ def build_parser() -> argparse.ArgumentParser:
     offsets.add_argument("topic")
     offsets.add_argument("--partition", type=_non_negative)
 
-    metadata = commands.add_parser("metadata", parents=[common], help="partition leaders and topic policy")
-    metadata.add_argument("topic")
+    metadata = commands.add_parser("metadata", parents=[common],
+                                   help="partition leaders and topic policy (every topic without TOPIC)")
+    metadata.add_argument("topic", nargs="?", help="one topic (default: a cluster-wide view, as kcat -L)")
 
     raw = commands.add_parser("raw", parents=[common], help="send any command text and print the reply")
     raw.add_argument("raw_command", metavar="COMMAND")
@@ -819,7 +820,10 @@ def cmd_offsets(args: argparse.Namespace, options: ConnectionOptions, out: Outpu
 
 
 def cmd_metadata(args: argparse.Namespace, options: ConnectionOptions, out: Output) -> int:
-    """``metadata TOPIC``: topic policy and partition leaders/epochs."""
+    """``metadata TOPIC``: topic policy and partition leaders/epochs; without TOPIC every topic's
+    partitions, leaders and epochs and the brokers leading them (``kcat -L``, ``rpk cluster info``)."""
+    if args.topic is None:
+        return _cluster_metadata(args, options, out)
     with Admin(args.broker, options=options) as admin:
         metadata: TopicMetadata = admin.metadata(args.topic)
     if out.json_mode:
@@ -832,6 +836,20 @@ def cmd_metadata(args: argparse.Namespace, options: ConnectionOptions, out: Outp
     out.table("partitions", ["partition", "leader", "epoch"],
               [[p, leaders[p] if p < len(leaders) else None, epochs[p] if p < len(epochs) else None]
                for p in range(metadata.partitions)])
+    return EXIT_OK
+
+
+def _cluster_metadata(args: argparse.Namespace, options: ConnectionOptions, out: Output) -> int:
+    with Admin(args.broker, options=options) as admin:
+        topics = [admin.metadata(name) for name in admin.list_topics()]
+    rows = [[m.topic, p, m.leaders[p] if p < len(m.leaders) else None, m.epochs[p] if p < len(m.epochs) else None]
+            for m in topics for p in range(m.partitions)]
+    brokers = sorted({row[2] for row in rows if row[2]})
+    if out.json_mode:
+        out.json({"brokers": brokers, "topics": [m.to_dict() for m in topics]})
+        return EXIT_OK
+    out.fields("cluster", {"brokers": ",".join(brokers) or "-", "topics": len(topics), "partitions": len(rows)})
+    out.table("partitions", ["topic", "partition", "leader", "epoch"], rows)
     return EXIT_OK
 
 

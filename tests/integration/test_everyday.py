@@ -259,3 +259,13 @@ def test_records_carry_their_create_time_by_default(shared_broker, topic_name):
     with Consumer(topic_name, _address(shared_broker)) as consumer:
         stamps = [r.timestamp for r in consumer.records(until_end=True)]
     assert all(before <= t <= after for t in stamps[:2]) and stamps[2] == 7
+
+
+def test_metadata_without_a_topic_is_a_cluster_view(shared_broker, topic_name):
+    assert ctl(shared_broker, "topic", "create", topic_name, "--partitions", "2").returncode == 0
+    doc = json.loads(ctl(shared_broker, "--json", "metadata").stdout)
+    assert doc["brokers"] == [_address(shared_broker)]
+    mine = [t for t in doc["topics"] if t["topic"] == topic_name]
+    assert len(mine) == 1 and mine[0]["partitions"] == 2
+    plain = ctl(shared_broker, "metadata")
+    assert plain.returncode == 0 and f"brokers={_address(shared_broker)}" in plain.stdout
