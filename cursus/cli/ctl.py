@@ -842,9 +842,9 @@ def cmd_metadata(args: argparse.Namespace, options: ConnectionOptions, out: Outp
 def _cluster_metadata(args: argparse.Namespace, options: ConnectionOptions, out: Output) -> int:
     with Admin(args.broker, options=options) as admin:
         topics = [admin.metadata(name) for name in admin.list_topics()]
-    rows = [[m.topic, p, m.leaders[p] if p < len(m.leaders) else None, m.epochs[p] if p < len(m.epochs) else None]
-            for m in topics for p in range(m.partitions)]
-    brokers = sorted({row[2] for row in rows if row[2]})
+    rows: list[list[Any]] = [[m.topic, p, m.leaders[p] if p < len(m.leaders) else None,
+                              m.epochs[p] if p < len(m.epochs) else None] for m in topics for p in range(m.partitions)]
+    brokers = sorted({str(row[2]) for row in rows if row[2]})
     if out.json_mode:
         out.json({"brokers": brokers, "topics": [m.to_dict() for m in topics]})
         return EXIT_OK
