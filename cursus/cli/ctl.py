@@ -208,8 +208,8 @@ def build_parser() -> argparse.ArgumentParser:
 
     topic = commands.add_parser("topic", help="create, alter, delete, list or describe topics")
     topic_commands = topic.add_subparsers(dest="topic_command", required=True, metavar="ACTION")
-    create = topic_commands.add_parser("create", parents=[common], help="create a topic (or patch it)")
-    create.add_argument("name")
+    create = topic_commands.add_parser("create", parents=[common], help="create topics (or patch them)")
+    create.add_argument("names", nargs="+", metavar="NAME")
     create.add_argument("--if-not-exists", action="store_true",
                         help="leave an existing topic as it is (exit 0) instead of patching it")
     create.add_argument("--partitions", type=_positive)
@@ -228,8 +228,8 @@ def build_parser() -> argparse.ArgumentParser:
     alter = topic_commands.add_parser("alter", parents=[common], help="change a topic's min ISR override")
     alter.add_argument("name")
     alter.add_argument("--min-isr", required=True, help="a number, or 'default' to remove the override")
-    delete = topic_commands.add_parser("delete", parents=[common], help="delete a topic and its data")
-    delete.add_argument("name")
+    delete = topic_commands.add_parser("delete", parents=[common], help="delete topics and their data")
+    delete.add_argument("names", nargs="+", metavar="NAME")
     delete.add_argument("--if-exists", action="store_true")
     topic_commands.add_parser("list", parents=[common], help="list topics")
     describe = topic_commands.add_parser("describe", parents=[common], help="definition and partition state")
@@ -420,28 +420,18 @@ def cmd_topic(args: argparse.Namespace, options: ConnectionOptions, out: Output)
     with Admin(args.broker, options=options) as admin:
         action = args.topic_command
         if action == "create":
-            before = admin.metadata(args.name).revision if args.name in admin.list_topics() else None
-            if before is not None and args.if_not_exists:
-                _show_config(out, {"result": "exists", "topic": args.name, "revision": before}, f"topic {args.name}")
-                return EXIT_OK
-            config = admin.create_topic(
-                args.name, args.partitions, idempotent=args.idempotent, event_sourcing=args.event_sourcing,
-                replication_factor=args.replication_factor, min_in_sync_replicas=args.min_isr,
-                cleanup_policy=args.cleanup_policy, retention_hours=args.retention_hours,
-                retention_bytes=args.retention_bytes, partitioner=args.partitioner, auth_policy=args.auth_policy,
-                read_acl=args.read_acl, write_acl=args.write_acl)
-            # CREATE of an existing topic patches it: say which of the three happened
-            outcome = "created" if before is None else ("unchanged" if config.revision == before else "updated")
-            _show_config(out, {"result": outcome, **config.to_dict()}, f"topic {config.topic}")
+            for name in args.names:  # several topics: one after the other, stopping at the first error
+                _create_topic(admin, args, name, out)
         elif action == "alter":
             config = admin.alter_topic_config(args.name, min_in_sync_replicas=args.min_isr)
             _show_config(out, config.to_dict(), f"topic {config.topic}")
         elif action == "delete":
-            result = admin.delete_topic(args.name, if_exists=args.if_exists)
-            if out.json_mode:
-                out.json(result.to_dict())
-            else:
-                out.fields("deleted", result.to_dict())
+            for name in args.names:
+                result = admin.delete_topic(name, if_exists=args.if_exists)
+                if out.json_mode:
+                    out.json(result.to_dict())
+                else:
+                    out.fields("deleted", result.to_dict())
         elif action == "list":
             names = admin.list_topics()
             if out.json_mode:
@@ -467,6 +457,23 @@ def cmd_topic(args: argparse.Namespace, options: ConnectionOptions, out: Output)
                 out.table("partitions", ["partition", "leader", "replicas", "isr", "leo", "hwm"],
                           [[p.id, p.leader, p.replicas, p.isr, p.leo, p.hwm] for p in description.partition_states])
     return EXIT_OK
+
+
+def _create_topic(admin: Admin, args: argparse.Namespace, name: str, out: Output) -> None:
+    """CREATE one topic (or patch it, or leave it with ``--if-not-exists``) and show the result."""
+    before = admin.metadata(name).revision if name in admin.list_topics() else None
+    if before is not None and args.if_not_exists:
+        _show_config(out, {"result": "exists", "topic": name, "revision": before}, f"topic {name}")
+        return
+    config = admin.create_topic(
+        name, args.partitions, idempotent=args.idempotent, event_sourcing=args.event_sourcing,
+        replication_factor=args.replication_factor, min_in_sync_replicas=args.min_isr,
+        cleanup_policy=args.cleanup_policy, retention_hours=args.retention_hours,
+        retention_bytes=args.retention_bytes, partitioner=args.partitioner, auth_policy=args.auth_policy,
+        read_acl=args.read_acl, write_acl=args.write_acl)
+    # CREATE of an existing topic patches it: say which of the three happened
+    outcome = "created" if before is None else ("unchanged" if config.revision == before else "updated")
+    _show_config(out, {"result": outcome, **config.to_dict()}, f"topic {config.topic}")
 
 
 def _show_config(out: Output, doc: dict[str, Any], title: str) -> None:

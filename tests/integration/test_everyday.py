@@ -269,3 +269,12 @@ def test_metadata_without_a_topic_is_a_cluster_view(shared_broker, topic_name):
     assert len(mine) == 1 and mine[0]["partitions"] == 2
     plain = ctl(shared_broker, "metadata")
     assert plain.returncode == 0 and f"brokers={_address(shared_broker)}" in plain.stdout
+
+
+def test_topic_create_and_delete_take_several_topics(shared_broker, topic_name):
+    names = [f"{topic_name}-{i}" for i in range(3)]
+    created = ctl(shared_broker, "--json", "topic", "create", *names, "--partitions", "2")
+    assert created.returncode == 0, created.stderr
+    assert [json.loads(line)["topic"] for line in created.stdout.splitlines()] == names
+    deleted = ctl(shared_broker, "--json", "topic", "delete", *names)
+    assert [json.loads(line)["deleted"] for line in deleted.stdout.splitlines()] == [True] * 3
