@@ -463,7 +463,11 @@ def _create_topic(admin: Admin, args: argparse.Namespace, name: str, out: Output
     """CREATE one topic (or patch it, or leave it with ``--if-not-exists``) and show the result."""
     before = admin.metadata(name).revision if name in admin.list_topics() else None
     if before is not None and args.if_not_exists:
-        _show_config(out, {"result": "exists", "topic": name, "revision": before}, f"topic {name}")
+        doc = {"result": "exists", "topic": name, "revision": before}
+        if out.json_mode:
+            out.json(doc)
+        else:
+            out.fields(f"topic {name}", doc)
         return
     config = admin.create_topic(
         name, args.partitions, idempotent=args.idempotent, event_sourcing=args.event_sourcing,
