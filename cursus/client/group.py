@@ -389,6 +389,7 @@ class GroupConsumer(_GroupSettings):
         self._streams: list[_PartitionStreamThread] = []
         self._stream_queue: queue.Queue[tuple[int, int, list[ConsumerRecord]]] = queue.Queue()
         self._sigterm: contextlib.AbstractContextManager[None] = contextlib.nullcontext()
+        self._rebalance = threading.Event()  # the heartbeat saw the membership end (wakes an idle poll)
 
     # ---------------------------------------------------------------------------------------- properties
 
@@ -472,6 +473,7 @@ class GroupConsumer(_GroupSettings):
                         if fields["generation"] == str(self.state.generation):
                             log.info("group %s: %s; rejoining", self.group, exc.code)
                             self.state.rejoin_needed = True
+                            self._rebalance.set()
                 elif not self._closed.is_set():
                     log.debug("heartbeat failed: %s", exc)
 
@@ -480,16 +482,23 @@ class GroupConsumer(_GroupSettings):
     def poll(self, timeout_s: float | None = None) -> list[ConsumerRecord]:
         """Records from one owned partition (offset order), ``[]`` if none arrive in ``timeout_s`` seconds
         (default: one long poll of ``wait_ms``). Rejoins first when the membership ended, and auto-commits
-        the records previous polls returned when the interval passed."""
+        the records previous polls returned when the interval passed. A member that owns nothing (yet:
+        the holders have not given partitions up) waits within ``timeout_s`` for the rebalance and reads
+        what it then gets."""
         self._ensure_member()
         if self.auto_commit and time.monotonic() - self._last_commit >= self.auto_commit_interval_s:
             self._auto_commit()
         budget_s = self.wait_ms / 1000.0 if timeout_s is None else timeout_s
+        deadline = time.monotonic() + budget_s
+        while not self.state.assignment:  # nothing owned: wait for a rebalance (the heartbeat notices)
+            remaining = deadline - time.monotonic()
+            if remaining <= 0 or not self._rebalance.wait(remaining) or self._closed.is_set():
+                return []
+            self._rebalance.clear()
+            self._ensure_member()
+        budget_s = max(0.0, deadline - time.monotonic())
         if self.mode == "stream":
             return self._poll_streams(budget_s)
-        if not self.state.assignment:
-            self._closed.wait(budget_s)  # nothing owned: wait for a rebalance (the heartbeat notices)
-            return []
         token = self._assignment_token
         records = self._consumer.poll(budget_s)
         with self._lock:
@@ -589,6 +598,7 @@ class GroupConsumer(_GroupSettings):
         """Auto-commit (if enabled), leave the group, stop threads and close connections (idempotent)."""
         if self._closed.is_set():
             return
+        self._rebalance.set()  # an idle poll in another thread returns
         with self._lock:
             if self.auto_commit and self.state.member_id is not None and not self.state.rejoin_needed:
                 with contextlib.suppress(CursusError):
