@@ -415,6 +415,25 @@ def error_document(error: CursusError) -> dict[str, Any]:
 # ------------------------------------------------------------------------------------------ commands
 
 
+def next_step(error: CursusError) -> str | None:
+    """What to do about ``error`` (printed after the ERROR line), or None when the line says it all."""
+    f = error.fields
+    if error.code == "topic_not_found":
+        return f"no topic {f.get('topic', '')!s}; create it with: cursusctl topic create {f.get('topic', 'NAME')}"
+    if error.code == "topic_delete_blocked" and f.get("group"):
+        members = f.get("members") or "its members"
+        timeout = f"{int(f['session_timeout_ms']) // 1000} s" if f.get("session_timeout_ms", "").isdigit() \
+            else "the session timeout"
+        return (f"consumer group {f['group']} still has members ({members}); stop them (they leave at once) "
+                f"or wait {timeout} for their sessions to expire, then delete again")
+    if error.code == "group_not_found":
+        return "no such group; see the groups with: cursusctl group list"
+    if error.code == "OFFSET_OUT_OF_RANGE" and "earliest" in f:
+        return (f"the partition holds offsets {f['earliest']} to {f.get('latest', '?')}: start with --offset "
+                "start, end, -N or an offset in that range")
+    return None
+
+
 def cmd_topic(args: argparse.Namespace, options: ConnectionOptions, out: Output) -> int:
     """``topic create|alter|delete|list|describe``."""
     with Admin(args.broker, options=options) as admin:
@@ -946,25 +965,6 @@ def cmd_certs(args: argparse.Namespace, options: ConnectionOptions, out: Output)
     for files in written.nodes:
         out.line(f"{files.node_id} cert={files.cert} key={files.key}")
     return EXIT_OK
-
-
-def next_step(error: CursusError) -> str | None:
-    """What to do about ``error`` (printed after the ERROR line), or None when the line says it all."""
-    f = error.fields
-    if error.code == "topic_not_found":
-        return f"no topic {f.get('topic', '')!s}; create it with: cursusctl topic create {f.get('topic', 'NAME')}"
-    if error.code == "topic_delete_blocked" and f.get("group"):
-        members = f.get("members") or "its members"
-        timeout = f"{int(f['session_timeout_ms']) // 1000} s" if f.get("session_timeout_ms", "").isdigit() \
-            else "the session timeout"
-        return (f"consumer group {f['group']} still has members ({members}); stop them (they leave at once) "
-                f"or wait {timeout} for their sessions to expire, then delete again")
-    if error.code == "group_not_found":
-        return "no such group; see the groups with: cursusctl group list"
-    if error.code == "OFFSET_OUT_OF_RANGE" and "earliest" in f:
-        return (f"the partition holds offsets {f['earliest']} to {f.get('latest', '?')}: start with --offset "
-                "start, end, -N or an offset in that range")
-    return None
 
 
 _HANDLERS = {"topic": cmd_topic, "produce": cmd_produce, "consume": cmd_consume, "group": cmd_group,
