@@ -41,7 +41,10 @@ def _parse_int(value: Any) -> int:
         raise ValueError(f"expected an integer, got {value!r}")
     if isinstance(value, int):
         return value
-    return int(str(value).strip(), 10)
+    try:
+        return int(str(value).strip(), 10)
+    except ValueError:
+        raise ValueError(f"expected an integer, got {value!r}") from None
 
 
 def _parse_members(value: Any) -> tuple[str, ...]:
@@ -75,16 +78,29 @@ class Setting:
     choices: tuple[str, ...] | None = None
     env_aliases: tuple[str, ...] = ()
 
-    def coerce(self, raw: Any) -> Any:
+    def coerce(self, raw: Any, source: str | None = None) -> Any:
+        """Parse and check ``raw``. ``source`` names where it came from (``environment variable X``, a file)
+        for the message. Raises :class:`ConfigError` naming the key, the source and the expected form."""
+        where = f"{self.name} (from {source})" if source else self.name
         try:
             value = self.parse(raw)
         except (TypeError, ValueError) as exc:
-            raise ConfigError(f"invalid value for {self.name}: {exc}") from None
+            raise ConfigError(f"invalid value for {where}: {exc}{_hint(raw, source)}") from None
         if self.minimum is not None and value < self.minimum:
-            raise ConfigError(f"invalid value for {self.name}: must be >= {self.minimum}, got {value}")
+            raise ConfigError(f"invalid value for {where}: must be >= {self.minimum}, got {value}")
         if self.choices is not None and value not in self.choices:
-            raise ConfigError(f"invalid value for {self.name}: must be one of {', '.join(self.choices)}")
+            raise ConfigError(f"invalid value for {where}: must be one of {', '.join(self.choices)}, got {value!r}")
         return value
+
+
+def _hint(raw: Any, source: str | None) -> str:
+    """What to do about a value Kubernetes injected: ``<SERVICE>_PORT=tcp://<ip>:<port>`` for every Service
+    in the namespace, so a Service named ``broker`` sets ``BROKER_PORT`` to a URL."""
+    if source and source.startswith("environment variable") and str(raw).startswith(("tcp://", "udp://")):
+        return ("; this looks like a Kubernetes service link (a Service named after the variable's prefix "
+                "sets it): set the variable to a plain number in the pod spec, rename the Service, or set "
+                "enableServiceLinks: false")
+    return ""
 
 
 _B, _I, _S = _parse_bool, _parse_int, _parse_str
@@ -245,7 +261,7 @@ def load_config(
         for key, raw in loaded.items():
             key = str(key)
             if key in SETTINGS_BY_NAME:
-                values[key] = SETTINGS_BY_NAME[key].coerce(raw)
+                values[key] = SETTINGS_BY_NAME[key].coerce(raw, f"config file {path}")
             elif key in REFERENCE_KEYS_NOT_IMPLEMENTED:
                 warnings.append(f"config key {key} is not implemented by Cursus-py and is ignored")
             else:
@@ -254,13 +270,13 @@ def load_config(
     for setting in SETTINGS:
         for env_name in _env_names(setting):
             if env_name in env:
-                values[setting.name] = setting.coerce(env[env_name])
+                values[setting.name] = setting.coerce(env[env_name], f"environment variable {env_name}")
     for key, raw in (overrides or {}).items():
         if raw is None:
             continue
         if key not in SETTINGS_BY_NAME:
             raise ConfigError(f"unknown config key {key}")
-        values[key] = SETTINGS_BY_NAME[key].coerce(raw)
+        values[key] = SETTINGS_BY_NAME[key].coerce(raw, "the command line")
     if values["consume_max_bytes_limit"] > 48 * MIB:
         raise ConfigError("invalid value for consume_max_bytes_limit: at most 48 MiB, so replies fit a 64 MiB frame")
     if values["enable_sasl"]:

@@ -213,8 +213,8 @@ class Broker:
             log_dir.close()
             raise
         elapsed_ms = (time.monotonic() - started) * 1000
-        log.info("recovered %d partitions in %.0f ms (clean shutdown: %s)", count, elapsed_ms,
-                 log_dir.clean_shutdown)
+        log.info("recovered %d partitions in %.0f ms (%s)", count, elapsed_ms, "new data directory" if count == 0
+                 and not log_dir.clean_shutdown else f"clean shutdown: {log_dir.clean_shutdown}")
         broker.not_ready_reasons.pop("recovery", None)
         return broker
 

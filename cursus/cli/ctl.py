@@ -11,7 +11,7 @@ Usage::
     topic delete NAME [--if-exists]
     topic list
     topic describe NAME
-    produce TOPIC [--file F] [--key-sep SEP] [--acks 0|1|all] [--partition N] [--idempotent]
+    produce TOPIC [--file F] [--key K | --key-sep SEP] [--acks 0|1|all] [--partition N] [--idempotent]
     consume TOPIC [--partition N ...] [--offset N | --from-beginning] [--follow] [--max N]
                   [--format text|json|hex]
     consume TOPIC --group G [--from-beginning | --reset earliest|latest|error] [--mode poll|stream]
@@ -43,6 +43,7 @@ from collections.abc import Iterable, Iterator, Sequence
 from concurrent.futures import Future
 from typing import IO, Any
 
+from cursus import __version__
 from cursus.client.admin import Admin, TopicMetadata
 from cursus.client.connection import (
     DEFAULT_ADDRESS,
@@ -67,6 +68,7 @@ from cursus.client.errors import (
 from cursus.client.group import GroupConsumer, GroupMembership
 from cursus.client.producer import Producer
 from cursus.client.records import ConsumerRecord, RecordMetadata, decode_consumed_batch
+from cursus.client.signals import sigterm_exits
 from cursus.wire import (
     Command,
     CommandTextError,
@@ -131,6 +133,25 @@ def _non_negative(text: str) -> int:
     return value
 
 
+def _start_offset(text: str) -> str | int:
+    """``--offset``: ``start``/``beginning``/``earliest``, ``end``/``latest``, or an integer."""
+    named = {"start": "earliest", "beginning": "earliest", "earliest": "earliest", "end": "latest",
+             "latest": "latest"}
+    if text in named:
+        return named[text]
+    try:
+        return int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not start, end, N or -N") from None
+
+
+def _record_format(text: str) -> str:
+    """``--format``: a named format or a template with at least one ``%`` directive."""
+    if text in ("text", "json", "hex") or "%" in text:
+        return text
+    raise argparse.ArgumentTypeError(f"{text!r} is not text, json, hex or a template such as '%p %o %k %v\\n'")
+
+
 def _positive(text: str) -> int:
     value = _non_negative(text)
     if value == 0:
@@ -139,7 +160,8 @@ def _positive(text: str) -> int:
 
 
 _GLOBAL_DEFAULTS: dict[str, Any] = {
-    "broker": None, "compression": "none", "timeout": 10.0, "tls_ca": None, "tls_cert": None,
+    "broker": None, "compression": "none", "timeout": 10.0, "tls": False, "tls_insecure": False, "tls_ca": None,
+    "tls_cert": None,
     "tls_key": None, "principal": None, "auth_token_env": None, "json": False,
 }
 
@@ -153,7 +175,11 @@ def _global_options(parser: argparse.ArgumentParser) -> None:
                        help="preferred compression: none, gzip, snappy, lz4 (default: none)")
     group.add_argument("--timeout", type=parse_duration, default=argparse.SUPPRESS,
                        help="connect and request timeout, e.g. 10s, 500ms (default: 10s)")
+    group.add_argument("--tls", action="store_true", default=argparse.SUPPRESS,
+                       help="TLS, verifying the broker against the system trust store")
     group.add_argument("--tls-ca", default=argparse.SUPPRESS, metavar="FILE", help="CA bundle (enables TLS)")
+    group.add_argument("--tls-insecure", action="store_true", default=argparse.SUPPRESS,
+                       help="TLS without verifying the broker's certificate (development only)")
     group.add_argument("--tls-cert", default=argparse.SUPPRESS, metavar="FILE", help="client certificate (PEM)")
     group.add_argument("--tls-key", default=argparse.SUPPRESS, metavar="FILE", help="client key (PEM)")
     group.add_argument("--principal", default=argparse.SUPPRESS, help="authenticate as this principal")
@@ -162,35 +188,48 @@ def _global_options(parser: argparse.ArgumentParser) -> None:
     group.add_argument("--json", action="store_true", default=argparse.SUPPRESS, help="machine-readable output")
 
 
+class _Parser(argparse.ArgumentParser):
+    """An argument parser that takes options only as spelled: argparse's prefix matching would read
+    ``--key k1`` as ``--key-sep k1`` (subparsers inherit the class, so this holds for every subcommand)."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        kwargs["allow_abbrev"] = False
+        super().__init__(*args, **kwargs)
+
+
 def build_parser() -> argparse.ArgumentParser:
     """The ``cursusctl`` argument parser."""
-    common = argparse.ArgumentParser(add_help=False)
+    common = _Parser(add_help=False)
     _global_options(common)
-    parser = argparse.ArgumentParser(prog="cursusctl", parents=[common],
+    parser = _Parser(prog="cursusctl", parents=[common],
                                      description="Command-line client for Cursus brokers (Wire v2).")
-    commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    parser.add_argument("--version", action="version", version=f"cursusctl {__version__} (Cursus Wire v2)")
+    commands = parser.add_subparsers(dest="command", metavar="COMMAND")
 
     topic = commands.add_parser("topic", help="create, alter, delete, list or describe topics")
     topic_commands = topic.add_subparsers(dest="topic_command", required=True, metavar="ACTION")
-    create = topic_commands.add_parser("create", parents=[common], help="create a topic (or patch it)")
-    create.add_argument("name")
+    create = topic_commands.add_parser("create", parents=[common], help="create topics (or patch them)")
+    create.add_argument("names", nargs="+", metavar="NAME")
+    create.add_argument("--if-not-exists", action="store_true",
+                        help="leave an existing topic as it is (exit 0) instead of patching it")
     create.add_argument("--partitions", type=_positive)
     create.add_argument("--replication-factor", type=_positive)
     create.add_argument("--min-isr", help="minimum in-sync replicas override, or 'default'")
     create.add_argument("--idempotent", action="store_true", default=None)
     create.add_argument("--event-sourcing", action="store_true", default=None)
-    create.add_argument("--cleanup-policy", choices=["delete", "compact", "delete,compact"])
+    create.add_argument("--cleanup-policy", choices=["delete"], help="delete (compaction is not available yet)")
     create.add_argument("--retention-hours", type=_non_negative)
     create.add_argument("--retention-bytes", type=_non_negative)
     create.add_argument("--partitioner", choices=["hash_key", "round_robin"])
-    create.add_argument("--auth-policy", choices=["open", "deny_write", "deny_read", "acl"])
+    create.add_argument("--auth-policy", choices=["open", "deny_write", "deny_read"],
+                        help="open, deny_write or deny_read (acl arrives with token authentication)")
     create.add_argument("--read-acl", help="comma-separated principals")
     create.add_argument("--write-acl", help="comma-separated principals")
     alter = topic_commands.add_parser("alter", parents=[common], help="change a topic's min ISR override")
     alter.add_argument("name")
     alter.add_argument("--min-isr", required=True, help="a number, or 'default' to remove the override")
-    delete = topic_commands.add_parser("delete", parents=[common], help="delete a topic and its data")
-    delete.add_argument("name")
+    delete = topic_commands.add_parser("delete", parents=[common], help="delete topics and their data")
+    delete.add_argument("names", nargs="+", metavar="NAME")
     delete.add_argument("--if-exists", action="store_true")
     topic_commands.add_parser("list", parents=[common], help="list topics")
     describe = topic_commands.add_parser("describe", parents=[common], help="definition and partition state")
@@ -199,7 +238,9 @@ def build_parser() -> argparse.ArgumentParser:
     produce = commands.add_parser("produce", parents=[common], help="produce lines from stdin or a file")
     produce.add_argument("topic")
     produce.add_argument("--file", help="read records from this file (default: stdin), one per line")
-    produce.add_argument("--key-sep", help="split each line into key and value at the first SEP")
+    keying = produce.add_mutually_exclusive_group()
+    keying.add_argument("--key", "-k", help="the key of every record")
+    keying.add_argument("--key-sep", help="split each line into key and value at the first SEP")
     produce.add_argument("--acks", default=None, choices=["0", "1", "all", "-1"], help="default 1 (all with --idempotent)")
     produce.add_argument("--partition", type=_non_negative, help="send every record to this partition")
     produce.add_argument("--idempotent", action="store_true", help="idempotent producer (acks=all)")
@@ -211,11 +252,16 @@ def build_parser() -> argparse.ArgumentParser:
     consume.add_argument("--partition", type=_non_negative, action="append",
                          help="partition to read (repeatable; default: all)")
     start = consume.add_mutually_exclusive_group()
-    start.add_argument("--offset", type=int, help="start offset (negative: that many before the end)")
-    start.add_argument("--from-beginning", action="store_true", help="start at the earliest offset")
+    start.add_argument("--offset", type=_start_offset, metavar="start|end|N|-N",
+                       help="where to start: start (the default, as rpk and kcat), end, an offset N (an error "
+                            "when outside the partition), or -N: N records before the end")
+    start.add_argument("--from-beginning", action="store_true", help="start at the earliest offset (--offset start)")
     consume.add_argument("--follow", "-f", action="store_true", help="keep waiting for new records")
     consume.add_argument("--max", type=_positive, help="stop after this many records")
-    consume.add_argument("--format", choices=["text", "json", "hex"], default="text")
+    consume.add_argument("--format", type=_record_format, default="text", metavar="text|json|hex|TEMPLATE",
+                         help="text (the value), json (one document per record), hex, or a template: %%t topic, "
+                              "%%p partition, %%o offset, %%k key, %%v value, %%d timestamp (ms), %%%% a percent "
+                              "sign, \\n \\t; e.g. '%%p %%o %%k %%v\\n'")
     consume.add_argument("--key-sep", help="text format: print KEY<SEP>VALUE")
     consume.add_argument("--wait-ms", type=_non_negative, default=500, help="long-poll time (default 500)")
     consume.add_argument("--isolation", choices=["read_committed", "read_uncommitted"], default="read_committed")
@@ -243,8 +289,9 @@ def build_parser() -> argparse.ArgumentParser:
     offsets.add_argument("topic")
     offsets.add_argument("--partition", type=_non_negative)
 
-    metadata = commands.add_parser("metadata", parents=[common], help="partition leaders and topic policy")
-    metadata.add_argument("topic")
+    metadata = commands.add_parser("metadata", parents=[common],
+                                   help="partition leaders and topic policy (every topic without TOPIC)")
+    metadata.add_argument("topic", nargs="?", help="one topic (default: a cluster-wide view, as kcat -L)")
 
     raw = commands.add_parser("raw", parents=[common], help="send any command text and print the reply")
     raw.add_argument("raw_command", metavar="COMMAND")
@@ -276,11 +323,13 @@ def _finish_globals(args: argparse.Namespace) -> None:
 def connection_options(args: argparse.Namespace) -> ConnectionOptions:
     """ConnectionOptions from the global flags. Raises ``UsageError`` for inconsistent flags."""
     ssl_context = None
-    if args.tls_ca or args.tls_cert or args.tls_key:
+    if args.tls or args.tls_insecure or args.tls_ca or args.tls_cert or args.tls_key:
         if bool(args.tls_cert) != bool(args.tls_key):
             raise UsageError("--tls-cert and --tls-key go together")
+        if args.tls_insecure and args.tls_ca:
+            raise UsageError("--tls-insecure verifies nothing: drop --tls-ca, or drop --tls-insecure")
         try:
-            ssl_context = make_ssl_context(args.tls_ca, args.tls_cert, args.tls_key)
+            ssl_context = make_ssl_context(args.tls_ca, args.tls_cert, args.tls_key, verify=not args.tls_insecure)
         except (OSError, ValueError) as exc:
             raise UsageError(f"TLS files: {exc}") from None
     token = None
@@ -369,27 +418,42 @@ def error_document(error: CursusError) -> dict[str, Any]:
 # ------------------------------------------------------------------------------------------ commands
 
 
+def next_step(error: CursusError) -> str | None:
+    """What to do about ``error`` (printed after the ERROR line), or None when the line says it all."""
+    f = error.fields
+    if error.code == "topic_not_found":
+        return f"no topic {f.get('topic', '')!s}; create it with: cursusctl topic create {f.get('topic', 'NAME')}"
+    if error.code == "topic_delete_blocked" and f.get("group"):
+        members = f.get("members") or "its members"
+        timeout = f"{int(f['session_timeout_ms']) // 1000} s" if f.get("session_timeout_ms", "").isdigit() \
+            else "the session timeout"
+        return (f"consumer group {f['group']} still has members ({members}); stop them (they leave at once) "
+                f"or wait {timeout} for their sessions to expire, then delete again")
+    if error.code == "group_not_found":
+        return "no such group; see the groups with: cursusctl group list"
+    if error.code == "OFFSET_OUT_OF_RANGE" and "earliest" in f:
+        return (f"the partition holds offsets {f['earliest']} to {f.get('latest', '?')}: start with --offset "
+                "start, end, -N or an offset in that range")
+    return None
+
+
 def cmd_topic(args: argparse.Namespace, options: ConnectionOptions, out: Output) -> int:
     """``topic create|alter|delete|list|describe``."""
     with Admin(args.broker, options=options) as admin:
         action = args.topic_command
         if action == "create":
-            config = admin.create_topic(
-                args.name, args.partitions, idempotent=args.idempotent, event_sourcing=args.event_sourcing,
-                replication_factor=args.replication_factor, min_in_sync_replicas=args.min_isr,
-                cleanup_policy=args.cleanup_policy, retention_hours=args.retention_hours,
-                retention_bytes=args.retention_bytes, partitioner=args.partitioner, auth_policy=args.auth_policy,
-                read_acl=args.read_acl, write_acl=args.write_acl)
-            _show_config(out, config.to_dict(), f"topic {config.topic}")
+            for name in args.names:  # several topics: one after the other, stopping at the first error
+                _create_topic(admin, args, name, out)
         elif action == "alter":
             config = admin.alter_topic_config(args.name, min_in_sync_replicas=args.min_isr)
             _show_config(out, config.to_dict(), f"topic {config.topic}")
         elif action == "delete":
-            result = admin.delete_topic(args.name, if_exists=args.if_exists)
-            if out.json_mode:
-                out.json(result.to_dict())
-            else:
-                out.fields("deleted", result.to_dict())
+            for name in args.names:
+                result = admin.delete_topic(name, if_exists=args.if_exists)
+                if out.json_mode:
+                    out.json(result.to_dict())
+                else:
+                    out.fields("deleted", result.to_dict())
         elif action == "list":
             names = admin.list_topics()
             if out.json_mode:
@@ -415,6 +479,27 @@ def cmd_topic(args: argparse.Namespace, options: ConnectionOptions, out: Output)
                 out.table("partitions", ["partition", "leader", "replicas", "isr", "leo", "hwm"],
                           [[p.id, p.leader, p.replicas, p.isr, p.leo, p.hwm] for p in description.partition_states])
     return EXIT_OK
+
+
+def _create_topic(admin: Admin, args: argparse.Namespace, name: str, out: Output) -> None:
+    """CREATE one topic (or patch it, or leave it with ``--if-not-exists``) and show the result."""
+    before = admin.metadata(name).revision if name in admin.list_topics() else None
+    if before is not None and args.if_not_exists:
+        doc = {"result": "exists", "topic": name, "revision": before}
+        if out.json_mode:
+            out.json(doc)
+        else:
+            out.fields(f"topic {name}", doc)
+        return
+    config = admin.create_topic(
+        name, args.partitions, idempotent=args.idempotent, event_sourcing=args.event_sourcing,
+        replication_factor=args.replication_factor, min_in_sync_replicas=args.min_isr,
+        cleanup_policy=args.cleanup_policy, retention_hours=args.retention_hours,
+        retention_bytes=args.retention_bytes, partitioner=args.partitioner, auth_policy=args.auth_policy,
+        read_acl=args.read_acl, write_acl=args.write_acl)
+    # CREATE of an existing topic patches it: say which of the three happened
+    outcome = "created" if before is None else ("unchanged" if config.revision == before else "updated")
+    _show_config(out, {"result": outcome, **config.to_dict()}, f"topic {config.topic}")
 
 
 def _show_config(out: Output, doc: dict[str, Any], title: str) -> None:
@@ -513,7 +598,7 @@ def cmd_produce(args: argparse.Namespace, options: ConnectionOptions, out: Outpu
     failure: CursusError | None = None
     try:
         for index, line in enumerate(_read_lines(args.file)):
-            key = None
+            key = args.key
             value = line
             if sep is not None and sep in line:
                 raw_key, value = line.split(sep, 1)
@@ -565,7 +650,27 @@ def record_document(record: ConsumerRecord) -> dict[str, Any]:
     return doc
 
 
+_TEMPLATE = re.compile(r"%[tpokvd%]|\\[nt\\]")
+
+
+def render_template(template: str, record: ConsumerRecord) -> str:
+    """A record through a kcat/rpk-style template (``%t %p %o %k %v %d %%``, ``\\n \\t \\\\``); other
+    text is copied. The result has no newline added."""
+    values = {"%t": record.topic, "%p": str(record.partition), "%o": str(record.offset), "%k": record.key or "",
+              "%v": record.value.decode("utf-8", "replace"),
+              "%d": "" if record.timestamp is None else str(record.timestamp), "%%": "%",
+              "\\n": "\n", "\\t": "\t", "\\\\": "\\"}
+    return _TEMPLATE.sub(lambda m: values[m.group(0)], template)
+
+
 def _format_record(record: ConsumerRecord, fmt: str, key_sep: str | None) -> str:
+    """One record as printed: a template as rendered, the named formats as one line."""
+    if "%" in fmt:
+        return render_template(fmt, record)
+    return _format_line(record, fmt, key_sep) + "\n"
+
+
+def _format_line(record: ConsumerRecord, fmt: str, key_sep: str | None) -> str:
     if fmt == "json":
         return json.dumps(record_document(record), ensure_ascii=False)
     if fmt == "hex":
@@ -582,19 +687,17 @@ def cmd_consume(args: argparse.Namespace, options: ConnectionOptions, out: Outpu
         return _consume_group(args, options, out)
     if args.reset is not None or args.mode is not None:
         raise UsageError("--reset and --mode need --group")
-    start: str | int = "latest"
-    if args.from_beginning:
-        start = "earliest"
-    elif args.offset is not None:
-        start = args.offset
+    start: str | int = "earliest" if args.offset is None else args.offset  # from the start, as rpk and kcat
     fmt = "json" if out.json_mode else args.format
-    consumer = Consumer(args.topic, args.broker, partitions=args.partition, start=start,
+    # An explicit offset outside the partition's offsets is an error (exit 1), never a silent jump or nothing.
+    reset = "error" if isinstance(start, int) and start >= 0 else "earliest"
+    consumer = Consumer(args.topic, args.broker, partitions=args.partition, start=start, auto_offset_reset=reset,
                         isolation_level=args.isolation, wait_ms=args.wait_ms, options=options)
     count = 0
     try:
         records = consumer.records(max_records=args.max, until_end=not args.follow)
         for record in records:
-            out.stream.write(_format_record(record, fmt, args.key_sep) + "\n")
+            out.stream.write(_format_record(record, fmt, args.key_sep))
             count += 1
             if count % 1000 == 0:
                 out.stream.flush()
@@ -657,7 +760,7 @@ def _consume_group(args: argparse.Namespace, options: ConnectionOptions, out: Ou
             if not records:
                 continue
             for record in records:
-                out.stream.write(_format_record(record, fmt, args.key_sep) + "\n")
+                out.stream.write(_format_record(record, fmt, args.key_sep))
             out.stream.flush()
             count += len(records)
             _commit_printed(consumer, records[0].partition, records[-1].offset + 1)
@@ -750,7 +853,10 @@ def cmd_offsets(args: argparse.Namespace, options: ConnectionOptions, out: Outpu
 
 
 def cmd_metadata(args: argparse.Namespace, options: ConnectionOptions, out: Output) -> int:
-    """``metadata TOPIC``: topic policy and partition leaders/epochs."""
+    """``metadata TOPIC``: topic policy and partition leaders/epochs; without TOPIC every topic's
+    partitions, leaders and epochs and the brokers leading them (``kcat -L``, ``rpk cluster info``)."""
+    if args.topic is None:
+        return _cluster_metadata(args, options, out)
     with Admin(args.broker, options=options) as admin:
         metadata: TopicMetadata = admin.metadata(args.topic)
     if out.json_mode:
@@ -763,6 +869,20 @@ def cmd_metadata(args: argparse.Namespace, options: ConnectionOptions, out: Outp
     out.table("partitions", ["partition", "leader", "epoch"],
               [[p, leaders[p] if p < len(leaders) else None, epochs[p] if p < len(epochs) else None]
                for p in range(metadata.partitions)])
+    return EXIT_OK
+
+
+def _cluster_metadata(args: argparse.Namespace, options: ConnectionOptions, out: Output) -> int:
+    with Admin(args.broker, options=options) as admin:
+        topics = [admin.metadata(name) for name in admin.list_topics()]
+    rows: list[list[Any]] = [[m.topic, p, m.leaders[p] if p < len(m.leaders) else None,
+                              m.epochs[p] if p < len(m.epochs) else None] for m in topics for p in range(m.partitions)]
+    brokers = sorted({str(row[2]) for row in rows if row[2]})
+    if out.json_mode:
+        out.json({"brokers": brokers, "topics": [m.to_dict() for m in topics]})
+        return EXIT_OK
+    out.fields("cluster", {"brokers": ",".join(brokers) or "-", "topics": len(topics), "partitions": len(rows)})
+    out.table("partitions", ["topic", "partition", "leader", "epoch"], rows)
     return EXIT_OK
 
 
@@ -895,12 +1015,16 @@ def main(argv: Sequence[str] | None = None) -> int:
         args = parser.parse_args(list(sys.argv[1:] if argv is None else argv))
     except SystemExit as exc:  # argparse: --help (0) or a usage error (2)
         return int(exc.code or 0)
+    if args.command is None:  # bare ``cursusctl``: what it can do
+        parser.print_help()
+        return EXIT_OK
     out: Output | None = None
     try:
         _finish_globals(args)
         out = Output(args.json)
         options = connection_options(args)
-        return _HANDLERS[args.command](args, options, out)
+        with sigterm_exits():  # SIGTERM unwinds like Ctrl-C: a group member leaves its group (exit 143)
+            return _HANDLERS[args.command](args, options, out)
     except UsageError as exc:
         print(f"cursusctl: error: {exc}", file=sys.stderr)
         return EXIT_USAGE
@@ -908,6 +1032,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         if out is not None and out.json_mode:
             out.json(error_document(exc))
         print(exc.render(), file=sys.stderr)
+        hint = next_step(exc)
+        if hint:
+            print(f"cursusctl: {hint}", file=sys.stderr)
         return EXIT_FAILURE
     except BrokenPipeError:
         try:

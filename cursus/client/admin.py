@@ -30,6 +30,7 @@ __all__ = [
     "Admin",
     "AsyncAdmin",
     "DeleteResult",
+    "GroupOffset",
     "PartitionDescription",
     "PartitionOffsets",
     "TopicConfig",
@@ -320,6 +321,39 @@ class DeleteResult:
         return asdict(self)
 
 
+@dataclass(frozen=True, slots=True)
+class GroupOffset:
+    """One topic-partition of a consumer group (GROUP_STATUS ``offsets``).
+
+    Attributes:
+        topic, partition: the topic-partition.
+        committed: the committed next offset (None: nothing committed).
+        log_end: the partition's HWM.
+        lag: records between the committed offset (or the log start) and the HWM.
+        owner: the member holding the partition (None: nobody).
+    """
+
+    topic: str
+    partition: int
+    committed: int | None
+    log_end: int
+    lag: int
+    owner: str | None
+
+    def to_dict(self) -> dict[str, Any]:
+        """Plain JSON-able dict."""
+        return asdict(self)
+
+
+def parse_group_offsets(status: Mapping[str, Any]) -> list[GroupOffset]:
+    """The ``offsets`` of a GROUP_STATUS document, sorted by (topic, partition)."""
+    rows = [GroupOffset(str(o.get("topic")), int(o.get("partition", 0)),
+                        None if o.get("committed_offset") is None else int(o["committed_offset"]),
+                        int(o.get("log_end_offset") or 0), int(o.get("lag") or 0), o.get("owner") or None)
+            for o in status.get("offsets") or []]
+    return sorted(rows, key=lambda r: (r.topic, r.partition))
+
+
 def _jsonable(value: Any) -> Any:
     if isinstance(value, dict):
         return {k: _jsonable(v) for k, v in value.items()}
@@ -478,6 +512,30 @@ class Admin:
         """Command names the broker serves (HELP)."""
         return list(_csv(ok_fields(self.client.call(Command.HELP)).get("commands")))
 
+    def list_groups(self) -> list[str]:
+        """Names of the registered consumer groups (LIST_GROUPS)."""
+        return list(_csv(ok_fields(self.client.call(Command.LIST_GROUPS)).get("groups")))
+
+    def describe_group(self, group: str) -> dict[str, Any]:
+        """The GROUP_STATUS document: ``state`` (``Stable``/``Empty``), ``generation``, ``epoch``,
+        ``subscription``, ``members`` (``member_id``, ``assignments``, ``last_heartbeat``), ``offsets``
+        (see [groups.md](groups.md)).
+
+        Raises:
+            NotFoundError: ``group_not_found``.
+        """
+        return json_reply(self.client.call(Command.GROUP_STATUS, {"group": group}))
+
+    def group_offsets(self, group: str) -> list[GroupOffset]:
+        """Committed offset, HWM, lag and owner of every topic-partition of ``group``. Raises as
+        :meth:`describe_group`."""
+        return parse_group_offsets(self.describe_group(group))
+
+    def group_lag(self, group: str) -> int:
+        """Total lag of ``group`` (records between its committed offsets and the HWMs). Raises as
+        :meth:`describe_group`."""
+        return sum(o.lag for o in self.group_offsets(group))
+
     def close(self) -> None:
         """Close the connections (when this admin created its client)."""
         if self._owns_client:
@@ -537,6 +595,22 @@ class AsyncAdmin:
     async def help(self) -> list[str]:
         """See :meth:`Admin.help`."""
         return list(_csv(ok_fields(await self.client.call(Command.HELP)).get("commands")))
+
+    async def list_groups(self) -> list[str]:
+        """See :meth:`Admin.list_groups`."""
+        return list(_csv(ok_fields(await self.client.call(Command.LIST_GROUPS)).get("groups")))
+
+    async def describe_group(self, group: str) -> dict[str, Any]:
+        """See :meth:`Admin.describe_group`."""
+        return json_reply(await self.client.call(Command.GROUP_STATUS, {"group": group}))
+
+    async def group_offsets(self, group: str) -> list[GroupOffset]:
+        """See :meth:`Admin.group_offsets`."""
+        return parse_group_offsets(await self.describe_group(group))
+
+    async def group_lag(self, group: str) -> int:
+        """See :meth:`Admin.group_lag`."""
+        return sum(o.lag for o in await self.group_offsets(group))
 
     async def close(self) -> None:
         """Close the connections (when this admin created its client)."""

@@ -289,6 +289,29 @@ class ConsumerCore:
         cursor.position = target
         return True
 
+    def check_bounds(self, bounds: Mapping[int, tuple[int, int]]) -> None:
+        """Apply ``auto_offset_reset`` to every assigned partition whose position lies outside its
+        ``(earliest, latest)`` bounds (what the broker's CONSUME would answer ``OFFSET_OUT_OF_RANGE`` to, so
+        an iteration that stops at the end sees it too).
+
+        Raises:
+            OffsetOutOfRangeError: ``auto_offset_reset="error"`` and a position out of range.
+        """
+        for partition, cursor in self.cursors.items():
+            if partition not in bounds:
+                continue
+            earliest, latest = bounds[partition]
+            position = self.position(partition)
+            if earliest <= position <= latest:
+                continue
+            error = OffsetOutOfRangeError("OFFSET_OUT_OF_RANGE", f"{self.topic}/{partition} has offsets "
+                                          f"{earliest}-{latest}", fields={
+                                              "topic": self.topic, "partition": str(partition),
+                                              "requested": str(position), "earliest": str(earliest),
+                                              "latest": str(latest)})
+            self.seek(partition, position)  # drop anything buffered for it
+            self.on_out_of_range(cursor, error)
+
     def reset(self, cursor: PartitionCursor, earliest: int, latest: int) -> None:
         """Apply ``auto_offset_reset`` from LIST_OFFSETS bounds."""
         cursor.position = earliest if self.auto_offset_reset == "earliest" else latest
@@ -527,11 +550,17 @@ class Consumer(_ConsumerSettings):
 
         Args:
             max_records: stop after this many records.
-            until_end: stop once every partition reaches the latest offset it had when iteration started.
+            until_end: stop once every partition reaches the latest offset it had when iteration started. A
+                position outside the partition's offsets at the start is ``OFFSET_OUT_OF_RANGE`` as for
+                ``poll`` (``auto_offset_reset`` applies; ``"error"`` raises ``OffsetOutOfRangeError``).
             idle_timeout_s: stop after this long without any record.
         """
         self._ensure_started()
-        ends = self.end_offsets() if until_end else None
+        ends = None
+        if until_end:
+            bounds = {o.partition: (o.earliest, o.latest) for o in self._list_offsets()}
+            self._core.check_bounds(bounds)
+            ends = {p: latest for p, (_, latest) in bounds.items() if p in self._core.cursors}
         count = 0
         idle_since = time.monotonic()
         while not self._closed and (max_records is None or count < max_records):
@@ -789,7 +818,9 @@ class AsyncConsumer(_ConsumerSettings):
         await self._ensure_started()
         ends = None
         if until_end:
-            ends = {o.partition: o.latest for o in await self._list_offsets()}
+            bounds = {o.partition: (o.earliest, o.latest) for o in await self._list_offsets()}
+            self._core.check_bounds(bounds)
+            ends = {p: latest for p, (_, latest) in bounds.items()}
         idle_since = time.monotonic()
         while not self._closed:
             if ends is not None and self._core.reached(ends):

@@ -16,10 +16,12 @@ Group Protocol", "SDK Offset and Group Contract"):
 4. ``HEARTBEAT`` every ``heartbeat_interval_s`` (3 s) from its own thread/task, on its own connection (a long
    poll never delays it);
 5. on ``GEN_MISMATCH``, ``NOT_OWNER``, ``member_not_found`` or ``group_not_found`` (from a heartbeat or a
-   commit) the consumer stops reading, rejoins with its full member id, commits the processed offsets of the
-   partitions it still owns under the new generation, fetches the committed offsets of its new assignment
-   and resumes. ``on_revoked(partitions)`` runs before partitions are given up, ``on_assigned(partitions)``
-   after the new assignment is known.
+   commit) the consumer stops reading, commits the processed offsets of every partition it holds (under its
+   own generation: the broker hands a partition to another member only once its holder has rejoined, left
+   or expired), rejoins with its full member id, fetches the committed offsets of its new assignment and
+   resumes. ``on_revoked(partitions)`` runs once the rejoin has given partitions up (their processed work is
+   committed already), ``on_assigned(partitions)`` after the new assignment is known. A new member may get
+   an empty assignment until the holders have rejoined; it waits (heartbeating) and rejoins.
 
 Delivery is at least once: a record is committed only after poll returned it and the application came back
 for more (or called commit); a consumer killed mid-batch leaves its uncommitted records to the next owner.
@@ -59,6 +61,7 @@ from cursus.client.errors import (
     error_from_frame,
 )
 from cursus.client.records import ConsumerRecord, decode_consumed_batch
+from cursus.client.signals import sigterm_exits
 from cursus.wire import Command, CommandPayload, Frame, ProtocolError, Status, encode_crq2
 
 __all__ = ["AsyncGroupConsumer", "GroupConsumer", "GroupMembership", "REJOIN_CODES"]
@@ -137,12 +140,17 @@ class GroupMembership:
                 "generation": str(self.generation)}
 
     def pending_commits(self, offsets: Mapping[int, int] | None = None) -> dict[int, int]:
-        """Offsets to commit: ``offsets`` (or every processed position) for owned partitions, minus those
-        already committed at that value."""
-        source = self.processed if offsets is None else offsets
-        owned = set(self.assignment)
-        return {p: o for p, o in sorted(source.items())
-                if p in owned and o > self.committed.get(p, -1) and o >= 0}
+        """Offsets to commit, minus those already committed at that value.
+
+        Without ``offsets``: every processed position of an owned partition beyond its committed offset.
+        With ``offsets``: all of them, as given (the broker refuses a lower offset with ``offset_regression``
+        and a partition this member does not own with ``NOT_OWNER``; nothing is dropped silently).
+        """
+        if offsets is None:
+            owned = set(self.assignment)
+            return {p: o for p, o in sorted(self.processed.items())
+                    if p in owned and o > self.committed.get(p, -1) and o >= 0}
+        return {p: o for p, o in sorted(offsets.items()) if o != self.committed.get(p)}
 
     def commit_request(self, offsets: Mapping[int, int]) -> tuple[Command, dict[str, str]]:
         """COMMIT_OFFSET for one partition, BATCH_COMMIT ``offsets=P<p>:<n>,...`` for several."""
@@ -182,8 +190,9 @@ Step = tuple[Command, dict[str, str]]
 Steps = Generator[Step, Frame, _R]
 
 
-def commit_steps(state: GroupMembership, offsets: Mapping[int, int]) -> Steps[dict[int, int]]:
-    """COMMIT/BATCH_COMMIT of ``offsets`` beyond what is committed; returns what was committed.
+def commit_steps(state: GroupMembership, offsets: Mapping[int, int] | None) -> Steps[dict[int, int]]:
+    """COMMIT/BATCH_COMMIT of ``offsets`` (None: every processed position) not yet committed
+    (:meth:`GroupMembership.pending_commits`); returns what was committed.
 
     A fencing error marks the membership for a rejoin and is re-raised.
     """
@@ -202,13 +211,23 @@ def commit_steps(state: GroupMembership, offsets: Mapping[int, int]) -> Steps[di
 
 def rejoin_steps(state: GroupMembership, auto_offset_reset: str,
                  on_revoked: Callback | None) -> Steps[tuple[dict[int, int], list[int]] | None]:
-    """JOIN (+SYNC), commit the processed work of partitions still owned, FETCH_OFFSET each assigned
-    partition (LIST_OFFSETS once for ``auto_offset_reset="latest"``).
+    """Commit the processed work of every held partition under the member's generation (the broker keeps
+    them this member's until it rejoins, so the next owner starts after it), JOIN (+SYNC), commit what is
+    still uncommitted of the partitions kept, FETCH_OFFSET each assigned partition (LIST_OFFSETS once for
+    ``auto_offset_reset="latest"``).
 
     Returns (start position per assigned partition, the assignment), or None when the generation moved on
     during the commit (the next poll rejoins again).
     """
     old = set(state.assignment) if state.member_id is not None else set()
+    if old:
+        try:
+            yield from commit_steps(state, None)  # before the partitions can move
+        except CursusError as exc:
+            if not state.is_rejoin_error(exc):
+                raise
+            log.info("commit before rejoining failed (%s): the next owner may process those records again",
+                     exc.code)
     frame = yield Command.JOIN_GROUP, state.join_fields()
     if not state.on_join(ok_fields(frame), frame.payload.decode("utf-8", "replace")):
         sync = yield Command.SYNC_GROUP, state.member_fields()
@@ -222,7 +241,7 @@ def rejoin_steps(state: GroupMembership, auto_offset_reset: str,
     kept = {p: o for p, o in state.processed.items() if p in new}
     if kept:
         try:
-            yield from commit_steps(state, kept)  # still-owned work, under the new generation
+            yield from commit_steps(state, None)  # still-owned work, under the new generation
         except CursusError as exc:
             log.info("commit of still-owned partitions after rejoin failed: %s", exc)
             if state.is_rejoin_error(exc):
@@ -369,17 +388,23 @@ class GroupConsumer(_GroupSettings):
         self._heartbeat_thread: threading.Thread | None = None
         self._streams: list[_PartitionStreamThread] = []
         self._stream_queue: queue.Queue[tuple[int, int, list[ConsumerRecord]]] = queue.Queue()
+        self._sigterm: contextlib.AbstractContextManager[None] = contextlib.nullcontext()
+        self._rebalance = threading.Event()  # the heartbeat saw the membership end (wakes an idle poll)
 
     # ---------------------------------------------------------------------------------------- properties
 
     @property
     def member_id(self) -> str | None:
-        """The broker-assigned member id (None before the first join)."""
+        """The broker-assigned member id (joins first if needed; None only after close without a join)."""
+        if not self._closed.is_set():
+            self._ensure_member()
         return self.state.member_id
 
     @property
     def generation(self) -> int:
-        """The current generation (0 before the first join)."""
+        """The generation of this member's assignment (joins first if needed)."""
+        if not self._closed.is_set():
+            self._ensure_member()
         return self.state.generation
 
     def assignment(self) -> list[int]:
@@ -448,6 +473,7 @@ class GroupConsumer(_GroupSettings):
                         if fields["generation"] == str(self.state.generation):
                             log.info("group %s: %s; rejoining", self.group, exc.code)
                             self.state.rejoin_needed = True
+                            self._rebalance.set()
                 elif not self._closed.is_set():
                     log.debug("heartbeat failed: %s", exc)
 
@@ -456,16 +482,23 @@ class GroupConsumer(_GroupSettings):
     def poll(self, timeout_s: float | None = None) -> list[ConsumerRecord]:
         """Records from one owned partition (offset order), ``[]`` if none arrive in ``timeout_s`` seconds
         (default: one long poll of ``wait_ms``). Rejoins first when the membership ended, and auto-commits
-        the records previous polls returned when the interval passed."""
+        the records previous polls returned when the interval passed. A member that owns nothing (yet:
+        the holders have not given partitions up) waits within ``timeout_s`` for the rebalance and reads
+        what it then gets."""
         self._ensure_member()
         if self.auto_commit and time.monotonic() - self._last_commit >= self.auto_commit_interval_s:
             self._auto_commit()
         budget_s = self.wait_ms / 1000.0 if timeout_s is None else timeout_s
+        deadline = time.monotonic() + budget_s
+        while not self.state.assignment:  # nothing owned: wait for a rebalance (the heartbeat notices)
+            remaining = deadline - time.monotonic()
+            if remaining <= 0 or not self._rebalance.wait(remaining) or self._closed.is_set():
+                return []
+            self._rebalance.clear()
+            self._ensure_member()
+        budget_s = max(0.0, deadline - time.monotonic())
         if self.mode == "stream":
             return self._poll_streams(budget_s)
-        if not self.state.assignment:
-            self._closed.wait(budget_s)  # nothing owned: wait for a rebalance (the heartbeat notices)
-            return []
         token = self._assignment_token
         records = self._consumer.poll(budget_s)
         with self._lock:
@@ -513,11 +546,13 @@ class GroupConsumer(_GroupSettings):
 
     def commit(self, offsets: Mapping[int, int] | None = None) -> dict[int, int]:
         """Commit next offsets (default: everything poll returned so far) of owned partitions; returns what
-        was committed. Durable on the broker when this returns.
+        was committed (offsets equal to the committed ones are left out). Joins first if needed. Durable on
+        the broker when this returns.
 
         Raises:
-            FencingError: the membership ended (the next poll rejoins); nothing was committed.
-            ConflictError: ``offset_regression``.
+            FencingError: the membership ended (the next poll rejoins), or ``NOT_OWNER`` for a partition in
+                ``offsets`` this member does not own; nothing was committed.
+            ConflictError: ``offset_regression`` (an offset below the committed one).
         """
         self._ensure_member()
         with self._lock:
@@ -563,6 +598,7 @@ class GroupConsumer(_GroupSettings):
         """Auto-commit (if enabled), leave the group, stop threads and close connections (idempotent)."""
         if self._closed.is_set():
             return
+        self._rebalance.set()  # an idle poll in another thread returns
         with self._lock:
             if self.auto_commit and self.state.member_id is not None and not self.state.rejoin_needed:
                 with contextlib.suppress(CursusError):
@@ -580,10 +616,18 @@ class GroupConsumer(_GroupSettings):
         self._heartbeat_client.close()
 
     def __enter__(self) -> GroupConsumer:
+        """Inside the block SIGTERM exits cleanly (:func:`~cursus.client.signals.sigterm_exits`): leaving the
+        block leaves the group, also when the process is stopped with ``kill`` (unless the application set
+        its own SIGTERM handler)."""
+        self._sigterm = sigterm_exits()
+        self._sigterm.__enter__()
         return self
 
     def __exit__(self, *exc: object) -> None:
-        self.close()
+        try:
+            self.close()
+        finally:
+            self._sigterm.__exit__(None, None, None)
 
 
 class _PartitionStreamThread(threading.Thread):

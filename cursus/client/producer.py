@@ -119,12 +119,13 @@ class ProducerConfig:
     backoff: Backoff
     producer_id: str
     producer_epoch: int
+    max_record_bytes: int = 1 << 20
 
     @classmethod
     def build(cls, *, acks: str | int | None, idempotent: bool, batch_size: int, batch_bytes: int,
               linger_ms: float, connections_per_broker: int, buffer_records: int, max_block_s: float,
               delivery_timeout_s: float, request_timeout_s: float, backoff: Backoff, producer_id: str | None,
-              producer_epoch: int | None, id_prefix: str) -> ProducerConfig:
+              producer_epoch: int | None, id_prefix: str, max_record_bytes: int = 1 << 20) -> ProducerConfig:
         """Validate and fill defaults. Raises ``ValueError`` for inconsistent or out-of-range settings."""
         wire_acks = normalize_acks(acks if acks is not None else ("all" if idempotent else "1"))
         if idempotent and wire_acks != "-1":
@@ -136,10 +137,12 @@ class ProducerConfig:
                              "linger_ms >= 0")
         if max_block_s < 0 or delivery_timeout_s <= 0 or request_timeout_s <= 0:
             raise ValueError("timeouts must be positive")
+        if max_record_bytes < 1:
+            raise ValueError("max_record_bytes must be positive")
         return cls(wire_acks, idempotent, batch_size, batch_bytes, linger_ms / 1000.0, connections_per_broker,
                    buffer_records, max_block_s, delivery_timeout_s, request_timeout_s, backoff,
                    producer_id or f"{id_prefix}{os.urandom(8).hex()}",
-                   int(time.time() * 1000) if producer_epoch is None else producer_epoch)
+                   int(time.time() * 1000) if producer_epoch is None else producer_epoch, max_record_bytes)
 
 
 class _Pending:
@@ -150,7 +153,7 @@ class _Pending:
     def __init__(self, value: bytes, key_field: bytes | None, timestamp: int | None, future: Any) -> None:
         self.value = value
         self.key_field = key_field
-        self.timestamp = timestamp
+        self.timestamp = int(time.time() * 1000) if timestamp is None else timestamp  # CreateTime, as Kafka
         self.future = future
         self.size = len(value) + (len(key_field) if key_field else 0) + _RECORD_OVERHEAD_BYTES
 
@@ -290,8 +293,10 @@ class ProducerCore:
             state.sticky = sticky + 1  # this record fills the batch: the next one starts the next partition
         return sticky
 
-    def append(self, topic: str, partition: int, pending: _Pending, now: float) -> bool:
-        """Queue a record. Returns True when a sender should wake (new linger deadline or full batch)."""
+    def append(self, topic: str, partition: int, pending: _Pending, now: float) -> bool | Resolution:
+        """Queue a record. Returns True when a sender should wake (new linger deadline or full batch), or the
+        record's failure (to resolve outside the lock) when its encoded size exceeds ``max_record_bytes``
+        (the broker would refuse it, and with ``acks=0`` drop it without a word)."""
         key = (topic, partition)
         pstate = self.partitions.get(key)
         if pstate is None:
@@ -300,6 +305,15 @@ class ProducerCore:
             encoder = RecordEncoder(topic, partition, self.config.producer_id, self.config.producer_epoch)
             pstate = self.partitions[key] = _PartitionState(topic, partition, leader, encoder)
             self.by_address.setdefault(leader, []).append(pstate)
+        limit = self.config.max_record_bytes
+        if pending.size > limit:  # the overhead estimate is generous: only then measure exactly
+            size = len(pstate.encoder.encode(pending.value, pending.key_field, pending.timestamp, 0)) - 4
+            if size > limit:
+                error = ValidationError("message_too_large", "the record is larger than max_record_bytes",
+                                        retryable=False, fields={"size": str(size), "limit": str(limit),
+                                                                 "topic": topic, "partition": str(partition)})
+                self.buffered += 1  # _fail_pendings counts it out again
+                return self._fail_pendings([pending], error)[0]
         was_empty = not pstate.queue
         if was_empty:
             pstate.first_enqueued = now
@@ -634,7 +648,7 @@ class _ProducerSettings:
                  idempotent: bool = False, batch_size: int = 1000, batch_bytes: int = 1 << 20,
                  linger_ms: float = 5.0, connections_per_broker: int = 2, buffer_records: int = 100_000,
                  max_block_s: float = 60.0, delivery_timeout_s: float = 120.0, request_timeout_s: float = 30.0,
-                 producer_id: str | None = None, producer_epoch: int | None = None,
+                 producer_id: str | None = None, producer_epoch: int | None = None, max_record_bytes: int = 1 << 20,
                  options: ConnectionOptions | None = None, **overrides: Any) -> None:
         self.options = options_from(options, overrides)
         self.config = ProducerConfig.build(
@@ -642,7 +656,7 @@ class _ProducerSettings:
             linger_ms=linger_ms, connections_per_broker=connections_per_broker, buffer_records=buffer_records,
             max_block_s=max_block_s, delivery_timeout_s=delivery_timeout_s, request_timeout_s=request_timeout_s,
             backoff=self.options.backoff, producer_id=producer_id, producer_epoch=producer_epoch,
-            id_prefix=self._id_prefix)
+            id_prefix=self._id_prefix, max_record_bytes=max_record_bytes)
         self._client = self._client_type(bootstrap, self.options)
         self._refresh_client = self._client_type(bootstrap, _metadata_options(self.options))
         self._core = ProducerCore(self.config, self._client.bootstrap[0])
@@ -684,6 +698,9 @@ class Producer(_ProducerSettings):
         request_timeout_s: reply timeout of one PUBLISH, seconds.
         producer_id, producer_epoch: producer identity; default a random ``py-<hex>`` id and the creation
             time in milliseconds as epoch. A higher epoch for the same id fences older sessions.
+        max_record_bytes: the largest encoded record sent, bytes (default 1 MiB, the broker's default
+            ``max_message_bytes``); a larger one fails at once with ``message_too_large`` (its future, and
+            ``flush``), with any ``acks`` (with ``acks=0`` the broker would drop it silently).
         options: :class:`~cursus.client.connection.ConnectionOptions`; keyword arguments override fields
             (``compression``, ``timeout_s``, ``ssl_context``, ``principal``, ``token``, ``backoff``).
 
@@ -718,7 +735,8 @@ class Producer(_ProducerSettings):
             key: routing key (UTF-8 text); keyed records on ``hash_key`` topics go where the broker would put
                 them.
             partition: explicit partition (overrides the key for routing; the key is still stored).
-            timestamp_ms: optional record timestamp (milliseconds since the epoch).
+            timestamp_ms: the record timestamp (milliseconds since the epoch); default the time of this call
+                (CreateTime, as Kafka producers set it).
 
         Raises:
             ClientClosedError: after ``close()``.
@@ -753,6 +771,9 @@ class Producer(_ProducerSettings):
             due = core.append(topic, chosen, pending, now)
             if len(core.partitions) != known:  # a new partition: its leader may need senders
                 self._ensure_senders(core.leader_of(topic, chosen))
+            if isinstance(due, tuple):  # refused (too large): nobody holds the future yet
+                _resolve_sync([due])
+                return chosen, None
             batch = core.take(topic, chosen, now) if take else None
             if due and batch is None:
                 self._ready.notify()
@@ -1084,6 +1105,9 @@ class AsyncProducer(_ProducerSettings):
         due = core.append(topic, chosen, _Pending(data, key_field, timestamp_ms, future), time.monotonic())
         if len(core.partitions) != known:  # a new partition: its leader may need senders
             self._ensure_senders(core.leader_of(topic, chosen))
+        if isinstance(due, tuple):  # refused (too large)
+            _resolve_async([due])
+            return future
         if due:
             self._wake().notify_all()
             # A batch became due: let the sender tasks run now (a loop of sends never suspends otherwise,

@@ -15,17 +15,26 @@ Model:
   deleted group name is registered again), an in-memory *generation*, *members* and *committed offsets*.
 * The **generation** bumps on every rebalance, and a rebalance happens exactly when the member set or the
   expansion changes: a new member joins, a member leaves or its session expires, partitions are added or
-  topics appear or disappear. A member that joins again with its full id while it is still a member does
-  not change the member set, so it gets the current generation and assignment back; this is what lets a
-  group converge after a rebalance instead of fencing itself forever.
-* **Assignment** is round-robin and deterministic: the expansion's topic-partitions sorted by (topic,
+  topics appear or disappear, plus once more when a rejoin frees partitions a caught-up member waits for
+  (below). A member that joins again with its full id while it is still a member does not change the member
+  set, so it gets the current generation and its assignment back; this is what lets a group converge after
+  a rebalance instead of fencing itself forever.
+* **Target assignment** is round-robin and deterministic: the expansion's topic-partitions sorted by (topic,
   partition), dealt in turn to the members sorted by member id. The same members and expansion always give
-  the same assignment, and each topic-partition has exactly one owner per generation (none if the group
-  has no member).
+  the same target.
+* **Ownership is exclusive (the join barrier).** A member's *assignment* is what it was last told (in its
+  latest JOIN reply) and may be reading; it changes only when that member joins. A join gives the member
+  its target minus every partition another live member still holds, so a partition moves to a new owner
+  only after its previous owner has rejoined (and so given it up), left or expired. When a rejoin gives up
+  partitions that a member already in the current generation is waiting for, the generation bumps again so
+  that member rejoins and takes them (Kafka's cooperative protocol, in two rounds). No partition is ever in
+  two live members' assignments. Members that have not rejoined since a rebalance keep their assignment and
+  their *member generation*: commits are fenced by it (a member may commit what it holds until it rejoins,
+  which is how its processed work is committed before the partition moves).
 * **Sessions** are data: each member has a deadline (last heartbeat + session timeout). :meth:`GroupTable.expire`
   removes members whose deadline passed and :meth:`GroupTable.next_deadline_ms` tells the caller when to
   call it next (one timer for the whole table, armed by the service).
-* **Commits** are fenced (member, generation, ownership) and monotonic per partition: a lower offset is
+* **Commits** are fenced (member, the member's generation, ownership) and monotonic per partition: a lower offset is
   ``offset_regression``, the same offset is accepted without change.
 * **Join retries.** A member that joined with a client id and has not been heard from under its full id since
   (no SYNC_GROUP, HEARTBEAT, commit or rejoin with that id) is *unconfirmed*: its client may never have seen
@@ -194,7 +203,9 @@ class Member:
         member_id: the full id (client id + ``-NNNN``).
         joined_ms, last_heartbeat_ms: monotonic ms of the join and of the latest heartbeat (or join).
         deadline_ms: the session expires when ``now_ms >= deadline_ms`` (monotonic ms).
-        assignment: topic-partitions owned in the current generation, sorted.
+        assignment: topic-partitions this member holds (what its latest join answered), sorted; never
+            shared with another live member.
+        generation: the generation of that join (< the group's generation until it rejoins).
         unconfirmed_client: the client id it joined with, until it is first heard from under its full id
             (None afterwards, and for restored or resumed members); see "Join retries".
         origin: where the join came from (the client host), for recognising a retry of it.
@@ -207,6 +218,7 @@ class Member:
     assignment: tuple[TopicPartition, ...] = ()
     unconfirmed_client: str | None = None
     origin: str | None = None
+    generation: int = 0
 
 
 @dataclass(slots=True)
@@ -220,7 +232,7 @@ class Group:
         epoch: durable lifecycle epoch (>= 1).
         generation: current generation (0 until the first rebalance).
         members: live members by id (insertion order = join order).
-        owners: ``(topic, partition) -> member id`` for the current generation.
+        owners: ``(topic, partition) -> member id`` holding it (the union of the members' assignments).
         offsets: committed next offsets ``(topic, partition) -> offset``.
         last_rebalance_ms: monotonic ms of the latest rebalance (0: never).
         last_commit_ms: monotonic ms of the latest successful commit per topic.
@@ -264,7 +276,7 @@ class Group:
         return {p: o for (t, p), o in sorted(self.offsets.items()) if t == topic}
 
     def partitions_of(self, member_id: str, topic: str) -> list[int]:
-        """The partitions of ``topic`` that ``member_id`` owns in this generation, sorted."""
+        """The partitions of ``topic`` that ``member_id`` holds, sorted."""
         member = self.members.get(member_id)
         if member is None:
             return []
@@ -273,20 +285,48 @@ class Group:
     def copy(self) -> Group:
         """An independent copy (members too): what readers see while the original keeps changing."""
         members = {m: Member(x.member_id, x.joined_ms, x.last_heartbeat_ms, x.deadline_ms, x.assignment,
-                             x.unconfirmed_client, x.origin) for m, x in self.members.items()}
+                             x.unconfirmed_client, x.origin, x.generation) for m, x in self.members.items()}
         return Group(self.name, self.selector, dict(self.partitions), self.epoch, self.generation, members,
                      dict(self.owners), dict(self.offsets), self.last_rebalance_ms, dict(self.last_commit_ms))
 
+    def targets(self) -> dict[str, tuple[TopicPartition, ...]]:
+        """The target assignment (round-robin over the current members and expansion)."""
+        return assign_round_robin(self.members, self.topic_partitions())
+
+    def _rebuild_owners(self) -> None:
+        self.owners = {tp: member_id for member_id, member in self.members.items() for tp in member.assignment}
+
     def rebalance(self, now_ms: int) -> None:
-        """Start a new generation: bump it and recompute every member's assignment (round-robin)."""
+        """Start a new generation: every member must rejoin to learn its assignment in it. Members keep what
+        they hold (minus partitions that no longer exist) until they do; a departed member's partitions are
+        free for the next joiner whose target has them."""
         self.generation += 1
         self.last_rebalance_ms = now_ms
-        dealt = assign_round_robin(self.members, self.topic_partitions())
-        self.owners = {}
-        for member_id, member in self.members.items():
-            member.assignment = dealt.get(member_id, ())
-            for tp in member.assignment:
-                self.owners[tp] = member_id
+        valid = set(self.topic_partitions())
+        for member in self.members.values():
+            member.assignment = tuple(tp for tp in member.assignment if tp in valid)
+        self._rebuild_owners()
+
+    def catch_up(self, member_id: str, now_ms: int) -> bool:
+        """A join of ``member_id``: its assignment becomes its target minus what other live members hold, in
+        the current generation. If it gives up partitions that a member already in the current generation
+        is waiting for, the generation bumps first (that member learns it on its next heartbeat). Returns
+        whether anything changed (the caller persists the membership)."""
+        member = self.members[member_id]
+        targets = self.targets()
+        target_owner = {tp: owner for owner, tps in targets.items() for tp in tps}
+        assignment = tuple(tp for tp in targets.get(member_id, ())
+                           if self.owners.get(tp, member_id) == member_id)
+        released = set(member.assignment) - set(assignment)
+        waiting = any(self.members[target_owner[tp]].generation == self.generation
+                      for tp in released if target_owner.get(tp, member_id) != member_id)
+        if waiting:
+            self.generation += 1
+            self.last_rebalance_ms = now_ms
+        changed = waiting or assignment != member.assignment or member.generation != self.generation
+        member.assignment, member.generation = assignment, self.generation
+        self._rebuild_owners()
+        return changed
 
 
 @dataclass(frozen=True, slots=True)
@@ -296,7 +336,8 @@ class JoinResult:
     Attributes:
         group: the group (after the join).
         member_id: the member's full id.
-        rebalanced: a new generation started (the caller persists the membership).
+        rebalanced: the membership changed: a new generation started or this member's assignment changed
+            (the caller persists the membership).
         resumed: the request carried ``generation=`` and a full id that is kept (facts B5 ``resumed=true``).
     """
 
@@ -432,12 +473,16 @@ class GroupTable:
              generation: int | None = None, origin: str | None = None) -> JoinResult:
         """JOIN_GROUP: add or refresh a member and return its generation and assignment.
 
-        * ``requested_id`` is a current member's full id: the member is refreshed; no rebalance.
+        * ``requested_id`` is a current member's full id: the member is refreshed and catches up with the
+          current generation (:meth:`Group.catch_up`; a new generation only when it releases partitions a
+          caught-up member waits for).
         * no ``generation``, and an unconfirmed member joined with client id ``requested_id`` from the same
-          ``origin`` (not None): a retry of that join; the same member, refreshed; no rebalance.
+          ``origin`` (not None): a retry of that join; the same member, refreshed, caught up.
         * ``generation`` is given and ``requested_id`` looks like a full id (``<client>-NNNN``): the id is kept
           (a member resuming after its session expired or the broker restarted); rebalance.
         * otherwise: a new member ``<requested_id>-NNNN`` (random, unique in the group); rebalance.
+
+        A new member's assignment leaves out partitions other members still hold (the join barrier).
 
         Raises:
             BrokerError: ``group_not_found``; ``topic_not_assigned_to_group`` when ``topic`` is given and not
@@ -449,12 +494,14 @@ class GroupTable:
         existing = group.members.get(requested_id)
         if existing is not None:
             self._touch(group, existing, now_ms)
-            return JoinResult(group, requested_id, rebalanced=False, resumed=generation is not None)
+            changed = group.catch_up(requested_id, now_ms)
+            return JoinResult(group, requested_id, rebalanced=changed, resumed=generation is not None)
         if generation is None and origin is not None:
             for candidate in group.members.values():
                 if candidate.unconfirmed_client == requested_id and candidate.origin == origin:
                     self._touch(group, candidate, now_ms, confirm=False)
-                    return JoinResult(group, candidate.member_id, rebalanced=False, resumed=False)
+                    changed = group.catch_up(candidate.member_id, now_ms)
+                    return JoinResult(group, candidate.member_id, rebalanced=changed, resumed=False)
         resumed = generation is not None and FULL_MEMBER_ID.fullmatch(requested_id) is not None
         member_id = requested_id if resumed else self._new_member_id(group, requested_id)
         member = Member(member_id, now_ms, now_ms, now_ms + self.session_timeout_ms,
@@ -462,11 +509,12 @@ class GroupTable:
         group.members[member_id] = member
         self._touch(group, member, now_ms, confirm=False)
         group.rebalance(now_ms)
+        group.catch_up(member_id, now_ms)
         return JoinResult(group, member_id, rebalanced=True, resumed=resumed)
 
     def sync(self, name: str, member_id: str, generation: int, now_ms: int) -> Member:
-        """SYNC_GROUP: the member's assignment for ``generation`` (which must be current); refreshes the
-        session. Raises ``group_not_found``, ``member_not_found``, ``GEN_MISMATCH``."""
+        """SYNC_GROUP: the member (its assignment: what it holds) for ``generation`` (which must be current);
+        refreshes the session. Raises ``group_not_found``, ``member_not_found``, ``GEN_MISMATCH``."""
         group = self.get(name)
         member = self.member(group, member_id)
         self.check_generation(group, member_id, generation)
@@ -560,7 +608,8 @@ class GroupTable:
                            now_ms: int) -> None:
         """Reinstate a persisted generation (broker restart): members get a fresh session from ``now_ms``.
 
-        Assignments are taken as persisted, restricted to the current expansion; owners are rebuilt.
+        Assignments are taken as persisted (what each member held), restricted to the current expansion;
+        every member is taken to be in ``generation``; owners are rebuilt.
         """
         group.generation = generation
         group.members = {}
@@ -568,7 +617,8 @@ class GroupTable:
         valid = set(group.topic_partitions())
         for member_id, assignment in members.items():
             kept = tuple(tp for tp in assignment if tp in valid and tp not in group.owners)
-            member = Member(member_id, now_ms, now_ms, now_ms + self.session_timeout_ms, kept)
+            member = Member(member_id, now_ms, now_ms, now_ms + self.session_timeout_ms, kept,
+                            generation=generation)
             group.members[member_id] = member
             for tp in kept:
                 group.owners[tp] = member_id
@@ -581,9 +631,11 @@ class GroupTable:
         """Validate a COMMIT_OFFSET / BATCH_COMMIT without applying it; returns (group, changed offsets).
 
         Checks, in order: group exists (``group_not_found``), topic subscribed (``topic_not_assigned_to_group``),
-        partitions exist (``partition_not_found``), member alive (``member_not_found``), generation current
-        (``GEN_MISMATCH``), every partition owned by the member (``NOT_OWNER``), no offset below the committed
-        one (``offset_regression``). ``changed`` omits partitions whose offset equals the committed one.
+        partitions exist (``partition_not_found``), member alive (``member_not_found``), ``generation`` is the
+        member's generation (``GEN_MISMATCH``: the generation of its latest join, which lags the group's
+        until it rejoins; its held partitions stay its own until then), every partition held by the member
+        (``NOT_OWNER``), no offset below the committed one (``offset_regression``). ``changed`` omits
+        partitions whose offset equals the committed one.
         """
         group = self.get(name)
         self.check_topic(group, topic)
@@ -591,8 +643,10 @@ class GroupTable:
         for partition in offsets:
             if not 0 <= partition < count:
                 raise BrokerError.of("partition_not_found", topic=topic, partition=partition, group=name)
-        self.member(group, member_id)
-        self.check_generation(group, member_id, generation)
+        member = self.member(group, member_id)
+        if generation != member.generation:
+            raise BrokerError.of("GEN_MISMATCH", current=group.generation, requested=generation,
+                                 group=group.name, member=member_id)
         for partition in sorted(offsets):
             if group.owners.get((topic, partition)) != member_id:
                 raise BrokerError.of("NOT_OWNER", partition=partition, member=member_id, group=name,

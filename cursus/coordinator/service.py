@@ -597,7 +597,8 @@ class GroupCoordinator:
         active = self.table.active_groups_for(topic)
         if active:
             raise BrokerError.of("topic_delete_blocked", topic=topic, group=active[0].name,
-                                 reason="consumer_group_has_active_members")
+                                 reason="consumer_group_has_active_members", members=",".join(active[0].members),
+                                 session_timeout_ms=self.table.session_timeout_ms)
         self.deleting.add(topic)
 
     def topic_delete_aborted(self, topic: str) -> None:

@@ -95,8 +95,14 @@ def test_produce_and_consume(shared_broker, topic_name, tmp_path):
     assert hexed.stdout.split("\t")[-1].strip() == b"f2".hex()
     limited = ctl(shared_broker, "--json", "consume", topic_name, "--from-beginning", "--max", "2")
     assert len(limited.stdout.splitlines()) == 2
-    tail = ctl(shared_broker, "consume", topic_name)  # default: from the end, without --follow: nothing
+    everything = ctl(shared_broker, "consume", topic_name)  # default: from the start, as rpk and kcat
+    assert everything.returncode == 0 and len(everything.stdout.splitlines()) == 6
+    tail = ctl(shared_broker, "consume", topic_name, "--offset", "end")  # without --follow: nothing
     assert tail.returncode == 0 and tail.stdout == ""
+    templated = ctl(shared_broker, "consume", topic_name, "--partition", "1", "--offset", "-1",
+                    "--format", r"%t|%p|%o|%k|%v|%%\n")
+    offset = hexed.stdout.split("\t")[1]
+    assert templated.stdout == f"{topic_name}|1|{offset}||f2|%\n", templated.stdout
     followed = ctl(shared_broker, "consume", topic_name, "--from-beginning", "--follow", "--max", "6",
                    "--wait-ms", "100")
     assert followed.returncode == 0 and len(followed.stdout.splitlines()) == 6
@@ -149,7 +155,10 @@ def test_raw(shared_broker, topic_name):
 
 
 def test_usage_and_connection_errors(shared_broker, tmp_path):
-    assert ctl(shared_broker).returncode == 2
+    bare = ctl(shared_broker)  # bare cursusctl: the help, like rpk
+    assert bare.returncode == 0 and bare.stdout.startswith("usage: cursusctl") and "COMMAND" in bare.stdout
+    version = ctl(shared_broker, "--version")
+    assert version.returncode == 0 and version.stdout.startswith("cursusctl ")
     assert ctl(shared_broker, "--timeout", "soon", "topic", "list").returncode == 2
     assert ctl(shared_broker, "--broker", "host:notaport", "topic", "list").returncode == 2
     assert ctl(shared_broker, "--compression", "zstd", "topic", "list").returncode == 2

@@ -56,16 +56,26 @@ def test_two_consumers_rebalance_and_resume(shared_broker, topic_name):
         committed = first.commit()
         assert committed and all(v > 0 for v in committed.values())
         second = GroupConsumer(topic_name, group, address, auto_commit=False, heartbeat_interval_s=0.2, wait_ms=100)
-        assert len(second.assignment()) == 2
-        # the first member learns of the rebalance from its heartbeat and rejoins on its next poll
+        assert second.assignment() == []  # the join barrier: the first member still holds every partition
+        # the first member learns of the rebalance from its heartbeat and rejoins on its next poll, giving the
+        # second member's share up; the second learns that from its heartbeat and rejoins
+        early: list = []
         deadline = time.monotonic() + 10
-        while len(first.state.assignment) != 2 and time.monotonic() < deadline:
-            first.poll(0.1)
+        while (len(first.state.assignment), len(second.state.assignment)) != (2, 2) and time.monotonic() < deadline:
+            records.extend(first.poll(0.1))
+            early.extend(second.poll(0.1))
         assert sorted(first.state.assignment + second.state.assignment) == [0, 1, 2, 3]
         assert ("revoked", sorted(set(range(4)) - set(first.state.assignment))) in events
-        # the second member starts at the committed offsets: nothing below them is delivered again
-        got = drain(second, 10)
-        assert got and all(r.offset >= committed.get(r.partition, 0) for r in got)
+        # the second member starts at the committed offsets, which include what the first member processed
+        # before it gave the partitions up: nothing it was handed is delivered again
+        handed = {}
+        for record in records:
+            handed[record.partition] = max(handed.get(record.partition, 0), record.offset + 1)
+        with connect(shared_broker) as conn:
+            for p in second.state.assignment:
+                publish_batch(conn, topic_name, p, [b"more"] * 5)
+        got = early + drain(second, 10)
+        assert got and all(r.offset >= handed.get(r.partition, 0) for r in got)
         # a commit with the old generation is fenced
         stale = GroupMembership(topic_name, group, "x", member_id=first.member_id, generation=1,
                                 assignment=tuple(first.state.assignment))

@@ -23,13 +23,14 @@ def test_group_state_and_offsets_survive_kill_9(broker_factory):
         b = ok_fields(conn.command("JOIN_GROUP topic=orders group=billing member=b"))["member"]
         ok_fields(conn.command("REGISTER_GROUP group=audit pattern=ord*"))
         a = ok_fields(conn.command(f"JOIN_GROUP topic=orders group=billing member={a}"))["member"]
+        b = ok_fields(conn.command(f"JOIN_GROUP topic=orders group=billing member={b}"))["member"]  # generation 3
         status = json.loads(conn.command("GROUP_STATUS group=billing").payload)
         owner = {o["partition"]: o["owner"] for o in status["offsets"]}
         # enough commits to compact __consumer_offsets several times
         for n in range(1, 401):
             p = n % 3
             reply = conn.command(f"COMMIT_OFFSET topic=orders partition={p} group=billing offset={n} "
-                                 f"member={owner[p]} generation=2")
+                                 f"member={owner[p]} generation=3")
             assert ok_fields(reply) == {}
         before = {p: ok_fields(conn.command(f"FETCH_OFFSET topic=orders partition={p} group=billing"))["offset"]
                   for p in range(3)}
@@ -45,11 +46,11 @@ def test_group_state_and_offsets_survive_kill_9(broker_factory):
         assert after == before
         assert ok_fields(conn.command("LIST_GROUPS"))["groups"] == "audit,billing"
         status = json.loads(conn.command("GROUP_STATUS group=billing").payload)
-        assert status["generation"] == 2 and {m["member_id"] for m in status["members"]} == {a, b}
+        assert status["generation"] == 3 and {m["member_id"] for m in status["members"]} == {a, b}
         # members and generation were restored: the old session keeps working without a rejoin
-        assert ok_fields(conn.command(f"HEARTBEAT topic=orders group=billing member={a} generation=2"))
+        assert ok_fields(conn.command(f"HEARTBEAT topic=orders group=billing member={a} generation=3"))
         assert error_of(conn.command(f"COMMIT_OFFSET topic=orders partition=0 group=billing offset=3 "
-                                     f"member={owner[0]} generation=2")).code == "offset_regression"
+                                     f"member={owner[0]} generation=3")).code == "offset_regression"
         assert json.loads(conn.command("GROUP_STATUS group=audit").payload)["topics"] == ["orders"]
 
 

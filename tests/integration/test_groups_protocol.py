@@ -137,17 +137,20 @@ def test_rebalance_on_join_leave_and_session_timeout(conn, topic_name, group):
     a = join(conn, topic_name, group, "a")["member"]
     b_reply = join(conn, topic_name, group, "b")
     b = b_reply["member"]
-    assert b_reply["generation"] == "2"
-    a_now = join(conn, topic_name, group, a)  # a learns the new generation by rejoining
-    assert a_now["generation"] == "2"
-    assert sorted(parts(a_now["assignments"]) + parts(b_reply["assignments"])) == list(range(6))
-    assert not set(parts(a_now["assignments"])) & set(parts(b_reply["assignments"]))
+    assert b_reply["generation"] == "2" and parts(b_reply["assignments"]) == []  # a still holds all six
     assert error_of(conn.command(f"HEARTBEAT topic={topic_name} group={group} member={a} generation=1")).code == \
         "GEN_MISMATCH"
+    a_now = join(conn, topic_name, group, a)  # a rejoins and gives b's share up: generation 3 for b to take it
+    assert a_now["generation"] == "3" and len(parts(a_now["assignments"])) == 3
+    assert error_of(conn.command(f"HEARTBEAT topic={topic_name} group={group} member={b} generation=2")).code == \
+        "GEN_MISMATCH"
+    b_now = join(conn, topic_name, group, b)
+    assert b_now["generation"] == "3"
+    assert sorted(parts(a_now["assignments"]) + parts(b_now["assignments"])) == list(range(6))
     c = join(conn, topic_name, group, "c")["member"]
     assert ok_fields(conn.command(f"LEAVE_GROUP topic={topic_name} group={group} member={c}")) == \
         {"group": group, "member": c, "left": "true"}
-    assert status(conn, group)["generation"] == 4
+    assert status(conn, group)["generation"] == 5
     # b stops heartbeating; a keeps going: b expires within the session timeout and a gets everything
     started = time.monotonic()
 
@@ -158,8 +161,8 @@ def test_rebalance_on_join_leave_and_session_timeout(conn, topic_name, group):
 
     doc = wait_for(b_gone, timeout_s=10, what="session expiry")
     assert time.monotonic() - started < SESSION_MS / 1000 + 3
-    assert doc["generation"] == 5 and doc["members"][0]["member_id"] == a
-    assert doc["members"][0]["assignments"] == list(range(6))
+    assert doc["generation"] == 6 and doc["members"][0]["member_id"] == a
+    assert parts(join(conn, topic_name, group, a)["assignments"]) == list(range(6))
     assert error_of(conn.command(f"HEARTBEAT topic={topic_name} group={group} member={b}")).code == \
         "member_not_found"
 
@@ -174,31 +177,33 @@ def test_commit_fencing_regression_and_idempotence(conn, topic_name, group):
     err = error_of(commit(conn, topic_name, group, a, 1, 0, 3))
     assert err.code == "offset_regression" and err.error_class.label == "conflict"
     assert ok_fields(conn.command(f"FETCH_OFFSET topic={topic_name} partition=0 group={group}")) == {"offset": "5"}
-    b_reply = join(conn, topic_name, group, "b")
-    b, b_part = b_reply["member"], parts(b_reply["assignments"])[0]
-    a_part = 1 - b_part
+    b = join(conn, topic_name, group, "b")["member"]  # generation 2; a holds both partitions until it rejoins
+    assert ok_fields(commit(conn, topic_name, group, a, 1, 1, 4)) == {}  # a's revocation commit, generation 1
+    a_part = parts(join(conn, topic_name, group, a)["assignments"])[0]  # generation 3
+    b_part = 1 - a_part
+    assert parts(join(conn, topic_name, group, b)["assignments"]) == [b_part]
     cases = {
         "GEN_MISMATCH": commit(conn, topic_name, group, a, 1, a_part, 6),
-        "NOT_OWNER": commit(conn, topic_name, group, a, 2, b_part, 6),
-        "member_not_found": commit(conn, topic_name, group, "ghost-0000", 2, a_part, 6),
+        "NOT_OWNER": commit(conn, topic_name, group, a, 3, b_part, 6),
+        "member_not_found": commit(conn, topic_name, group, "ghost-0000", 3, a_part, 6),
         "missing_generation": conn.command(f"COMMIT_OFFSET topic={topic_name} partition=0 group={group} "
                                            f"offset=6 member={a}"),
         "missing_member": conn.command(f"COMMIT_OFFSET topic={topic_name} partition=0 group={group} "
-                                       f"offset=6 generation=2"),
-        "invalid_offset": commit(conn, topic_name, group, a, 2, a_part, 999),
+                                       f"offset=6 generation=3"),
+        "invalid_offset": commit(conn, topic_name, group, a, 3, a_part, 999),
     }
     for code, frame in cases.items():
         err = error_of(frame)
         assert err.code == code, err.render()
     mismatch = error_of(cases["GEN_MISMATCH"])
-    assert mismatch.error_class.label == "fencing" and mismatch.fields["current"] == "2"
+    assert mismatch.error_class.label == "fencing" and mismatch.fields["current"] == "3"
     assert error_of(cases["NOT_OWNER"]).fields["partition"] == str(b_part)
-    assert ok_fields(commit(conn, topic_name, group, a, 2, a_part, 7)) == {}
+    assert ok_fields(commit(conn, topic_name, group, a, 3, a_part, 7)) == {}
     validated = ok_fields(conn.command(f"COMMIT_OFFSET topic={topic_name} partition={b_part} group={group} "
-                                       f"offset=1 member={b} generation=2 validate_only=true"))
+                                       f"offset=5 member={b} generation=3 validate_only=true"))
     assert validated == {"validated": "true"}
     assert ok_fields(conn.command(f"FETCH_OFFSET topic={topic_name} partition={b_part} group={group}"))["offset"] \
-        == ("5" if b_part == 0 else "0")
+        == ("5" if b_part == 0 else "4")
 
 
 def test_batch_commit_is_all_or_nothing(conn, topic_name, group):
@@ -209,22 +214,24 @@ def test_batch_commit_is_all_or_nothing(conn, topic_name, group):
     base = f"BATCH_COMMIT topic={topic_name} group={group} member={a}"
     assert ok_fields(conn.command(f"{base} generation=1 offsets=P0:3,P1:4")) == {"batched": "2"}
     assert ok_fields(conn.command(f"{base} generation=1 P2:5,P3:6")) == {"batched": "2"}  # positional alias
-    b = join(conn, topic_name, group, "b")
-    b_parts = parts(b["assignments"])
+    b = join(conn, topic_name, group, "b")["member"]
+    join(conn, topic_name, group, a)  # generation 3: a gives b's share up
+    b_parts = parts(join(conn, topic_name, group, b)["assignments"])
+    assert len(b_parts) == 2
     bad = {
         "missing_generation": f"{base} offsets=P0:4",
-        "duplicate_partition": f"{base} generation=2 offsets=P0:4,P0:5",
-        "invalid_batch_commit_entry": f"{base} generation=2 offsets=P0:4,0:5",
-        "no_valid_offsets": f"{base} generation=2 offsets=",
-        "NOT_OWNER": f"{base} generation=2 offsets=" + ",".join(f"P{p}:9" for p in range(4)),
-        "offset_regression": f"{base} generation=2 offsets=" + ",".join(
+        "duplicate_partition": f"{base} generation=3 offsets=P0:4,P0:5",
+        "invalid_batch_commit_entry": f"{base} generation=3 offsets=P0:4,0:5",
+        "no_valid_offsets": f"{base} generation=3 offsets=",
+        "NOT_OWNER": f"{base} generation=3 offsets=" + ",".join(f"P{p}:9" for p in range(4)),
+        "offset_regression": f"{base} generation=3 offsets=" + ",".join(
             f"P{p}:{1 if p == max(set(range(4)) - set(b_parts)) else 9}" for p in sorted(set(range(4)) - set(b_parts))),
     }
     for code, text in bad.items():
         err = error_of(conn.command(text))
         assert err.code == code, (code, err.render())
     too_many = ",".join(f"P{p}:1" for p in range(1025))
-    err = error_of(conn.command(f"{base} generation=2 offsets={too_many}"))
+    err = error_of(conn.command(f"{base} generation=3 offsets={too_many}"))
     assert err.code == "invalid_batch_commit_entry" and err.fields["reason"] == "too_many_partitions"
     offsets = [ok_fields(conn.command(f"FETCH_OFFSET topic={topic_name} partition={p} group={group}"))["offset"]
                for p in range(4)]
@@ -242,7 +249,9 @@ def test_subscriptions_partition_increase_and_topic_delete(conn, topic_name, gro
     joined = ok_fields(conn.command(f"JOIN_GROUP group={group} member=m"))
     assert joined["topic_assignments"] == f"{t1}:P0,{t2}:P0,{t2}:P1"
     member = joined["member"]
-    create_topic(conn, t2, partitions=3)  # partition increase: new generation including P2
+    create_topic(conn, t2, partitions=3)  # partition increase: a new generation; P2 is the member's once it rejoins
+    assert status(conn, group)["generation"] == 2
+    assert f"{t2}:P2" in ok_fields(conn.command(f"JOIN_GROUP group={group} member={member}"))["topic_assignments"]
     doc = status(conn, group)
     assert doc["generation"] == 2 and f"{t2}:P2" in doc["members"][0]["topic_assignments"]
     assert error_of(conn.command(f"DELETE topic={t1}")).code == "topic_delete_blocked"

@@ -263,6 +263,12 @@ def test_tls_with_ca_file_and_cursusctl_tls_flags(fakes, tmp_path):
     assert out.stdout.strip() == "OK count=0 topics="
     auth = [fields for _, cmd, fields in fake.requests if cmd == Command.AUTH]
     assert dict(auth[-1].fields) == {"principal": "carol", "token": "from-env"}
+    insecure = subprocess.run([sys.executable, "-m", "cursus.cli.ctl", "--broker", fake.addr, "--tls-insecure",
+                               "raw", "LIST"], capture_output=True, text=True, timeout=30)
+    assert insecure.returncode == 0 and insecure.stdout.strip() == "OK count=0 topics=", insecure.stderr
+    system = subprocess.run([sys.executable, "-m", "cursus.cli.ctl", "--broker", fake.addr, "--tls", "--timeout",
+                             "2s", "raw", "LIST"], capture_output=True, text=True, timeout=30)
+    assert system.returncode == 1  # the system trust store does not know our CA
 
 
 def _self_signed(tmp_path: Path) -> tuple[Path, Path]:

@@ -77,3 +77,15 @@ def test_broker_cli_rejects_bad_config(tmp_path):
     proc = subprocess.run([sys.executable, "-m", "cursus.cli.broker", "--log-dir", str(tmp_path),
                            "--set", "nope=1"], capture_output=True, text=True, timeout=30)
     assert proc.returncode == 2 and "unknown config key nope" in proc.stderr
+
+
+def test_an_environment_value_error_names_the_variable_and_the_fix():
+    with pytest.raises(ConfigError) as err:
+        load_config(environ={"BROKER_PORT": "tcp://10.0.0.1:9000"})
+    message = str(err.value)
+    assert message.startswith("invalid value for broker_port (from environment variable BROKER_PORT): "
+                              "expected an integer, got 'tcp://10.0.0.1:9000'")
+    assert "Kubernetes service link" in message and "enableServiceLinks: false" in message
+    assert "invalid literal" not in message
+    with pytest.raises(ConfigError, match=r"max_client_connections \(from the command line\): must be >= 1"):
+        load_config(environ={}, overrides={"max_client_connections": 0})

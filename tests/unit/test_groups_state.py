@@ -86,7 +86,7 @@ def test_heartbeat_sync_leave_fencing():
     with pytest.raises(BrokerError) as err:
         table.sync("g", b, 1, 5)
     assert code_of(err) == "GEN_MISMATCH"
-    assert table.sync("g", b, 2, 5).assignment
+    assert not table.sync("g", b, 2, 5).assignment  # a still holds every partition: nothing for b yet
     table.leave("g", b, None, 6)
     group = table.get("g")
     assert group.generation == 3 and list(group.members) == [a] and len(group.owners) == 6
@@ -113,11 +113,14 @@ def test_commit_checks_in_order():
     table = table_with(partitions=4)
     a = table.join("g", "a", 0).member_id
     b = table.join("g", "b", 0).member_id
+    table.join("g", a, 0)  # a gives b's partitions up: generation 3, and b takes them
+    table.join("g", b, 0)
     group = table.get("g")
+    assert group.generation == 3
     a_parts, b_parts = group.partitions_of(a, "t"), group.partitions_of(b, "t")
 
     def fails(code: str, **kwargs):
-        args = dict(name="g", topic="t", member_id=a, generation=2, offsets={a_parts[0]: 5})
+        args = dict(name="g", topic="t", member_id=a, generation=3, offsets={a_parts[0]: 5})
         args.update(kwargs)
         with pytest.raises(BrokerError) as err:
             table.check_commit(**args)
@@ -127,12 +130,12 @@ def test_commit_checks_in_order():
     fails("topic_not_assigned_to_group", topic="u")
     fails("partition_not_found", offsets={9: 1})
     fails("member_not_found", member_id="ghost-0000")
-    fails("GEN_MISMATCH", generation=1)
+    fails("GEN_MISMATCH", generation=2)
     fails("NOT_OWNER", offsets={a_parts[0]: 5, b_parts[0]: 5})
-    g, changed = table.check_commit("g", "t", a, 2, {a_parts[0]: 5})
+    g, changed = table.check_commit("g", "t", a, 3, {a_parts[0]: 5})
     table.apply_commit(g, "t", changed, 1)
     assert changed == {a_parts[0]: 5} and g.committed("t", a_parts[0]) == 5
-    assert table.check_commit("g", "t", a, 2, {a_parts[0]: 5})[1] == {}  # same value: idempotent
+    assert table.check_commit("g", "t", a, 3, {a_parts[0]: 5})[1] == {}  # same value: idempotent
     fails("offset_regression", offsets={a_parts[0]: 4})
 
 
@@ -144,6 +147,8 @@ def test_expansion_change_rebalances_and_drops_old_offsets():
     group.offsets[("orders-a", 0)] = 3
     assert table.set_expansion(group, expansion_for(group.selector, {"orders-a": 2, "orders-b": 1, "x": 5}), 1)
     assert group.generation == 2 and group.partitions == {"orders-a": 2, "orders-b": 1}
+    assert group.members[m].assignment == (("orders-a", 0), ("orders-a", 1))  # until m rejoins
+    table.join("g", m, 1)
     assert group.members[m].assignment == (("orders-a", 0), ("orders-a", 1), ("orders-b", 0))
     assert not table.set_expansion(group, {"orders-a": 2, "orders-b": 1}, 2)
     table.set_expansion(group, {"orders-b": 1}, 3)
@@ -170,6 +175,43 @@ def test_tombstone_then_new_epoch():
     assert table.tombstone("g") == 1
     group, created = table.register("g", Selector.single("t"), {"t": 1}, 0)
     assert created and group.epoch == 2
+
+
+def test_join_barrier_a_partition_moves_only_after_its_owner_rejoins():
+    table = table_with(partitions=4)
+    a = table.join("g", "a", 0).member_id
+    b = table.join("g", "b", 0).member_id
+    group = table.get("g")
+    b_target = group.targets()[b]
+    assert group.generation == 2 and group.partitions_of(b, "t") == []  # a holds all four
+    # a has not rejoined: it may still commit what it holds, with its own generation (its revocation commit)
+    g, changed = table.check_commit("g", "t", a, 1, {b_target[0][1]: 3})
+    assert changed == {b_target[0][1]: 3}
+    with pytest.raises(BrokerError) as err:
+        table.check_commit("g", "t", a, 2, {0: 1})
+    assert code_of(err) == "GEN_MISMATCH" and err.value.error.fields["current"] == "2"
+    result = table.join("g", a, 1)  # a rejoins: gives up b's target; b (already in generation 2) waits for it
+    assert result.rebalanced and group.generation == 3
+    assert group.members[a].assignment == group.targets()[a] and group.partitions_of(b, "t") == []
+    with pytest.raises(BrokerError) as err:
+        table.heartbeat("g", b, 2, 2)
+    assert code_of(err) == "GEN_MISMATCH"  # b learns it and rejoins
+    assert table.join("g", b, 2).rebalanced and group.members[b].assignment == b_target
+    assert table.join("g", a, 3).rebalanced is False and group.generation == 3  # converged
+    # a third member: partitions come from a and b only as each rejoins
+    c = table.join("g", "c", 4).member_id
+    assert group.partitions_of(c, "t") == [] and group.generation == 4
+    table.join("g", b, 5)
+    table.join("g", a, 5)
+    table.join("g", c, 5)
+    for member in group.members.values():
+        table.join("g", member.member_id, 6)
+    assert {m: x.assignment for m, x in group.members.items()} == group.targets()
+    # a member that leaves frees its partitions for the others' next join
+    table.leave("g", c, None, 7)
+    table.join("g", a, 8)
+    table.join("g", b, 8)
+    assert {m: x.assignment for m, x in group.members.items()} == group.targets()
 
 
 def test_a_join_retry_gets_the_unconfirmed_member_back():
@@ -217,11 +259,32 @@ class GroupMachine(RuleBasedStateMachine):
 
     @rule(data=st.data())
     def rejoin_existing(self, data):
-        members = list(self.table.get("g").members)
-        if members:
-            before = self.table.get("g").generation
-            result = self.table.join("g", data.draw(st.sampled_from(members)), self.now)
-            assert not result.rebalanced and result.group.generation == before
+        group = self.table.get("g")
+        if group.members:
+            member = group.members[data.draw(st.sampled_from(list(group.members)))]
+            before, caught_up = group.generation, member.generation == group.generation
+            result = self.table.join("g", member.member_id, self.now)
+            assert result.group.generation in (before, before + 1)
+            if caught_up and result.group.generation == before:
+                assert not result.rebalanced  # a caught-up member rejoining changes nothing
+
+    @rule(data=st.data())
+    def commit_held(self, data):
+        group = self.table.get("g")
+        if group.members:
+            member = group.members[data.draw(st.sampled_from(list(group.members)))]
+            if member.assignment:
+                partition = member.assignment[0][1]
+                self.table.check_commit("g", "t", member.member_id, member.generation, {partition: 0})
+
+    @rule()
+    def everyone_rejoins(self):
+        group = self.table.get("g")
+        for _ in range(3):
+            for member_id in list(group.members):
+                self.table.join("g", member_id, self.now)
+        assert {m: x.assignment for m, x in group.members.items()} == group.targets()
+        assert all(x.generation == group.generation for x in group.members.values())
 
     @rule(data=st.data())
     def leave(self, data):
@@ -258,14 +321,17 @@ class GroupMachine(RuleBasedStateMachine):
         assert group.generation >= self.last_generation
         self.last_generation = group.generation
         owned = [tp for m in group.members.values() for tp in m.assignment]
-        assert len(owned) == len(set(owned))
-        if group.members:
-            assert sorted(owned) == group.topic_partitions()
-            assert {tp: m for tp, m in group.owners.items()} == \
-                {tp: mid for mid, m in group.members.items() for tp in m.assignment}
-            expected = assign_round_robin(group.members, group.topic_partitions())
-            assert {mid: m.assignment for mid, m in group.members.items()} == expected
-        else:
+        assert len(owned) == len(set(owned))  # no partition held by two live members, in any generation
+        assert set(owned) <= set(group.topic_partitions())
+        assert group.owners == {tp: mid for mid, m in group.members.items() for tp in m.assignment}
+        targets = assign_round_robin(group.members, group.topic_partitions())
+        for mid, member in group.members.items():
+            assert member.generation <= group.generation
+            if member.generation == group.generation:  # caught up: its target minus what laggards hold
+                assert set(member.assignment) <= set(targets[mid])
+                held_elsewhere = {tp for tp, owner in group.owners.items() if owner != mid}
+                assert set(targets[mid]) - held_elsewhere == set(member.assignment)
+        if not group.members:
             assert not group.owners
 
 
