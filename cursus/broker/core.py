@@ -146,6 +146,10 @@ class Broker:
             session_timeout_ms=config.consumer_session_timeout_ms)
         #: Active STREAM requests; each has ``stop(reason)`` (see cursus.broker.handlers.stream).
         self.streams: set[Any] = set()
+        #: Is the client connection ``host:port`` still open? The server installs its answer; until then
+        #: every connection counts as closed (a JOIN_GROUP retry is recognised only once its first
+        #: connection is gone).
+        self.is_connection_open: Callable[[str], bool] = lambda peer: False
         #: Callbacks run once by :meth:`begin_shutdown`, before client connections are closed.
         self.on_shutdown: list[Callable[[], None]] = []
         self._shutting_down = False

@@ -74,6 +74,7 @@ class BrokerServer:
         port = self._client_server.sockets[0].getsockname()[1]
         try:
             broker = self.broker = await Broker.open(cfg, self.metrics, client_port=port)
+            broker.is_connection_open = self._is_connection_open
         except BaseException:
             self._client_server.close()
             raise
@@ -137,6 +138,10 @@ class BrokerServer:
             finally:
                 self.sessions.discard(session)
                 self.metrics.connections_active.dec()
+
+    def _is_connection_open(self, peer: str) -> bool:
+        """Is a client session with this ``host:port`` open (joins are rare: a scan is cheap)."""
+        return any(session.info.peer == peer for session in self.sessions)
 
     async def run_until_stopped(self) -> None:
         """Serve until SIGTERM/SIGINT (or :meth:`request_stop`), then shut down cleanly."""

@@ -273,7 +273,8 @@ def build_parser() -> argparse.ArgumentParser:
                               "the broker's CONSUME group=; --from-beginning is the same)")
     grouped.add_argument("--mode", choices=["poll", "stream"], help="read with CONSUME long polls (default) "
                                                                     "or STREAM push delivery")
-    grouped.add_argument("--client-id", default="cursusctl", help="member id prefix (default: cursusctl)")
+    grouped.add_argument("--client-id", default=None,
+                         help="member id prefix (default: cursusctl-<random>, unique per run)")
 
     group = commands.add_parser("group", help="list consumer groups, describe them, show their offsets and lag")
     group_commands = group.add_subparsers(dest="group_command", required=True, metavar="ACTION")
@@ -728,7 +729,8 @@ def _consume_group(args: argparse.Namespace, options: ConnectionOptions, out: Ou
     if not args.follow:
         with Admin(args.broker, options=options) as admin:  # the end as of the start (topic_not_found here)
             ends = {o.partition: o.latest for o in admin.list_offsets(args.topic)}
-    consumer = GroupConsumer(args.topic, args.group, args.broker, client_id=args.client_id, mode=mode,
+    consumer = GroupConsumer(args.topic, args.group, args.broker,
+                             client_id=args.client_id or f"cursusctl-{os.urandom(3).hex()}", mode=mode,
                              auto_commit=False, auto_offset_reset=reset, isolation_level=args.isolation,
                              wait_ms=args.wait_ms, options=options)
     # Stop on an empty read too (a partition whose tail holds only transaction markers never moves the

@@ -38,8 +38,10 @@ Model:
   ``offset_regression``, the same offset is accepted without change.
 * **Join retries.** A member that joined with a client id and has not been heard from under its full id since
   (no SYNC_GROUP, HEARTBEAT, commit or rejoin with that id) is *unconfirmed*: its client may never have seen
-  the reply. A JOIN_GROUP with the same client id from the same origin (client host) without ``generation=``
-  is taken as a retry of that join and answers the same member, instead of adding a ghost member.
+  the reply. A JOIN_GROUP with the same client id from the same client host without ``generation=``, while
+  the connection the first join came on is closed (its client gave up on it), is taken as a retry of that
+  join and answers the same member, instead of adding a ghost member. Two consumers that share a client id
+  and run at once keep two connections open, so they stay two members.
 """
 
 from __future__ import annotations
@@ -48,7 +50,7 @@ import fnmatch
 import heapq
 import random
 import re
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 
 from cursus.metadata.topics import is_internal_topic, validate_topic_name
@@ -67,6 +69,11 @@ TopicPartition = tuple[str, int]
 
 
 # ---------------------------------------------------------------------------------------------- validation
+
+
+def _host(origin: str) -> str:
+    """The host part of a ``host:port`` connection origin."""
+    return origin.rsplit(":", 1)[0]
 
 
 def validate_group_name(name: str | None, *, command: str) -> str:
@@ -208,7 +215,7 @@ class Member:
         generation: the generation of that join (< the group's generation until it rejoins).
         unconfirmed_client: the client id it joined with, until it is first heard from under its full id
             (None afterwards, and for restored or resumed members); see "Join retries".
-        origin: where the join came from (the client host), for recognising a retry of it.
+        origin: the connection the join came on (the client's ``host:port``), for recognising a retry of it.
     """
 
     member_id: str
@@ -470,14 +477,17 @@ class GroupTable:
         heapq.heappush(self._deadlines, (member.deadline_ms, self._seq, group.name, member.member_id))
 
     def join(self, name: str, requested_id: str, now_ms: int, *, topic: str | None = None,
-             generation: int | None = None, origin: str | None = None) -> JoinResult:
+             generation: int | None = None, origin: str | None = None,
+             origin_open: Callable[[str], bool] | None = None) -> JoinResult:
         """JOIN_GROUP: add or refresh a member and return its generation and assignment.
 
         * ``requested_id`` is a current member's full id: the member is refreshed and catches up with the
           current generation (:meth:`Group.catch_up`; a new generation only when it releases partitions a
           caught-up member waits for).
         * no ``generation``, and an unconfirmed member joined with client id ``requested_id`` from the same
-          ``origin`` (not None): a retry of that join; the same member, refreshed, caught up.
+          client host as ``origin`` (not None) on a connection that ``origin_open`` says is closed (None:
+          treat every earlier connection as closed): a retry of that join; the same member, refreshed,
+          caught up.
         * ``generation`` is given and ``requested_id`` looks like a full id (``<client>-NNNN``): the id is kept
           (a member resuming after its session expired or the broker restarted); rebalance.
         * otherwise: a new member ``<requested_id>-NNNN`` (random, unique in the group); rebalance.
@@ -498,7 +508,9 @@ class GroupTable:
             return JoinResult(group, requested_id, rebalanced=changed, resumed=generation is not None)
         if generation is None and origin is not None:
             for candidate in group.members.values():
-                if candidate.unconfirmed_client == requested_id and candidate.origin == origin:
+                if (candidate.unconfirmed_client == requested_id and candidate.origin is not None
+                        and _host(candidate.origin) == _host(origin)
+                        and not (origin_open is not None and origin_open(candidate.origin))):
                     self._touch(group, candidate, now_ms, confirm=False)
                     changed = group.catch_up(candidate.member_id, now_ms)
                     return JoinResult(group, candidate.member_id, rebalanced=changed, resumed=False)

@@ -34,7 +34,7 @@ import asyncio
 import functools
 import logging
 import random
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import replace
 from typing import Any
 
@@ -309,10 +309,11 @@ class GroupCoordinator:
         return self._durable_group(name)
 
     async def join(self, name: str, member: str, *, topic: str | None, generation: int | None,
-                   origin: str | None = None) -> JoinResult:
+                   origin: str | None = None, origin_open: Callable[[str], bool] | None = None) -> JoinResult:
         """JOIN_GROUP: a missing group is registered for ``topic`` (which must exist); durable before
-        returning; ``result.group`` is the durable group. ``origin`` (the client host) lets a retried join
-        get the same member (see :meth:`GroupTable.join` for ids, retries and rebalancing).
+        returning; ``result.group`` is the durable group. ``origin`` (the client connection, ``host:port``)
+        and ``origin_open`` (is that connection still open?) let a retried join get the same member (see
+        :meth:`GroupTable.join` for ids, retries and rebalancing).
 
         Raises:
             BrokerError: ``topic_not_found``, ``group_not_found`` (no topic and no group),
@@ -333,7 +334,8 @@ class GroupCoordinator:
         elif topic is not None:
             self._existing_topic(topic)
         try:
-            result = self.table.join(name, member, now, topic=topic, generation=generation, origin=origin)
+            result = self.table.join(name, member, now, topic=topic, generation=generation, origin=origin,
+                                     origin_open=origin_open)
         except BrokerError as exc:
             if records:  # nothing appended yet: forget the group this join registered
                 self.table.restore(name, None, tombstone)

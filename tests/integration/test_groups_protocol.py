@@ -95,6 +95,17 @@ def test_join_retried_after_its_reply_was_lost_is_one_member(gbroker, conn, topi
     assert other["member"] != ghost and other["generation"] == "2"
 
 
+def test_two_live_consumers_sharing_a_client_id_stay_two_members(gbroker, conn, topic_name, group):
+    """Break-it finding: two consumers started at once with the same client id on one host were merged into
+    one member (both then read everything). A join is a retry only once its first connection is closed."""
+    create_topic(conn, topic_name, partitions=2)
+    with connect(gbroker) as first, connect(gbroker) as second:
+        a = join(first, topic_name, group, "shared")
+        b = join(second, topic_name, group, "shared")  # the first connection is still open: a new member
+        assert a["member"] != b["member"]
+        assert status(conn, group)["member_count"] == 2
+
+
 def _status_or_none(conn: Connection, group: str) -> dict | None:
     payload = conn.command(f"GROUP_STATUS group={group}").payload
     return json.loads(payload) if payload.startswith(b"{") else None

@@ -36,11 +36,6 @@ _BATCH_ENTRY = re.compile(r"P([0-9]{1,10}):([0-9]{1,19})")
 # ------------------------------------------------------------------------------------------------ parsing
 
 
-def _client_host(req: Request) -> str:
-    """The client's host (``peer`` without the port): where a JOIN_GROUP came from, to recognise its retry."""
-    return req.session.peer.rsplit(":", 1)[0]
-
-
 def _assignment_fields(group: Group, member_id: str, topic: str | None) -> list[tuple[str, object]]:
     """``assignments=[0,1,2]`` (decision 9) for one-topic groups or the requested topic, and
     ``topic_assignments=t:P0,t:P1`` for multi-topic groups."""
@@ -118,7 +113,7 @@ async def handle_join_group(broker: Broker, req: Request, args: MemberArgs) -> b
     member."""
     await broker.route_group()
     result = await broker.coordinator.join(args.group, args.member, topic=args.topic, generation=args.generation,
-                                           origin=_client_host(req))
+                                           origin=req.session.peer, origin_open=broker.is_connection_open)
     group = result.group
     return ok_text(("generation", group.generation), ("member", result.member_id),
                    *_assignment_fields(group, result.member_id, args.topic),
