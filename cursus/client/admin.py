@@ -23,7 +23,7 @@ from cursus.client.connection import (
     ok_fields,
     parse_address,
 )
-from cursus.client.errors import ProtocolViolationError
+from cursus.client.errors import NotLeaderError, ProtocolViolationError
 from cursus.wire import Command, Frame
 
 __all__ = [
@@ -503,10 +503,13 @@ class Admin:
         Raises:
             TopicNotFoundError: no such topic; ``NotFoundError`` (``partition_not_found``) for a bad partition.
         """
-        fields = {"topic": topic}
         if partition is not None:
-            fields["partition"] = str(partition)
-        return parse_list_offsets(ok_fields(self.client.call(Command.LIST_OFFSETS, fields)))
+            return parse_list_offsets(ok_fields(self.client.call(
+                Command.LIST_OFFSETS, {"topic": topic, "partition": str(partition)})))
+        try:
+            return parse_list_offsets(ok_fields(self.client.call(Command.LIST_OFFSETS, {"topic": topic})))
+        except NotLeaderError:  # a cluster: the partitions have different leaders; ask each (redirects followed)
+            return [o for p in range(self.metadata(topic).partitions) for o in self.list_offsets(topic, p)]
 
     def help(self) -> list[str]:
         """Command names the broker serves (HELP)."""
@@ -587,10 +590,14 @@ class AsyncAdmin:
 
     async def list_offsets(self, topic: str, partition: int | None = None) -> list[PartitionOffsets]:
         """See :meth:`Admin.list_offsets`."""
-        fields = {"topic": topic}
         if partition is not None:
-            fields["partition"] = str(partition)
-        return parse_list_offsets(ok_fields(await self.client.call(Command.LIST_OFFSETS, fields)))
+            return parse_list_offsets(ok_fields(await self.client.call(
+                Command.LIST_OFFSETS, {"topic": topic, "partition": str(partition)})))
+        try:
+            return parse_list_offsets(ok_fields(await self.client.call(Command.LIST_OFFSETS, {"topic": topic})))
+        except NotLeaderError:  # a cluster: the partitions have different leaders; ask each (redirects followed)
+            count = (await self.metadata(topic)).partitions
+            return [o for p in range(count) for o in await self.list_offsets(topic, p)]
 
     async def help(self) -> list[str]:
         """See :meth:`Admin.help`."""

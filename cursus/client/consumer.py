@@ -407,10 +407,7 @@ class Consumer(_ConsumerSettings):
             return
         metadata = self.metadata()
         wanted = self._wanted if self._wanted is not None else list(range(metadata.partitions))
-        try:
-            listed = self._list_offsets()
-        except NotLeaderError:  # a cluster: partitions have different leaders, ask each (redirects followed)
-            listed = [o for p in wanted for o in self._list_offsets(p)]
+        listed = self._list_offsets()
         offsets = {o.partition: o for o in listed}
         positions = {}
         for p in wanted:
@@ -428,10 +425,17 @@ class Consumer(_ConsumerSettings):
         return self._metadata
 
     def _list_offsets(self, partition: int | None = None) -> list[Any]:
+        """LIST_OFFSETS of one partition or the whole topic (on a cluster whose partitions have different
+        leaders, one request per partition, each redirected to its leader)."""
         fields = {"topic": self.topic}
         if partition is not None:
             fields["partition"] = str(partition)
-        return parse_list_offsets(ok_fields(self._client.call(Command.LIST_OFFSETS, fields)))
+        try:
+            return parse_list_offsets(ok_fields(self._client.call(Command.LIST_OFFSETS, fields)))
+        except NotLeaderError:
+            if partition is not None:
+                raise
+            return [o for p in range(self.metadata().partitions) for o in self._list_offsets(p)]
 
     def assign(self, positions: Mapping[int, int]) -> None:
         """Read exactly these partitions, from these offsets (replacing any previous assignment and
@@ -676,10 +680,17 @@ class AsyncConsumer(_ConsumerSettings):
         return self._metadata
 
     async def _list_offsets(self, partition: int | None = None) -> list[Any]:
+        """See :meth:`Consumer._list_offsets`."""
         fields = {"topic": self.topic}
         if partition is not None:
             fields["partition"] = str(partition)
-        return parse_list_offsets(ok_fields(await self._client.call(Command.LIST_OFFSETS, fields)))
+        try:
+            return parse_list_offsets(ok_fields(await self._client.call(Command.LIST_OFFSETS, fields)))
+        except NotLeaderError:
+            if partition is not None:
+                raise
+            count = (await self.metadata()).partitions
+            return [o for p in range(count) for o in await self._list_offsets(p)]
 
     async def _ensure_started(self) -> None:
         if self._closed:
@@ -688,10 +699,7 @@ class AsyncConsumer(_ConsumerSettings):
             return
         metadata = await self.metadata()
         wanted = self._wanted if self._wanted is not None else list(range(metadata.partitions))
-        try:
-            listed = await self._list_offsets()
-        except NotLeaderError:  # a cluster: partitions have different leaders, ask each (redirects followed)
-            listed = [o for p in wanted for o in await self._list_offsets(p)]
+        listed = await self._list_offsets()
         offsets = {o.partition: o for o in listed}
         positions = {}
         for p in wanted:

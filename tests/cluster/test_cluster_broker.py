@@ -125,6 +125,28 @@ def test_sdk_follows_redirects_from_any_broker(cluster: Cluster) -> None:
     assert sorted(got) == sorted(f"node-{n}-{p}".encode() for n in (1, 2, 3) for p in range(3))
 
 
+def test_topic_wide_offsets_and_reads_when_partitions_have_different_leaders(cluster: Cluster) -> None:
+    """Break-it finding: a topic-wide LIST_OFFSETS redirects partition by partition and no broker can answer
+    it whole; Admin.list_offsets, Consumer.records(until_end=True) and cursusctl offsets ask each leader."""
+    from cursus.client.admin import Admin
+    from cursus.client.consumer import Consumer
+    from cursus.client.producer import Producer
+
+    with conn(cluster.brokers[0]) as c:
+        create_topic(c, "spread", 6)
+    leaders = {leader_of(cluster, "spread", p)[0] for p in range(6)}
+    assert len(leaders) > 1, leaders  # six partitions over three brokers on the ring
+    address = f"127.0.0.1:{cluster.brokers[0].port}"
+    with Producer(address, acks="1") as producer:
+        for p in range(6):
+            producer.produce("spread", f"r{p}".encode(), partition=p, timeout_s=20)
+    for broker in cluster.brokers:
+        offsets = Admin(f"127.0.0.1:{broker.port}").list_offsets("spread")
+        assert [(o.partition, o.latest) for o in offsets] == [(p, 1) for p in range(6)]
+    with Consumer("spread", address, start="earliest") as consumer:
+        assert sorted(r.value for r in consumer.records(until_end=True)) == [f"r{p}".encode() for p in range(6)]
+
+
 def test_cursusctl_cluster_status(cluster: Cluster) -> None:
     import subprocess
     import sys
