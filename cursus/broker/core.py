@@ -116,6 +116,8 @@ class Broker:
         self.reconciler = Reconciler(self, log_dir.path, recovery_threads(config), metrics.orphan_topics.set)
         self.metadata.subscribe(self.reconciler.on_metadata)
         self.metadata.subscribe(self._follow_leadership)
+        self.metadata.subscribe(self._groups_follow_topics)
+        self._group_tasks: set[asyncio.Task[None]] = set()
         self.replicas: dict[tuple[str, int], Replica] = {}
         self.producers: dict[tuple[str, int], ProducerStateTable] = {}
         self.round_robin: dict[str, int] = {}
@@ -306,6 +308,23 @@ class Broker:
             if assignment is not None and assignment is not old.assignments.get(key):
                 self._take_role(replica, assignment)
 
+    def _groups_follow_topics(self, old: MetadataState, new: MetadataState) -> None:
+        """Metadata listener: a topic created or grown by *any* broker's CREATE (applied here through the
+        metadata log) reaches this broker's consumer groups, which take the new partitions. Only the broker
+        whose coordinator is ready acts (:meth:`GroupCoordinator.on_topic_changed` is a no-op elsewhere and
+        idempotent, so the local CREATE path calling it too is harmless)."""
+        for name, defn in new.topics.items():
+            before = old.topics.get(name)
+            if before is None or before.partitions != defn.partitions:
+                task = asyncio.ensure_future(self._topic_changed(defn))
+                self._group_tasks.add(task)
+                task.add_done_callback(self._group_task_done)
+
+    def _group_task_done(self, task: asyncio.Task[None]) -> None:
+        self._group_tasks.discard(task)
+        if not task.cancelled() and task.exception() is not None:
+            log.warning("consumer groups did not take a topic change: %s", task.exception())
+
     @staticmethod
     def discard_opened(opened: OpenedPartition) -> None:
         """Blocking: close a partition opened for a topic that was deleted meanwhile."""
@@ -352,6 +371,9 @@ class Broker:
         self.begin_shutdown()
         await self.stall_probe.stop()
         await self.loop.run_in_executor(None, self.offload.close)  # no read in flight when the logs close
+        for task in list(self._group_tasks):
+            task.cancel()
+        await asyncio.gather(*self._group_tasks, return_exceptions=True)
         await self.coordinator.close()
         await self.reconciler.close()
         await self.loop.run_in_executor(None, self.writer.close)

@@ -147,6 +147,24 @@ def test_topic_wide_offsets_and_reads_when_partitions_have_different_leaders(clu
         assert sorted(r.value for r in consumer.records(until_end=True)) == [f"r{p}".encode() for p in range(6)]
 
 
+def test_partitions_added_through_any_broker_reach_the_groups(cluster: Cluster) -> None:
+    """Break-it finding: partitions added by a CREATE on a broker that is not the group coordinator never
+    reached existing groups (their records were never consumed)."""
+    with conn(cluster.brokers[0]) as c:
+        create_topic(c, "widen", 2)
+        found = ok_fields(c.command("FIND_COORDINATOR group=gw"))
+    coordinator = next(b for b in cluster.brokers if b.port == int(found["port"]))
+    other = next(b for b in cluster.brokers if b is not coordinator)
+    with conn(coordinator) as c:
+        ok_fields(c.command("REGISTER_GROUP group=gw topic=widen"))
+    with conn(other) as c:
+        assert ok_fields(c.command("CREATE topic=widen partitions=5"))["partitions"] == "5"
+    with conn(coordinator) as c:
+        assert json.loads(c.command("GROUP_STATUS group=gw").payload)["partition_count"] in (2, 5)
+        wait_for(lambda: json.loads(c.command("GROUP_STATUS group=gw").payload)["partition_count"] == 5, 15,
+                 "the group took the new partitions")
+
+
 def test_cursusctl_cluster_status(cluster: Cluster) -> None:
     import subprocess
     import sys

@@ -181,7 +181,8 @@ async def handle_group_status(broker: Broker, req: Request, args: GroupArgs) -> 
 
 
 async def handle_list_groups(broker: Broker, req: Request, args: NoArgs) -> bytes:
-    """LIST_GROUPS -> ``OK count=N groups=a,b`` (sorted)."""
+    """LIST_GROUPS -> ``OK count=N groups=a,b`` (sorted); on the coordinator (``NOT_COORDINATOR`` elsewhere)."""
+    await broker.route_group()
     names = broker.coordinator.list_groups()
     return ok_text(("count", len(names)), ("groups", ",".join(names)))
 
@@ -195,9 +196,14 @@ async def handle_find_coordinator(broker: Broker, req: Request, args: FindCoordi
     if args.group:
         kind, coordinator = "group", broker.coordinator_id()
     elif args.transactional_id:
-        kind, coordinator = "transaction", transaction_coordinator(broker.metadata.state, args.transactional_id)
+        state = broker.metadata.state
+        # standalone has no shard table: this broker coordinates every transactional id
+        kind, coordinator = "transaction", (transaction_coordinator(state, args.transactional_id)
+                                            if state.coordinator_shards else broker.broker_id)
     else:
         raise BrokerError.of("missing_coordinator_key", command="FIND_COORDINATOR")
-    coordinator = coordinator or broker.broker_id
+    if coordinator is None:  # no leader for __consumer_offsets (or no active shard owner): never a fallback
+        raise BrokerError.of("coordinator_not_available", command="FIND_COORDINATOR", coordinator_type=kind,
+                             reason="no broker coordinates this key right now; retry")
     host, _, port = broker.broker_address(coordinator).rpartition(":")
     return ok_text(("coordinator_id", coordinator), ("coordinator_type", kind), ("host", host), ("port", port))
