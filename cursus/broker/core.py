@@ -161,6 +161,11 @@ class Broker:
                                       metrics.loop_stall)
         self.stall_probe.start()
 
+    def _holds_partition_data(self) -> bool:
+        """Does the log dir already hold partition folders (then its Raft state must exist too)?"""
+        topics = self.log_dir.topics_dir
+        return topics.is_dir() and any(topics.iterdir())
+
     def _metadata_backend(self) -> Metadata:
         config = self.config
         if not config.enabled_distribution:
@@ -179,7 +184,8 @@ class Broker:
             connection_timeout=max(3.5, config.raft_election_timeout_max_ms / 1000.0),
             poll_interval=config.raft_poll_interval_ms / 1000.0,
             snapshot_min_entries=config.raft_snapshot_min_entries,
-            snapshot_min_interval=config.raft_snapshot_interval_ms / 1000.0)
+            snapshot_min_interval=config.raft_snapshot_interval_ms / 1000.0,
+            allow_new=not self._holds_partition_data())
         backend = RaftMetadata(raft, local, coordinator_shards=config.transaction_coordinator_shards,
                                commit_timeout=config.metadata_commit_timeout_ms / 1000.0,
                                heartbeat_interval=config.broker_heartbeat_interval_ms / 1000.0,

@@ -37,6 +37,15 @@ def test_unmarked_non_empty_raft_dir_refuses_startup(tmp_path: Path, pki) -> Non
     assert "unsupported recovery protocol" in text and "clean bootstrap" in text
 
 
+def test_lost_raft_state_next_to_partition_data_refuses_startup(tmp_path: Path, pki) -> None:
+    """Cluster break-it finding: a node whose Raft directory was wiped rejoined with its vote forgotten
+    (it could vote twice in one term). Partition data without Raft state refuses startup."""
+    broker = _lonely_node(tmp_path, pki)
+    (broker.log_dir / "topics" / "orders" / "0").mkdir(parents=True)
+    text = _refused(broker)
+    assert "unsupported recovery protocol" in text and "vote twice" in text
+
+
 def test_marker_of_another_version_refuses_startup(tmp_path: Path, pki) -> None:
     broker = _lonely_node(tmp_path, pki)
     (broker.log_dir / "raft").mkdir(parents=True)

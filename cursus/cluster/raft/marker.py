@@ -17,11 +17,14 @@ MARKER_NAME = ".cursus-raft-format"
 FORMAT_VERSION = 9
 
 
-def ensure_format_marker(directory: Path) -> None:
-    """Create ``directory`` and its marker when empty or absent; otherwise require marker version 9.
+def ensure_format_marker(directory: Path, *, allow_new: bool = True) -> None:
+    """Create ``directory`` and its marker when empty or absent (and ``allow_new``); otherwise require
+    marker version 9.
 
     Raises:
-        UnsupportedRecoveryProtocol: non-empty without marker, or another version in the marker.
+        UnsupportedRecoveryProtocol: non-empty without marker, another version in the marker, or no Raft
+            state where ``allow_new`` is False (the node would rejoin with its term and vote forgotten, and
+            could vote twice in one term).
         OSError: the directory or marker cannot be created, read or synced.
     """
     directory.mkdir(parents=True, exist_ok=True)
@@ -40,6 +43,10 @@ def ensure_format_marker(directory: Path) -> None:
     if leftovers:
         raise UnsupportedRecoveryProtocol(
             f"{directory} holds {', '.join(leftovers[:5])} but no {MARKER_NAME}")
+    if not allow_new:
+        raise UnsupportedRecoveryProtocol(
+            f"{directory} has no Raft state but this broker already holds data: a member that lost its Raft "
+            "state could vote twice in one term")
     fd = os.open(marker, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
     try:
         os.write(fd, f"{FORMAT_VERSION}\n".encode())

@@ -92,6 +92,9 @@ class RaftConfig:
     snapshot_min_interval: float = 300.0
     dedup_capacity: int = DEFAULT_DEDUP_CAPACITY
     queue_size: int = 10_000
+    #: May a missing or empty ``data_dir`` be initialised as a new member? False when the broker already
+    #: holds data: a member whose Raft state was lost must not rejoin with its vote forgotten.
+    allow_new: bool = True
 
     def validate(self) -> None:
         """Raise ValueError for an inconsistent configuration."""
@@ -180,7 +183,7 @@ class RaftNode:
         if self._thread is not None:
             raise RuntimeError("RaftNode.start called twice")
         data_dir = self._config.data_dir
-        ensure_format_marker(data_dir)
+        ensure_format_marker(data_dir, allow_new=self._config.allow_new)
         journal = DurableJournal(data_dir)
         try:
             snapshot_path = data_dir / SNAPSHOT_NAME
