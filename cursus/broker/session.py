@@ -224,8 +224,8 @@ class Session:
                     pending = await self.reader.read(HEADER_SIZE)
             if not pending:
                 raise asyncio.IncompleteReadError(b"", HEADER_SIZE)
-        check_header_prefix(pending)
-        if len(pending) < HEADER_SIZE:
+        if len(pending) < HEADER_SIZE:  # a whole header is checked by decode_header alone (the hot path)
+            check_header_prefix(pending)
             async with asyncio.timeout(self._request_timeout_s):
                 while len(pending) < HEADER_SIZE:
                     chunk = await self.reader.read(HEADER_SIZE - len(pending))
