@@ -4,7 +4,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: venv run cluster test lint bench chaos chaos-long clean
+.PHONY: venv run cluster test lint bench chaos chaos-long clean proto
 
 $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -30,6 +30,11 @@ test: $(STAMP)
 lint: $(STAMP)
 	$(VENV)/bin/ruff check cursus tests bench chaos
 	$(VENV)/bin/mypy cursus
+
+## make proto: regenerate the internal gRPC service code (cursus/internal/v1/) from proto/ (a test fails
+## when the committed code is stale)
+proto: $(STAMP)
+	$(PY) -m grpc_tools.protoc -Iproto --python_out=. --grpc_python_out=. --pyi_out=. proto/cursus/internal/v1/*.proto
 
 ## make bench: benchmarks, one JSON line per measurement
 bench: $(STAMP)
