@@ -144,6 +144,9 @@ class InternalClient:
             ("grpc.keepalive_timeout_ms", int(self.keepalive_timeout_s * 1000)),
             ("grpc.keepalive_permit_without_calls", 1),
             ("grpc.http2.max_pings_without_data", 0),
+            # Since gRPC core PR 34647 the ping ack wait is ping_timeout_ms (default 60 s), which
+            # overrides keepalive_timeout_ms: without it a frozen peer is noticed only after a minute.
+            ("grpc.http2.ping_timeout_ms", int(self.keepalive_timeout_s * 1000)),
             ("grpc.initial_reconnect_backoff_ms", int(self.reconnect_backoff_min_s * 1000)),
             ("grpc.min_reconnect_backoff_ms", int(self.reconnect_backoff_min_s * 1000)),
             ("grpc.max_reconnect_backoff_ms", int(self.reconnect_backoff_max_s * 1000)),

@@ -141,12 +141,15 @@ class InternalServer:
             and closes it when no ack arrives within ``keepalive_timeout_s`` (dead peers, half-open TCP).
         min_peer_ping_interval_s: clients may ping this often without being told ``too_many_pings``
             (must not exceed the clients' keepalive period).
+        handshake_timeout_s: a connection that has not completed its TLS / HTTP/2 handshake by then is
+            dropped (silent or slow peers; gRPC's own default is 120 s).
     """
 
     def __init__(self, host: str, port: int, handler: ReplicationHandler, *, tls: TLSFiles | None,
                  token: TokenCheck, members: Collection[str],
                  max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES, keepalive_s: float = 10.0,
-                 keepalive_timeout_s: float = 5.0, min_peer_ping_interval_s: float = 1.0) -> None:
+                 keepalive_timeout_s: float = 5.0, min_peer_ping_interval_s: float = 1.0,
+                 handshake_timeout_s: float = 10.0) -> None:
         if max_message_bytes <= 0:
             raise ValueError("max_message_bytes must be positive")
         self.host, self.port = host, port
@@ -157,6 +160,7 @@ class InternalServer:
         self.max_message_bytes = max_message_bytes
         self.keepalive_s, self.keepalive_timeout_s = keepalive_s, keepalive_timeout_s
         self.min_peer_ping_interval_s = min_peer_ping_interval_s
+        self.handshake_timeout_s = handshake_timeout_s
         #: Refused calls by reason (see :data:`REFUSAL_REASONS`).
         self.refusals: collections.Counter[str] = collections.Counter()
         self.streams_total = 0
@@ -172,10 +176,12 @@ class InternalServer:
             ("grpc.max_send_message_length", self.max_message_bytes),
             ("grpc.keepalive_time_ms", int(self.keepalive_s * 1000)),
             ("grpc.keepalive_timeout_ms", int(self.keepalive_timeout_s * 1000)),
+            ("grpc.http2.ping_timeout_ms", int(self.keepalive_timeout_s * 1000)),  # see client.py
             ("grpc.keepalive_permit_without_calls", 1),
             ("grpc.http2.max_pings_without_data", 0),
             ("grpc.http2.min_recv_ping_interval_without_data_ms", int(self.min_peer_ping_interval_s * 1000)),
             ("grpc.http2.min_ping_interval_without_data_ms", int(self.min_peer_ping_interval_s * 1000)),
+            ("grpc.server_handshake_timeout_ms", int(self.handshake_timeout_s * 1000)),
             # gRPC sets SO_REUSEPORT by default: a second broker on the same port would bind silently.
             ("grpc.so_reuseport", 0),
         ]

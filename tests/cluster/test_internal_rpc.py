@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import socket
 import ssl
+import time
 import warnings
 from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
@@ -25,7 +26,7 @@ from cursus.internal.client import FetchStream, InternalClient, InternalRpcError
 from cursus.internal.server import InternalServer
 from cursus.internal.v1 import replication_pb2 as pb
 from cursus.internal.v1 import replication_pb2_grpc as pb_grpc
-from tests.cluster.raftsupport import IDS, RaftPki
+from tests.cluster.raftsupport import IDS, RaftPki, closed_by_peer
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -287,6 +288,14 @@ async def test_tls_below_1_2_is_refused(make_server, pki) -> None:
         await asyncio.to_thread(_handshake, server.bound_port, files, ssl.TLSVersion.TLSv1_1)
 
 
+async def test_silent_peer_is_dropped_after_the_handshake_timeout(make_server, pki) -> None:
+    server = await make_server(Echo(), tls=pki.files("node-1"), handshake_timeout_s=0.3)
+    with socket.create_connection(("127.0.0.1", server.bound_port), timeout=STEP_S) as silent:
+        started = time.monotonic()
+        assert await asyncio.to_thread(closed_by_peer, silent, STEP_S)
+        assert time.monotonic() - started < STEP_S / 2
+
+
 # -- insecure mode, failures, lifecycle ------------------------------------------------------------------
 
 
@@ -342,6 +351,89 @@ async def test_stop_ends_open_streams_and_the_port_is_not_shared(make_server, cl
     with pytest.raises(InternalRpcError) as info:  # the peer is gone: UNAVAILABLE, fast
         await exchange(client.fetch_stream(address(server)), "node-2", 0)
     assert info.value.code == grpc.StatusCode.UNAVAILABLE
+
+
+class FreezableProxy:
+    """A TCP relay that can stop forwarding while keeping both connections open (a paused peer)."""
+
+    def __init__(self, target_port: int) -> None:
+        self.target_port = target_port
+        self.frozen = asyncio.Event()
+        self.server: asyncio.Server | None = None
+        self.port = 0
+        self.relays: set[asyncio.Task[None]] = set()
+
+    async def start(self) -> FreezableProxy:
+        self.server = await asyncio.start_server(self._relay, "127.0.0.1", 0)
+        self.port = self.server.sockets[0].getsockname()[1]
+        return self
+
+    async def _pipe(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        while data := await reader.read(65536):
+            if self.frozen.is_set():
+                await asyncio.Event().wait()  # swallow everything from now on (until cancelled)
+            writer.write(data)
+            await writer.drain()
+
+    async def _relay(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        task = asyncio.current_task()
+        assert task is not None
+        self.relays.add(task)
+        up_reader, up_writer = await asyncio.open_connection("127.0.0.1", self.target_port)
+        try:
+            await asyncio.gather(self._pipe(reader, up_writer), self._pipe(up_reader, writer))
+        except (ConnectionError, asyncio.CancelledError):
+            pass
+        finally:
+            writer.close()
+            up_writer.close()
+            self.relays.discard(task)
+
+    async def stop(self) -> None:
+        assert self.server is not None
+        self.server.close()
+        for task in list(self.relays):
+            task.cancel()
+        await asyncio.gather(*self.relays, return_exceptions=True)
+        await self.server.wait_closed()
+
+
+async def test_keepalive_detects_a_frozen_peer_and_idle_streams_survive_pings(make_server, clients, pki) -> None:
+    server = await make_server(Echo(), tls=pki.files("node-1"), min_peer_ping_interval_s=0.1)
+    proxy = await FreezableProxy(server.bound_port).start()
+    try:
+        client = client_for(clients, "node-2", pki.files("node-2"), keepalive_s=0.2, keepalive_timeout_s=0.5)
+        stream = client.fetch_stream(f"127.0.0.1:{proxy.port}")
+        assert (await exchange(stream, "node-2", 0)).partitions[0].leo == 0
+        # Idle for several keepalive periods: pings are allowed (no GOAWAY too_many_pings), the stream lives.
+        idle = asyncio.ensure_future(stream.read())
+        done, _ = await asyncio.wait([idle], timeout=1.5)
+        assert not done, idle.exception() if done else None
+        # The peer stops answering (SIGSTOP-like): the pending read fails within a few keepalive periods.
+        proxy.frozen.set()
+        started = time.monotonic()
+        with pytest.raises(InternalRpcError) as info:
+            await asyncio.wait_for(idle, STEP_S)
+        assert info.value.code == grpc.StatusCode.UNAVAILABLE
+        assert time.monotonic() - started < 5.0
+    finally:
+        await proxy.stop()
+
+
+async def test_server_keepalive_ends_the_stream_of_a_frozen_follower(make_server, clients, pki) -> None:
+    server = await make_server(Echo(), tls=pki.files("node-1"), keepalive_s=0.2, keepalive_timeout_s=0.5)
+    proxy = await FreezableProxy(server.bound_port).start()
+    try:
+        stream = client_for(clients, "node-2", pki.files("node-2")).fetch_stream(f"127.0.0.1:{proxy.port}")
+        assert (await exchange(stream, "node-2", 0)).partitions[0].leo == 0
+        assert server.active_streams == 1
+        proxy.frozen.set()
+        deadline = time.monotonic() + STEP_S
+        while server.active_streams and time.monotonic() < deadline:
+            await asyncio.sleep(0.05)
+        assert server.active_streams == 0, "the leader kept the stream of a frozen follower"
+    finally:
+        await proxy.stop()
 
 
 async def test_closed_client_refuses_new_streams(clients) -> None:
