@@ -169,6 +169,12 @@ class InternalServer:
         self._server: grpc.aio.Server | None = None
         self._warned: dict[str, float] = {}
 
+    def stats(self) -> dict[str, Any]:
+        """A snapshot for metrics/status: ``refusals`` (reason -> count, every reason present),
+        ``streams_total`` (authenticated Fetch streams opened) and ``active_streams``."""
+        return {"refusals": {reason: self.refusals.get(reason, 0) for reason in REFUSAL_REASONS},
+                "streams_total": self.streams_total, "active_streams": self.active_streams}
+
     def options(self) -> list[tuple[str, Any]]:
         """The gRPC server channel arguments used (message bounds, keepalive, no SO_REUSEPORT)."""
         return [

@@ -313,6 +313,9 @@ async def test_insecure_mode_still_requires_the_token_and_a_member(make_server, 
     assert error.code == grpc.StatusCode.PERMISSION_DENIED and "not_member" in error.details
     assert server.refusals == {"missing_token": 1, "wrong_token": 1, "not_member": 1}
     assert echo.calls == [("node-2", 4)]
+    assert server.stats() == {"refusals": {"missing_token": 1, "wrong_token": 1, "no_identity": 0,
+                                           "not_member": 1, "follower_mismatch": 0},
+                              "streams_total": 1, "active_streams": 0}
 
 
 async def test_server_with_an_empty_token_accepts_nobody(make_server, clients) -> None:
