@@ -73,7 +73,7 @@ class _Servicer(pb_grpc.ReplicationServicer):
     def __init__(self, server: InternalServer) -> None:
         self._server = server
 
-    async def Fetch(self, request_iterator: AsyncIterator[pb.FetchRequest],  # noqa: N802 (generated name)
+    async def Fetch(self, request_iterator: AsyncIterator[pb.FetchRequest],  # the generated method name
                     context: grpc.aio.ServicerContext) -> AsyncIterator[pb.FetchResponse]:
         server = self._server
         refusal = server.authenticate(context)
@@ -106,8 +106,9 @@ class _Servicer(pb_grpc.ReplicationServicer):
         failed = False
         server.active_streams += 1
         server.streams_total += 1
+        responses = server.handler.serve(follower_id, checked())
         try:
-            async for response in server.handler.serve(follower_id, checked()):
+            async for response in responses:
                 if refused:
                     break
                 yield response
@@ -120,6 +121,12 @@ class _Servicer(pb_grpc.ReplicationServicer):
             failed = True
         finally:
             server.active_streams -= 1
+            aclose = getattr(responses, "aclose", None)
+            if aclose is not None:  # run the handler's cleanup now, not whenever it is collected
+                try:
+                    await aclose()
+                except Exception:  # already ending the stream: log a cleanup failure, do not mask it
+                    log.exception("internal listener: fetch handler cleanup failed for %s", follower_id)
         if refused:
             await server.refuse(context, *refused[0], identity=follower_id)
         elif failed:

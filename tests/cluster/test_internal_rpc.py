@@ -40,21 +40,25 @@ class Echo:
     def __init__(self, fail_after: int | None = None, payload: bytes = b"") -> None:
         self.calls: list[tuple[str, int]] = []  # (follower_id the server passed, fetch_offset)
         self.streams = 0
+        self.cleaned_up = 0  # streams whose handler generator ran its finally (progress listeners etc.)
         self.fail_after = fail_after
         self.payload = payload
 
     async def serve(self, follower_id: str,
                     requests: AsyncIterator[pb.FetchRequest]) -> AsyncIterator[pb.FetchResponse]:
         self.streams += 1
-        async for request in requests:
-            if self.fail_after is not None and len(self.calls) >= self.fail_after:
-                raise RuntimeError("handler bug with a secret detail")
-            parts = []
-            for part in request.partitions:
-                self.calls.append((follower_id, part.fetch_offset))
-                parts.append(pb.PartitionData(topic=part.topic, partition=part.partition,
-                                              leo=part.fetch_offset, chunks=self.payload))
-            yield pb.FetchResponse(partitions=parts)
+        try:
+            async for request in requests:
+                if self.fail_after is not None and len(self.calls) >= self.fail_after:
+                    raise RuntimeError("handler bug with a secret detail")
+                parts = []
+                for part in request.partitions:
+                    self.calls.append((follower_id, part.fetch_offset))
+                    parts.append(pb.PartitionData(topic=part.topic, partition=part.partition,
+                                                  leo=part.fetch_offset, chunks=self.payload))
+                yield pb.FetchResponse(partitions=parts)
+        finally:
+            self.cleaned_up += 1
 
 
 def request(follower: str, offset: int) -> pb.FetchRequest:
@@ -219,6 +223,19 @@ async def test_member_certificate_claiming_another_follower_is_denied(make_serve
     assert error.code == grpc.StatusCode.PERMISSION_DENIED and "follower_mismatch" in error.details
     assert server.refusals == {"follower_mismatch": 2}
     assert echo.calls == [("node-2", 1)]
+    assert echo.streams == echo.cleaned_up == 1 and server.active_streams == 0
+
+
+async def test_cancelled_stream_runs_the_handler_cleanup(make_server, clients, pki) -> None:
+    echo = Echo()
+    server = await make_server(echo, tls=pki.files("node-1"))
+    stream = client_for(clients, "node-2", pki.files("node-2")).fetch_stream(address(server))
+    assert (await exchange(stream, "node-2", 0)).partitions[0].leo == 0
+    stream.cancel()
+    deadline = time.monotonic() + STEP_S
+    while (server.active_streams or not echo.cleaned_up) and time.monotonic() < deadline:
+        await asyncio.sleep(0.02)
+    assert echo.cleaned_up == 1 and server.active_streams == 0
 
 
 async def test_non_member_certificate_and_follower_are_denied(make_server, clients, pki, tmp_path) -> None:
