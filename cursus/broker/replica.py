@@ -77,6 +77,8 @@ class Replica:
         self.hwm = log.hwm
         #: The in-sync replica set (a leader's view); standalone: just this broker.
         self.isr: tuple[str, ...] = ()
+        #: The topic lifecycle epoch of the partition's assignment (set by the broker; CommitHwm carries it).
+        self.lifecycle_epoch = 0
         self._replica_ends: dict[str, int] = {}
         #: Follower: the last HWM the leader reported (the local HWM is that, clamped to the LEO).
         self._leader_hwm = 0
