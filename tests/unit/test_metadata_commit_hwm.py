@@ -170,6 +170,6 @@ def test_committed_hwm_never_decreases_and_stale_commits_change_nothing(commands
             else:
                 assert state is before and not result.changed and len(result.hwm_rejected) == 1
         else:
-            for key, a in state.assignments.items():
+            for a in state.assignments.values():
                 assert set(a.isr) <= set(a.replicas)
                 assert a.leader is None or a.leader in a.isr
