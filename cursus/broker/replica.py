@@ -558,7 +558,9 @@ class Replica:
     # ------------------------------------------------------------------------- writer thread reports
 
     def on_durable(self, durable_end_offset: int) -> None:
-        """The writer fsynced everything below ``durable_end_offset`` (loop thread)."""
+        """The writer fsynced everything below ``durable_end_offset`` (loop thread). Clamped to the LEO: a
+        report from before a truncation that the loop already applied must not resurrect dropped offsets."""
+        durable_end_offset = min(durable_end_offset, self.leo)
         if durable_end_offset <= self.durable_end_offset:
             return
         self.durable_end_offset = durable_end_offset
