@@ -194,3 +194,22 @@ async def test_standalone_without_a_committer_commits_the_candidate_at_once(node
     node.replica.append(records(0, 3), 3)
     await node.replica.wait_committed(3, ("a",))
     assert node.replica.hwm == node.replica.durable_end_offset == 3
+
+
+@pytest.mark.asyncio
+async def test_durable_reports_from_before_a_leader_truncation_do_not_resurrect_offsets(nodes) -> None:
+    old_node, new_node = nodes("a"), nodes("b")
+    old, new = old_node.replica, new_node.replica
+    old.become_leader(1, ("a",))
+    new.become_follower(1, "a")
+    old.append(records(0, 5), 5)
+    await old.wait_durable(5)
+    for chunk in stored_chunks(old):
+        new.append_replicated(chunk, 1)  # still in flight on the writer when leadership arrives
+    commits = Commits()
+    new.on_candidate_hwm = commits
+    new.become_leader(2, ("b", "a"), committed_hwm=2)
+    await new.wait_writable()  # the writer reported the appends before the preparation: all applied now
+    assert (new.leo, new.durable_end_offset, new.hwm, new.log.log_end_offset) == (2, 2, 2, 2)
+    new.update_replica_end("a", 5)  # a follower ahead of the new leader (it will truncate by epoch)
+    assert new.candidate_hwm == 2 and commits.calls == []
