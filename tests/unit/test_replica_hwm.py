@@ -213,3 +213,28 @@ async def test_durable_reports_from_before_a_leader_truncation_do_not_resurrect_
     assert (new.leo, new.durable_end_offset, new.hwm, new.log.log_end_offset) == (2, 2, 2, 2)
     new.update_replica_end("a", 5)  # a follower ahead of the new leader (it will truncate by epoch)
     assert new.candidate_hwm == 2 and commits.calls == []
+
+
+@pytest.mark.asyncio
+async def test_acks_all_times_out_with_an_unknown_outcome_and_acks_1_needs_only_the_local_append(nodes) -> None:
+    from types import SimpleNamespace
+
+    from cursus.broker.config import load_config
+    from cursus.broker.handlers.produce import _wait_ack
+    from cursus.broker.metrics import BrokerMetrics
+
+    node = nodes("a")
+    leader = node.replica
+    await _cluster_leader(node, 1, ("a", "b"))
+    config = load_config(environ={}).replace(replica_ack_timeout_ms=50)
+    broker = SimpleNamespace(config=config, metrics=BrokerMetrics())
+    leader.append(records(0, 2), 2)
+    await _wait_ack(broker, leader, "leader", 2, leader.isr)  # type: ignore[arg-type]
+    with pytest.raises(BrokerError) as timed_out:
+        await _wait_ack(broker, leader, "all", 2, leader.isr)  # type: ignore[arg-type]
+    error = timed_out.value.error
+    assert error.code == "replication_unavailable" and error.retryable
+    assert (error.fields["outcome"], error.fields["reason"], error.fields["offset"]) == ("unknown", "replica timeout", "1")
+    leader.update_replica_end("b", 2)
+    leader.on_committed_hwm(1, 2)
+    await _wait_ack(broker, leader, "all", 2, ("a", "b"))  # type: ignore[arg-type]
