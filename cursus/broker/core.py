@@ -27,7 +27,7 @@ from cursus.broker.offload import Offload, StallProbe
 from cursus.broker.producer_state import ProducerStateTable
 from cursus.broker.reconciler import Reconciler
 from cursus.broker.replica import Replica
-from cursus.broker.replica_role import TransitionRefused
+from cursus.broker.replica_role import Role, TransitionRefused
 from cursus.cluster.metadata import RaftMetadata
 from cursus.cluster.raft.node import RaftConfig
 from cursus.cluster.tls import TLSFiles
@@ -320,7 +320,8 @@ class Broker:
                     replica.become_leader(assignment.leader_epoch)
             elif assignment.leader is not None:
                 replica.become_follower(assignment.leader_epoch, assignment.leader)
-                replica.advance_hwm(assignment.committed_hwm)  # committed: safe to expose (clamped to the LEO)
+                if replica.role is Role.FOLLOWER:  # committed: safe to expose (clamped to the local LEO)
+                    replica.advance_hwm(assignment.committed_hwm)
         except TransitionRefused as exc:
             log.warning("%s/%d keeps its role: %s", replica.topic, replica.partition, exc)
 
