@@ -154,11 +154,13 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("offload_threads", _I, 2, "threads", "Threads of the offload pool (see offload_threshold_bytes).", 1),
     Setting("enabled_distribution", _B, False, "bool", "Run as a member of a Raft metadata cluster (see docs/cluster.md).", env_aliases=("ENABLE_DISTRIBUTION",)),
     Setting("raft_port", _I, 9001, "port", "Raft (metadata) listener port on advertised_host; always mutual TLS.", 1),
-    Setting("internal_broker_port", _I, 0, "port", "Reserved for the internal broker-to-broker listener of the replication pipeline; 0 is off.", 0),
+    Setting("internal_broker_port", _I, 0, "port", "Port of the internal broker-to-broker listener (gRPC, replication fetches); 0 is off.", 0),
+    Setting("internal_advertised_address", _S, "", "address", "`host:port` other brokers dial for internal requests, registered in the broker registry. Empty: `<advertised_host>:<internal_broker_port>`."),
     Setting("static_cluster_members", _parse_members, (), "list", "Every cluster member as `<broker-id>@<host>:<raft_port>` (YAML list or comma-separated); this broker's id must be among them."),
     Setting("bootstrap_cluster", _B, False, "bool", "Accepted for the reference's deployments; with static membership every member takes part in the first election from empty Raft directories, so it changes nothing yet."),
     Setting("transaction_coordinator_shards", _I, 50, "shards", "Transaction-coordinator shards, fixed when the cluster is created; a broker configured with another count is refused.", 1),
     Setting("internal_auth_token", _S, "", "token", "Shared secret of broker-to-broker requests; required (non-empty, no whitespace) in a cluster."),
+    Setting("internal_auth_token_next", _S, "", "token", "The next internal token during a rotation: accepted as well as internal_auth_token (secret, never logged). Empty: none."),
     Setting("internal_use_tls", _B, False, "bool", "Mutual TLS for broker-to-broker traffic (Raft and internal requests). Required in a cluster unless allow_insecure_cluster_transport."),
     Setting("internal_tls_cert_path", _S, "", "path", "PEM certificate of this node for internal TLS (`cursusctl certs` writes `<broker-id>.crt`)."),
     Setting("internal_tls_key_path", _S, "", "path", "PEM private key of this node for internal TLS."),
@@ -173,6 +175,12 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("metadata_commit_timeout_ms", _I, 5000, "ms", "How long a metadata mutation waits for its Raft commit; after it the outcome is unknown (retry is safe: the request id applies once).", 1),
     Setting("broker_heartbeat_interval_ms", _I, 1000, "ms", "How often a cluster broker commits its liveness heartbeat, and the controller checks for missed ones.", 1),
     Setting("broker_session_timeout_ms", _I, 3000, "ms", "The controller marks a broker inactive (it leaves every ISR) when no heartbeat of it was applied for this long.", 1),
+    Setting("replica_lag_time_max_ms", _I, 10_000, "ms", "A follower that has not caught up to the leader's LEO for this long leaves the ISR (a committed ISR change).", 1),
+    Setting("replica_fetch_max_bytes", _I, 1 * MIB, "bytes", "Bytes a leader serves per partition in one replica fetch (the first chunk may exceed it, so progress is always possible).", 1),
+    Setting("replica_fetch_response_max_bytes", _I, 8 * MIB, "bytes", "Bytes a leader serves in one replica fetch response over all partitions.", 1),
+    Setting("replica_fetch_wait_max_ms", _I, 500, "ms", "How long a leader holds a replica fetch that has nothing new (long poll).", 0),
+    Setting("replica_fetch_backoff_ms", _I, 100, "ms", "Wait after a failed replica fetch or a failed committed-HWM submit before retrying.", 1),
+    Setting("replica_ack_timeout_ms", _I, 10_000, "ms", "How long an acks=all PUBLISH waits for the captured ISR and the committed HWM; then it answers replication_unavailable outcome=unknown (retryable: idempotent retries deduplicate).", 1),
     Setting("loop_probe_interval_ms", _I, 100, "ms", "How often the stall probe checks the event loop's lateness (cursus_event_loop_max_stall_seconds).", 1),
 )
 
@@ -189,17 +197,26 @@ REFERENCE_KEYS_NOT_IMPLEMENTED: frozenset[str] = frozenset(
         "transaction_recovery_batch_size",
         "consumer_heartbeat_check_ms", "stream_timeout", "stream_heartbeat_interval",
         "sasl_users",
-        "max_inflight_requests", "internal_auth_token_next", "observation_grpc_port",
+        "max_inflight_requests", "observation_grpc_port",
     }
 )
 
 
-@dataclass(frozen=True, slots=True)
+#: Keys whose values are secrets: never logged, redacted in ``repr``.
+SECRET_KEYS: frozenset[str] = frozenset({"internal_auth_token", "internal_auth_token_next"})
+
+
+@dataclass(frozen=True, slots=True, repr=False)
 class BrokerConfig:
-    """Resolved configuration. Field names are the configuration keys (see :data:`SETTINGS`)."""
+    """Resolved configuration. Field names are the configuration keys (see :data:`SETTINGS`). Its ``repr``
+    redacts :data:`SECRET_KEYS`."""
 
     values: Mapping[str, Any] = field(default_factory=dict)
     warnings: tuple[str, ...] = ()
+
+    def __repr__(self) -> str:
+        shown = {k: ("<redacted>" if k in SECRET_KEYS and v else v) for k, v in self.values.items()}
+        return f"BrokerConfig(values={shown!r}, warnings={self.warnings!r})"
 
     def __getattr__(self, name: str) -> Any:
         try:
@@ -293,6 +310,8 @@ def _check_distribution(values: Mapping[str, Any]) -> None:
     token = values["internal_auth_token"]
     if not token or any(ch.isspace() for ch in token):
         raise ConfigError("internal_auth_token is required in distributed mode (non-empty, no whitespace)")
+    if any(ch.isspace() for ch in values["internal_auth_token_next"]):
+        raise ConfigError("invalid value for internal_auth_token_next: no whitespace allowed")
     if not values["internal_use_tls"] and not values["allow_insecure_cluster_transport"]:
         raise ConfigError("internal_use_tls is required in distributed mode "
                           "(or allow_insecure_cluster_transport, for tests only)")

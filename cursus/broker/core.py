@@ -27,7 +27,7 @@ from cursus.broker.offload import Offload, StallProbe
 from cursus.broker.producer_state import ProducerStateTable
 from cursus.broker.reconciler import Reconciler
 from cursus.broker.replica import Replica
-from cursus.broker.replica_role import TransitionRefused
+from cursus.broker.replica_role import Role, TransitionRefused
 from cursus.cluster.metadata import RaftMetadata
 from cursus.cluster.raft.node import RaftConfig
 from cursus.cluster.tls import TLSFiles
@@ -38,6 +38,7 @@ from cursus.metadata.backend import Metadata, StandaloneMetadata
 from cursus.metadata.commands import AlterTopicConfig, Command, CreateTopic, DeleteTopic, PutTopic
 from cursus.metadata.state import BrokerInfo, MetadataState, PartitionAssignment
 from cursus.metadata.topics import TopicDefinition, TopicSpec, is_internal_topic
+from cursus.replication.hwm import HwmCommitter, LocalHwmCommitter
 from cursus.storage import (
     Completion,
     GroupCommitWriter,
@@ -113,6 +114,12 @@ class Broker:
         #: Authoritative metadata (topics, partition assignment, broker registry): the one place that
         #: chooses the backend by ``enabled_distribution``.
         self.metadata: Metadata = self._metadata_backend()
+        #: Commits leader replicas' candidate HWMs: through the metadata log in a cluster, at once standalone
+        #: (the one place that chooses).
+        self.hwm_committer: HwmCommitter | LocalHwmCommitter = (
+            HwmCommitter(self.broker_id, self.metadata.submit,
+                         retry_backoff_s=config.replica_fetch_backoff_ms / 1000.0)
+            if config.enabled_distribution else LocalHwmCommitter())
         self.reconciler = Reconciler(self, log_dir.path, recovery_threads(config), metrics.orphan_topics.set)
         self.metadata.subscribe(self.reconciler.on_metadata)
         self.metadata.subscribe(self._follow_leadership)
@@ -285,6 +292,8 @@ class Broker:
         plog, producers = opened
         replica = Replica(topic, partition, plog, self.writer, broker_id=self.broker_id)
         replica.on_hwm_change = self.metrics.observe_replica
+        replica.on_leader_ready = self._leader_ready
+        self.hwm_committer.attach(replica)
         # The role and leader epoch come from the partition's assignment (standalone: this broker leads
         # every partition with a one-member ISR, epoch 0 as the reference reports).
         assignment = self.metadata.state.assignment(topic, partition)
@@ -298,14 +307,31 @@ class Broker:
         self.metrics.partitions.set(len(self.replicas))
 
     def _take_role(self, replica: Replica, assignment: PartitionAssignment) -> None:
-        """Lead or follow as ``assignment`` says (a leaderless partition keeps its current role)."""
+        """Lead or follow as ``assignment`` says (a leaderless partition keeps its current role). In a
+        cluster the leader takes the assignment's ISR and committed HWM (its visible HWM); standalone
+        leads a one-member ISR and commits locally."""
+        replica.lifecycle_epoch = assignment.lifecycle_epoch
         try:
             if assignment.leader == self.broker_id:
-                replica.become_leader(assignment.leader_epoch)
+                if self.metadata.state.cluster:
+                    isr = assignment.isr if self.broker_id in assignment.isr else (self.broker_id, *assignment.isr)
+                    replica.become_leader(assignment.leader_epoch, isr, committed_hwm=assignment.committed_hwm)
+                else:
+                    replica.become_leader(assignment.leader_epoch)
             elif assignment.leader is not None:
                 replica.become_follower(assignment.leader_epoch, assignment.leader)
+                if replica.role is Role.FOLLOWER:  # committed: safe to expose (clamped to the local LEO)
+                    replica.advance_hwm(assignment.committed_hwm)
         except TransitionRefused as exc:
             log.warning("%s/%d keeps its role: %s", replica.topic, replica.partition, exc)
+
+    def _leader_ready(self, replica: Replica, producers: ProducerStateTable) -> None:
+        """A new cluster leader finished preparing: its producer state, rebuilt from its log (replicated
+        chunks included, truncated tail excluded), becomes the partition's table (a retried batch after
+        failover is a duplicate with its original offsets)."""
+        key = (replica.topic, replica.partition)
+        if self.replicas.get(key) is replica:
+            self.producers[key] = producers
 
     def _follow_leadership(self, old: MetadataState, new: MetadataState) -> None:
         """Metadata listener: local replicas whose assignment changed take their new role."""
@@ -342,6 +368,7 @@ class Broker:
         for replica in replicas:
             del self.replicas[(name, replica.partition)]
             self.producers.pop((name, replica.partition), None)
+            self.hwm_committer.detach(replica)
             replica.on_deleted()
             self.metrics.forget_partition(name, replica.partition)
         self.metrics.partitions.set(len(self.replicas))
@@ -381,6 +408,7 @@ class Broker:
             task.cancel()
         await asyncio.gather(*self._group_tasks, return_exceptions=True)
         await self.coordinator.close()
+        await self.hwm_committer.close()
         await self.reconciler.close()
         await self.loop.run_in_executor(None, self.writer.close)
         await self.metadata.stop()
@@ -439,7 +467,8 @@ class Broker:
             BrokerError: ``partition_not_found`` when the metadata has no such partition; ``NOT_LEADER
                 leader=<host:port>`` (retryable) when another broker leads it;
                 ``leader_not_available`` (retryable) when it is assigned but no local replica serves it
-                (still opening, or placed on another broker).
+                (still opening, or placed on another broker); ``storage_unavailable`` when this broker leads
+                it but its local log ends below the committed HWM (fails closed, never serves).
         """
         assignment = self.metadata.state.assignment(topic, partition)
         if assignment is None:
@@ -454,6 +483,8 @@ class Broker:
         if replica is None:
             raise BrokerError.of("leader_not_available", topic=topic, partition=partition,
                                  reason="no local replica of this partition is open")
+        if replica.unavailable is not None:  # fails closed: its log ends below the committed HWM
+            raise replica.unavailable
         return replica
 
     def producer_table(self, topic: str, partition: int) -> ProducerStateTable:

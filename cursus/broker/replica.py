@@ -4,8 +4,15 @@ The role (:mod:`cursus.broker.replica_role`) comes from metadata: :meth:`Replica
 :meth:`Replica.become_follower` carry the leader epoch. Standalone is a cluster of one: the broker makes
 every replica the leader of a one-member ISR, so the HWM is our own durable end offset.
 
-* **Leader**: appends client batches stamped with its leader epoch; HWM = min durable end over the ISR
-  (follower progress arrives through :meth:`Replica.update_replica_end`).
+* **Leader**: appends client batches stamped with its leader epoch. Its *candidate* HWM
+  (:attr:`Replica.candidate_hwm`) is the min durable end over the *maximal ISR* (the committed ISR plus
+  members whose expansion it proposed, :meth:`Replica.expand_isr_pending`); follower progress arrives through
+  :meth:`Replica.update_replica_end`. The candidate goes to a committer (:attr:`Replica.on_candidate_hwm`,
+  see :mod:`cursus.replication.hwm`); the *visible* HWM is what came back committed
+  (:meth:`Replica.on_committed_hwm`). Without a committer hook (standalone) the candidate is committed at
+  once. A cluster leader of a new epoch starts from the assignment's committed HWM and truncates its local
+  tail above it on the writer thread before it accepts appends (``leader_not_available`` meanwhile); a local
+  LEO below the committed HWM fails closed (``storage_unavailable``).
 * **Follower**: refuses client appends (``NOT_LEADER``); appends the leader's chunks as stored
   (:meth:`Replica.append_replicated`); learns the HWM from the leader (clamped to the local LEO); truncates
   by leader-epoch lineage (:meth:`Replica.truncate_to_epoch`, KIP-279).
@@ -20,6 +27,10 @@ Offsets (all half-open, Kafka style):
   the durable end, which would expose uncommitted records in a cluster); a leader then moves it to the min
   durable end over its ISR.
 
+Acks: :meth:`Replica.wait_durable` (acks=1, acks=0 release) and :meth:`Replica.wait_committed` (acks=all:
+committed HWM and every captured ISR member's durable end). Progress listeners
+(:meth:`Replica.add_progress_listener`) hear every change of durable end, HWM, role or leader epoch.
+
 Thread-safety: loop thread only. The writer thread reports back through the broker, which calls
 :meth:`on_durable` / :meth:`on_failure` on the loop thread and resolves future tokens.
 """
@@ -29,13 +40,20 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import heapq
+import logging
 from collections.abc import Callable
 
+from cursus.broker.producer_state import ProducerStateTable
 from cursus.broker.replica_role import Event, Role, check_epoch, next_role
 from cursus.storage import GroupCommitWriter, PartitionLog
 from cursus.storage.chunk import HEADER_SIZE, crc_matches, decode_header, records_walk_ok
 from cursus.storage.epochs import EpochEnd, end_offset_for_epoch, truncation_offset
 from cursus.wire.errors import BrokerError
+
+log = logging.getLogger("cursus.replica")
+
+#: ``listener(replica)``: a change of durable end, HWM, role or leader epoch (loop thread, must not block).
+ProgressListener = Callable[["Replica"], None]
 
 
 class Replica:
@@ -59,6 +77,8 @@ class Replica:
         self.hwm = log.hwm
         #: The in-sync replica set (a leader's view); standalone: just this broker.
         self.isr: tuple[str, ...] = ()
+        #: The topic lifecycle epoch of the partition's assignment (set by the broker; CommitHwm carries it).
+        self.lifecycle_epoch = 0
         self._replica_ends: dict[str, int] = {}
         #: Follower: the last HWM the leader reported (the local HWM is that, clamped to the LEO).
         self._leader_hwm = 0
@@ -75,6 +95,30 @@ class Replica:
         #: Set (and dropped) when the HWM moves; created only while a long poll waits for data.
         self._data_event: asyncio.Event | None = None
         self.on_hwm_change: Callable[[Replica], None] | None = None
+        #: Members whose ISR expansion this leader proposed and has not seen applied.
+        self._pending_isr: set[str] = set()
+        #: The committer's hook: called when :attr:`candidate_hwm` moves (leader, writable). None: commit
+        #: the candidate at once (a cluster of one, standalone).
+        self.on_candidate_hwm: Callable[[Replica], None] | None = None
+        self._last_candidate = -1
+        #: Called once a new cluster leader finished its writer-thread preparation, with the producer state
+        #: rebuilt from its (truncated) log: the broker installs it as the partition's producer table.
+        self.on_leader_ready: Callable[[Replica, ProducerStateTable], None] | None = None
+        #: False while a new cluster leader prepares (truncation above the committed HWM, producer state).
+        self._ready = True
+        self._ready_future: asyncio.Future[None] | None = None
+        self._prepare_token: object | None = None
+        #: Set when this leader must not serve: its local log ends below the committed HWM.
+        self.unavailable: BrokerError | None = None
+        #: The highest committed HWM learned while preparing (applied once ready).
+        self._committed_pending = 0
+        # (end_offset, seq, future) waiting for durable_end_offset >= end_offset.
+        self._durable_waiters: list[tuple[int, int, asyncio.Future[None]]] = []
+        # (end_offset, seq, captured isr, future) waiting for hwm >= end_offset; then, if some captured member
+        # has not reported end_offset yet, moved to _member_waiters.
+        self._committed_waiters: list[tuple[int, int, tuple[str, ...], asyncio.Future[None]]] = []
+        self._member_waiters: list[tuple[int, tuple[str, ...], asyncio.Future[None]]] = []
+        self._progress_listeners: list[ProgressListener] = []
 
     # ------------------------------------------------------------------------------------ properties
 
@@ -103,29 +147,125 @@ class Replica:
             )
         if self.role is not Role.LEADER:
             raise self._not_leader()
+        if self.unavailable is not None:
+            raise self.unavailable
+        if not self._ready:
+            raise BrokerError.of("leader_not_available", topic=self.topic, partition=self.partition,
+                                 reason="new leader is truncating its uncommitted tail")
+
+    @property
+    def writable(self) -> bool:
+        """True when :meth:`check_writable` would pass."""
+        return (self.role is Role.LEADER and self.fenced is None and self.unavailable is None and self._ready)
+
+    async def wait_writable(self) -> None:
+        """Wait until a new leader finished preparing (returns at once when it is not preparing)."""
+        if self._ready_future is not None and not self._ready_future.done():
+            await asyncio.shield(self._ready_future)
 
     def _not_leader(self) -> BrokerError:
         return BrokerError.of("NOT_LEADER", topic=self.topic, partition=self.partition, leader=self.leader_id)
 
     # ---------------------------------------------------------------------------------------- roles
 
-    def become_leader(self, leader_epoch: int, isr: tuple[str, ...] | None = None) -> None:
+    def become_leader(self, leader_epoch: int, isr: tuple[str, ...] | None = None, *,
+                      committed_hwm: int | None = None) -> None:
         """Lead the partition in ``leader_epoch`` with ``isr`` (default: this broker alone). Re-applying the
-        current epoch only updates the ISR. The HWM moves to the min durable end over the ISR.
+        current epoch updates the ISR (expansions it shows stop being pending) and the committed HWM.
+
+        ``committed_hwm`` is the assignment's committed HWM (cluster); None (standalone) commits locally.
+        A cluster leader of a new epoch first runs a preparation on the writer thread, in order after every
+        append queued before: it truncates the local tail above the committed HWM (never below the local
+        HWM) and rebuilds the producer state from the log (:attr:`on_leader_ready`); appends are refused
+        with ``leader_not_available`` until then (:meth:`wait_writable`). A local LEO below the committed
+        HWM fails closed: ``storage_unavailable`` until another role arrives. Waiters of an older epoch
+        fail with ``NOT_LEADER`` (outcome unknown).
 
         Raises:
             TransitionRefused: fenced or deleted, or ``leader_epoch`` is below the current epoch.
         """
         members = isr if isr is not None else (self.broker_id,)
         assert self.broker_id in members, (self.broker_id, members)
-        if check_epoch(self.role, Event.BECOME_LEADER, self.leader_epoch, leader_epoch):
+        new_epoch = check_epoch(self.role, Event.BECOME_LEADER, self.leader_epoch, leader_epoch)
+        if new_epoch:
+            was_leader = self.role is Role.LEADER
             self.role = next_role(self.role, Event.BECOME_LEADER)
             self.leader_epoch = leader_epoch
             self.leader_id = self.broker_id
             self._inflight.clear()
             self._replica_ends = {self.broker_id: self.durable_end_offset}
+            self._pending_isr.clear()
+            self._last_candidate = -1
+            self.unavailable = None
+            self._ready = True
+            self._prepare_token = None
+            self._fail_committed_waiters(self._not_leader())
+            if was_leader:
+                self._fail_waiters(self._not_leader(), durable=False)
         self.isr = tuple(members)
-        self._advance_to_isr_min()
+        self._pending_isr -= set(members)
+        if new_epoch and committed_hwm is not None:
+            self._prepare_leader(committed_hwm)
+        elif committed_hwm is not None:
+            self.on_committed_hwm(leader_epoch, committed_hwm)
+        if new_epoch:
+            self._notify_progress()
+        self._candidate_changed()
+
+    def _prepare_leader(self, committed_hwm: int) -> None:
+        """Start the writer-thread preparation of a new cluster leader (see :meth:`become_leader`)."""
+        if committed_hwm > self.leo:
+            self.unavailable = BrokerError.of(
+                "storage_unavailable", topic=self.topic, partition=self.partition,
+                reason=f"local log ends at {self.leo}, below the committed HWM {committed_hwm}")
+            log.error("%s/%d: %s; not serving", self.topic, self.partition, self.unavailable.error.fields["reason"])
+            return
+        target = max(committed_hwm, self.hwm)
+        self._ready = False
+        self._committed_pending = committed_hwm
+        token = self._prepare_token = object()
+        loop = asyncio.get_running_loop()
+        ready = self._ready_future = loop.create_future()
+        fut: asyncio.Future[object] = loop.create_future()
+        plog = self.log
+        truncate = target < self.leo
+
+        def prepare() -> ProducerStateTable:  # writer thread
+            if truncate:
+                plog.truncate_to(target)
+            return ProducerStateTable.copy_of(plog.producer_state)
+
+        self.writer.submit_call(prepare, fut, log=self.log)
+        if truncate:
+            self.leo = target
+            self.durable_end_offset = min(self.durable_end_offset, target)
+            self._replica_ends[self.broker_id] = self.durable_end_offset
+            self._fail_durable_above(target)
+        fut.add_done_callback(lambda done: self._leader_prepared(token, ready, done))
+
+    def _leader_prepared(self, token: object, ready: asyncio.Future[None], done: asyncio.Future[object]) -> None:
+        try:
+            if token is self._prepare_token:
+                self._finish_prepare(done)
+        finally:
+            if not ready.done():
+                ready.set_result(None)
+
+    def _finish_prepare(self, done: asyncio.Future[object]) -> None:
+        self._prepare_token = None
+        error = done.exception() if not done.cancelled() else asyncio.CancelledError()
+        if error is not None:
+            self.on_failure(error)
+        else:
+            self._ready = True
+            self._last_chunk_epoch = self.log.leader_epoch if self.log.leader_epochs else -1
+            table = done.result()
+            assert isinstance(table, ProducerStateTable)
+            if self.on_leader_ready is not None:
+                self.on_leader_ready(self, table)
+            self.on_committed_hwm(self.leader_epoch, self._committed_pending)
+            self._notify_progress()
+            self._candidate_changed()
 
     def become_follower(self, leader_epoch: int, leader_id: str) -> None:
         """Follow ``leader_id`` in ``leader_epoch``. Client appends are refused from now on; acks still
@@ -143,8 +283,85 @@ class Replica:
         self.leader_id = leader_id
         self.isr = ()
         self._replica_ends = {}
+        self._pending_isr.clear()
         self._leader_hwm = self.hwm
+        self.unavailable = None
+        self._ready = True
+        self._prepare_token = None
         self._fail_waiters(self._not_leader())
+        self._notify_progress()
+
+    # ------------------------------------------------------------------------------- ISR and HWM
+
+    @property
+    def maximal_isr(self) -> tuple[str, ...]:
+        """The committed ISR plus members whose expansion is pending (Kafka's maximal ISR), ISR order first."""
+        return self.isr + tuple(sorted(self._pending_isr - set(self.isr)))
+
+    def expand_isr_pending(self, member: str) -> None:
+        """This leader proposed adding ``member`` to the ISR: count it in the candidate HWM from now on,
+        until the applied ISR shows it, :meth:`clear_isr_pending` withdraws it, or the role changes."""
+        if self.role is Role.LEADER and member not in self.isr and member not in self._pending_isr:
+            self._pending_isr.add(member)
+            self._candidate_changed()
+
+    def clear_isr_pending(self, member: str) -> None:
+        """The expansion of ``member`` was refused (or given up): stop counting it."""
+        if member in self._pending_isr:
+            self._pending_isr.discard(member)
+            self._candidate_changed()
+
+    @property
+    def candidate_hwm(self) -> int:
+        """Leader: min durable end over :attr:`maximal_isr` (a member that has not reported counts 0),
+        never below the visible HWM. Other roles: the visible HWM."""
+        if self.role is not Role.LEADER:
+            return self.hwm
+        return max(self.hwm, min(self._replica_ends.get(r, 0) for r in self.maximal_isr))
+
+    def on_committed_hwm(self, leader_epoch: int, hwm: int) -> None:
+        """The committed HWM ``hwm`` (records) applied from metadata for ``leader_epoch`` reaches this
+        replica: a leader of that epoch makes it visible (never backward; ignored for another epoch or
+        role, remembered while preparing)."""
+        if self.role is not Role.LEADER or leader_epoch != self.leader_epoch or self.unavailable is not None:
+            return
+        if not self._ready:
+            self._committed_pending = max(self._committed_pending, hwm)
+            return
+        self.advance_hwm(min(hwm, self.leo))
+
+    def _candidate_changed(self) -> None:
+        """Tell the committer the candidate HWM moved (or commit it at once without one)."""
+        if not self.writable:
+            return
+        candidate = self.candidate_hwm
+        if candidate == self._last_candidate:
+            return
+        self._last_candidate = candidate
+        if candidate <= self.hwm:
+            return
+        if self.on_candidate_hwm is None:
+            self.advance_hwm(candidate)
+        else:
+            self.on_candidate_hwm(self)
+
+    # ----------------------------------------------------------------------------- progress listeners
+
+    def add_progress_listener(self, fn: ProgressListener) -> None:
+        """Call ``fn(replica)`` on the loop whenever durable end, HWM, role or leader epoch changes."""
+        self._progress_listeners.append(fn)
+
+    def remove_progress_listener(self, fn: ProgressListener) -> None:
+        """Stop calling ``fn`` (no error when it is not registered)."""
+        with contextlib.suppress(ValueError):
+            self._progress_listeners.remove(fn)
+
+    def _notify_progress(self) -> None:
+        for fn in list(self._progress_listeners):
+            try:
+                fn(self)
+            except Exception:
+                log.exception("replica progress listener failed")
 
     # --------------------------------------------------------------------------------------- append
 
@@ -152,7 +369,8 @@ class Replica:
         """Hand one client chunk (offsets already stamped at :attr:`leo`) to the writer thread, stamped
         with this leader's epoch. Leader only.
 
-        Returns the chunk's base offset. The caller awaits :meth:`wait_hwm` for acks=1/all.
+        Returns the chunk's base offset. The caller awaits :meth:`wait_durable` (acks=1) or
+        :meth:`wait_committed` (acks=all).
 
         Raises:
             BrokerError: see :meth:`check_writable`.
@@ -225,7 +443,7 @@ class Replica:
 
     def wait_hwm(self, end_offset: int) -> asyncio.Future[None]:
         """A future resolved once ``hwm >= end_offset`` (or failed if the partition gets fenced, deleted, or
-        this leader becomes a follower)."""
+        this leader becomes a follower or changes epoch)."""
         fut: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         if self.hwm >= end_offset:
             fut.set_result(None)
@@ -237,6 +455,51 @@ class Replica:
             self._waiter_seq += 1
             heapq.heappush(self._hwm_waiters, (end_offset, self._waiter_seq, fut))
         return fut
+
+    def wait_durable(self, end_offset: int) -> asyncio.Future[None]:
+        """A future resolved once this replica's ``durable_end_offset >= end_offset`` (acks=1; the acks=0
+        byte budget release). Fails with ``storage_unavailable`` (fenced), ``topic_not_found`` (deleted)
+        or ``NOT_LEADER`` (the leader became a follower, or truncated the offsets as a new leader)."""
+        fut: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        if self.durable_end_offset >= end_offset:
+            fut.set_result(None)
+        elif self.fenced is not None:
+            fut.set_exception(self._fenced_error())
+        elif self.role is not Role.LEADER:
+            fut.set_exception(self._not_leader())
+        else:
+            self._waiter_seq += 1
+            heapq.heappush(self._durable_waiters, (end_offset, self._waiter_seq, fut))
+        return fut
+
+    def wait_committed(self, end_offset: int, isr: tuple[str, ...]) -> asyncio.Future[None]:
+        """acks=all: a future resolved once the visible (committed) HWM ``>= end_offset`` and every member
+        of ``isr`` (the ISR captured at append) reported a durable end ``>= end_offset``, all in the current
+        leader epoch. Fails with ``NOT_LEADER`` (role or epoch change: outcome unknown),
+        ``storage_unavailable`` (fenced) or ``topic_not_found`` (deleted). No timeout: the caller bounds it."""
+        fut: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        if self.fenced is not None:
+            fut.set_exception(self._fenced_error())
+        elif self.role is not Role.LEADER:
+            fut.set_exception(self._not_leader())
+        elif self.hwm >= end_offset:
+            self._check_members(end_offset, tuple(isr), fut)
+        else:
+            self._waiter_seq += 1
+            heapq.heappush(self._committed_waiters, (end_offset, self._waiter_seq, tuple(isr), fut))
+        return fut
+
+    def _members_have(self, end_offset: int, isr: tuple[str, ...]) -> bool:
+        ends = self._replica_ends
+        return all(ends.get(m, 0) >= end_offset for m in isr)
+
+    def _check_members(self, end_offset: int, isr: tuple[str, ...], fut: asyncio.Future[None]) -> None:
+        if fut.done():
+            return
+        if self._members_have(end_offset, isr):
+            fut.set_result(None)
+        else:
+            self._member_waiters.append((end_offset, isr, fut))
 
     # ------------------------------------------------------------------------------------ truncation
 
@@ -277,6 +540,7 @@ class Replica:
             self.on_failure(error)
             raise self._fenced_error() from error
         self._last_chunk_epoch = self.log.leader_epoch if self.log.leader_epochs else -1
+        self._notify_progress()
 
     async def truncate_to_epoch(self, leader_answer: EpochEnd) -> tuple[int, bool]:
         """Truncate after the leader answered OffsetsForLeaderEpoch for this replica's latest epoch
@@ -294,32 +558,54 @@ class Replica:
     # ------------------------------------------------------------------------- writer thread reports
 
     def on_durable(self, durable_end_offset: int) -> None:
-        """The writer fsynced everything below ``durable_end_offset`` (loop thread)."""
+        """The writer fsynced everything below ``durable_end_offset`` (loop thread). Clamped to the LEO: a
+        report from before a truncation that the loop already applied must not resurrect dropped offsets."""
+        durable_end_offset = min(durable_end_offset, self.leo)
         if durable_end_offset <= self.durable_end_offset:
             return
         self.durable_end_offset = durable_end_offset
         if self._inflight:
             self._inflight = {base: entry for base, entry in self._inflight.items() if entry[0] > durable_end_offset}
+        waiters = self._durable_waiters
+        while waiters and waiters[0][0] <= durable_end_offset:
+            _, _, fut = heapq.heappop(waiters)
+            if not fut.done():
+                fut.set_result(None)
         if self.role is Role.LEADER:
-            self.update_replica_end(self.broker_id, durable_end_offset)
+            self._replica_ends[self.broker_id] = durable_end_offset
+            self._member_progress()
+            self._candidate_changed()
+        self._notify_progress()
 
     def update_replica_end(self, replica_id: str, end_offset: int) -> None:
-        """Record a replica's durable end (leader only); the HWM is the minimum over the ISR."""
+        """Record a replica's durable end (leader only; a follower's fetch offset). The candidate HWM is the
+        minimum over the maximal ISR."""
         if self.role is not Role.LEADER:
             return
+        if self._replica_ends.get(replica_id) == end_offset:
+            return
         self._replica_ends[replica_id] = end_offset
-        self._advance_to_isr_min()
+        self._member_progress()
+        self._candidate_changed()
 
-    def _advance_to_isr_min(self) -> None:
-        if self.role is Role.LEADER:
-            self.advance_hwm(min(self._replica_ends.get(r, 0) for r in self.isr))
+    def _member_progress(self) -> None:
+        if not self._member_waiters:
+            return
+        waiting = []
+        for end, isr, fut in self._member_waiters:
+            if fut.done():
+                continue
+            if self._members_have(end, isr):
+                fut.set_result(None)
+            else:
+                waiting.append((end, isr, fut))
+        self._member_waiters = waiting
 
     def advance_hwm(self, hwm: int) -> None:
-        """Move the HWM forward (never backward), resolve acks waiters and wake readers.
+        """Move the visible HWM forward (never backward), resolve acks waiters and wake readers.
 
-        A leader's HWM never passes its LEO (an assertion: it is the min durable end over the ISR). A
-        follower learns the HWM from its leader, which may be ahead of the local log: it is remembered and
-        the local HWM is clamped to the local LEO.
+        A leader's HWM never passes its LEO (an assertion). A follower learns the HWM from its leader, which
+        may be ahead of the local log: it is remembered and the local HWM is clamped to the local LEO.
         """
         if self.role is Role.FOLLOWER:
             self._leader_hwm = max(self._leader_hwm, hwm)
@@ -333,9 +619,13 @@ class Replica:
             _, _, fut = heapq.heappop(self._hwm_waiters)
             if not fut.done():
                 fut.set_result(None)
+        while self._committed_waiters and self._committed_waiters[0][0] <= hwm:
+            end, _, isr, cfut = heapq.heappop(self._committed_waiters)
+            self._check_members(end, isr, cfut)
         self._wake_readers()
         if self.on_hwm_change is not None:
             self.on_hwm_change(self)
+        self._notify_progress()
 
     def on_failure(self, error: BaseException) -> None:
         """A write or fsync failed: fence the partition and fail every waiter. Never retried."""
@@ -345,6 +635,7 @@ class Replica:
         if self.fenced is None:
             self.fenced = error
         self._fail_waiters(self._fenced_error())
+        self._notify_progress()
 
     def on_deleted(self) -> None:
         """The topic was deleted: refuse appends, fail waiters, wake long polls."""
@@ -353,17 +644,42 @@ class Replica:
             self.fenced = BrokerError.of("topic_not_found", topic=self.topic)
         self._fail_waiters(self._fenced_error())
         self._wake_readers()
+        self._notify_progress()
 
     def _wake_readers(self) -> None:
         event, self._data_event = self._data_event, None
         if event is not None:
             event.set()
 
-    def _fail_waiters(self, error: BrokerError) -> None:
+    def _fail_waiters(self, error: BrokerError, *, durable: bool = True) -> None:
+        """Fail HWM and acks=all waiters, and durable waiters unless ``durable`` is False."""
         waiters, self._hwm_waiters = self._hwm_waiters, []
+        if durable:
+            waiters += self._durable_waiters
+            self._durable_waiters = []
         for _, _, fut in waiters:
             if not fut.done():
                 fut.set_exception(error)
+        self._fail_committed_waiters(error)
+
+    def _fail_committed_waiters(self, error: BrokerError) -> None:
+        committed, self._committed_waiters = self._committed_waiters, []
+        members, self._member_waiters = self._member_waiters, []
+        for fut in [w[3] for w in committed] + [w[2] for w in members]:
+            if not fut.done():
+                fut.set_exception(error)
+
+    def _fail_durable_above(self, offset: int) -> None:
+        """A new leader truncated at ``offset``: durable waiters beyond it can never complete here."""
+        keep = []
+        for entry in self._durable_waiters:
+            if entry[0] > offset:
+                if not entry[2].done():
+                    entry[2].set_exception(self._not_leader())
+            else:
+                keep.append(entry)
+        heapq.heapify(keep)
+        self._durable_waiters = keep
 
     def _fenced_error(self) -> BrokerError:
         if self.deleted:

@@ -24,6 +24,7 @@ from cursus.metadata.commands import (
     BrokerHeartbeat,
     ChangeIsr,
     Command,
+    CommitHwm,
     CreateTopic,
     DeleteTopic,
     ElectLeader,
@@ -54,6 +55,9 @@ class ApplyResult:
         removed: (topic, partition) keys whose assignment the command removed.
         moved: (topic, partition) keys whose leader, leader epoch or ISR the command changed.
         previous_leader: ELECT_LEADER: the leader before the command (None when it was leaderless).
+        hwm_accepted: CommitHwm: the (topic, partition) keys whose committed HWM moved forward.
+        hwm_rejected: CommitHwm: ``(topic, partition, reason)`` of every skipped entry; reason is one of
+            :data:`HWM_REJECT_REASONS`.
     """
 
     topic: TopicDefinition | None = None
@@ -62,6 +66,16 @@ class ApplyResult:
     removed: tuple[PartitionKey, ...] = ()
     moved: tuple[PartitionKey, ...] = ()
     previous_leader: str | None = None
+    hwm_accepted: tuple[PartitionKey, ...] = ()
+    hwm_rejected: tuple[tuple[str, int, str], ...] = ()
+
+
+#: Why a CommitHwm entry was skipped (the facts B4 fencing codes where one applies):
+#: ``partition_metadata_not_found`` (no such partition), ``NOT_PARTITION_LEADER`` (the submitter does not
+#: lead it), ``STALE_LEADER_EPOCH`` (entry epoch below the assignment's), ``PARTITION_LEADER_FENCED`` (entry
+#: epoch above it, or another lifecycle epoch), ``hwm_not_above_committed`` (nothing to move).
+HWM_REJECT_REASONS = ("partition_metadata_not_found", "NOT_PARTITION_LEADER", "STALE_LEADER_EPOCH",
+                      "PARTITION_LEADER_FENCED", "hwm_not_above_committed")
 
 
 def apply(state: MetadataState, command: Command) -> tuple[MetadataState, ApplyResult]:
@@ -79,6 +93,13 @@ def apply(state: MetadataState, command: Command) -> tuple[MetadataState, ApplyR
         new, result = _elect(state, command)
     elif isinstance(command, ChangeIsr):
         new, result = _change_isr(state, command)
+    elif isinstance(command, CommitHwm):
+        new, result = _commit_hwm(state, command)
+        # Not recorded in ``applied``: a CommitHwm is idempotent by HWM monotonicity, and its frequency would
+        # push the results of topic commands (whose retries need them) out of the bounded record.
+        if not result.changed:
+            return state, result
+        return dataclasses.replace(new, revision=state.revision + 1), result
     elif isinstance(command, DeleteTopic):
         new, result = _delete(state, command)
     else:
@@ -192,12 +213,54 @@ def _change_isr(state: MetadataState, command: ChangeIsr) -> tuple[MetadataState
     if a.leader is None or a.leader not in wanted or not wanted <= set(a.replicas):
         raise BrokerError.of("invalid_cluster_request", topic=command.topic, partition=command.partition,
                              reason="the ISR must hold the leader and only replicas")
+    inactive = sorted(b for b in wanted - set(a.isr)
+                      if (info := state.brokers.get(b)) is None or info.status != "active")
+    if inactive:
+        raise BrokerError.of("invalid_cluster_request", topic=command.topic, partition=command.partition,
+                             broker=",".join(inactive), reason="an ISR expansion must add active brokers only")
     isr = tuple(b for b in a.replicas if b in wanted)
     if isr == a.isr:
         return state, ApplyResult()
     key = (command.topic, command.partition)
     new = dataclasses.replace(state, assignments={**state.assignments, key: dataclasses.replace(a, isr=isr)})
     return new, ApplyResult(changed=True, moved=(key,))
+
+
+def _commit_hwm(state: MetadataState, command: CommitHwm) -> tuple[MetadataState, ApplyResult]:
+    """Move committed HWMs forward, entry by entry (see :class:`CommitHwm`); the latest entry of a
+    partition wins when one command names it twice. Raises BrokerError only outside a cluster."""
+    if not state.cluster:
+        raise BrokerError.of("invalid_cluster_request", reason="CommitHwm is a cluster command")
+    moves: dict[PartitionKey, PartitionAssignment] = {}
+    rejected: list[tuple[str, int, str]] = []
+    for entry in command.entries:
+        key = (entry.topic, entry.partition)
+        a = moves.get(key) or state.assignments.get(key)
+        reason = _hwm_reject_reason(a, command.broker_id, entry.leader_epoch, entry.lifecycle_epoch, entry.hwm)
+        if reason is not None:
+            rejected.append((entry.topic, entry.partition, reason))
+            continue
+        assert a is not None
+        moves[key] = dataclasses.replace(a, committed_hwm=entry.hwm)
+    result = ApplyResult(changed=bool(moves), hwm_accepted=tuple(sorted(moves)), hwm_rejected=tuple(rejected))
+    if not moves:
+        return state, result
+    return dataclasses.replace(state, assignments={**state.assignments, **moves}), result
+
+
+def _hwm_reject_reason(a: PartitionAssignment | None, broker_id: str, leader_epoch: int, lifecycle_epoch: int,
+                       hwm: int) -> str | None:
+    if a is None:
+        return "partition_metadata_not_found"
+    if a.leader != broker_id:
+        return "NOT_PARTITION_LEADER"
+    if leader_epoch < a.leader_epoch:
+        return "STALE_LEADER_EPOCH"
+    if leader_epoch > a.leader_epoch or lifecycle_epoch != a.lifecycle_epoch:
+        return "PARTITION_LEADER_FENCED"
+    if hwm <= a.committed_hwm:
+        return "hwm_not_above_committed"
+    return None
 
 
 def _delete(state: MetadataState, command: DeleteTopic) -> tuple[MetadataState, ApplyResult]:
@@ -259,7 +322,7 @@ def _put(state: MetadataState, command: CreateTopic | PutTopic | AlterTopicConfi
         raise BrokerError.of("cluster_metadata_unavailable", topic=name, reason="no active broker to place on")
     assignments: dict[PartitionKey, PartitionAssignment] = dict(state.assignments)
     for key in added:
-        assignments[key] = place(defn, key[1], active, state.initial_leader_epoch, leader_only_isr=state.cluster)
+        assignments[key] = place(defn, key[1], active, state.initial_leader_epoch)
     topics = dict(state.topics)
     topics[name] = defn
     new = dataclasses.replace(state, topics=topics, assignments=assignments)

@@ -139,8 +139,35 @@ class ChangeIsr:
     isr: tuple[str, ...]
 
 
+@dataclass(frozen=True, slots=True)
+class HwmEntry:
+    """One partition's candidate committed HWM (records, half-open) under the leader's epochs."""
+
+    topic: str
+    partition: int
+    leader_epoch: int
+    lifecycle_epoch: int
+    hwm: int
+
+
+@dataclass(frozen=True, slots=True)
+class CommitHwm:
+    """The partition leader ``broker_id`` commits the HWMs of many partitions (coalesced, group commit).
+
+    Each entry is applied on its own: accepted only when ``broker_id`` still leads the partition, the
+    leader epoch and lifecycle epoch match the assignment and ``hwm`` is above the committed HWM (a
+    committed HWM never moves back). Other entries are skipped with a reason; one stale entry never fails
+    the command. Resubmitting the same entries is harmless (monotonic), so an unknown outcome may be
+    retried with a new request id.
+    """
+
+    request_id: str
+    broker_id: str
+    entries: tuple[HwmEntry, ...]
+
+
 Command = (CreateTopic | PutTopic | AlterTopicConfig | DeleteTopic | RegisterBroker | BrokerHeartbeat
-           | FenceBroker | ElectLeader | ChangeIsr)
+           | FenceBroker | ElectLeader | ChangeIsr | CommitHwm)
 
 _TYPES: dict[str, type] = {
     "create_topic": CreateTopic,
@@ -152,6 +179,7 @@ _TYPES: dict[str, type] = {
     "fence_broker": FenceBroker,
     "elect_leader": ElectLeader,
     "change_isr": ChangeIsr,
+    "commit_hwm": CommitHwm,
 }
 _NAMES = {cls: name for name, cls in _TYPES.items()}
 
@@ -180,6 +208,10 @@ def _body(command: Command) -> dict[str, Any]:
     if isinstance(command, ChangeIsr):
         return {"topic": command.topic, "partition": command.partition, "leader_epoch": command.leader_epoch,
                 "isr": list(command.isr)}
+    if isinstance(command, CommitHwm):
+        return {"broker_id": command.broker_id,
+                "entries": [[e.topic, e.partition, e.leader_epoch, e.lifecycle_epoch, e.hwm]
+                            for e in command.entries]}
     return {"broker": command.broker.to_dict()}
 
 
@@ -219,7 +251,18 @@ _FIELDS = {
     "fence_broker": {"broker_id"},
     "elect_leader": {"topic", "partition", "broker_id", "expected_leader_epoch"},
     "change_isr": {"topic", "partition", "leader_epoch", "isr"},
+    "commit_hwm": {"broker_id", "entries"},
 }
+
+
+def _hwm_entry(row: Any) -> HwmEntry:
+    if not isinstance(row, list) or len(row) != 5:
+        raise ValueError("a commit_hwm entry is [topic, partition, leader_epoch, lifecycle_epoch, hwm]")
+    topic, partition, leader_epoch, lifecycle_epoch, hwm = row
+    entry = HwmEntry(_str(topic), _int(partition), _int(leader_epoch), _int(lifecycle_epoch), _int(hwm))
+    if min(entry.partition, entry.leader_epoch, entry.lifecycle_epoch, entry.hwm) < 0:
+        raise ValueError("commit_hwm entry values must not be negative")
+    return entry
 
 
 def decode(data: bytes) -> Command:
@@ -264,6 +307,10 @@ def decode(data: bytes) -> Command:
                 raise ValueError("isr must be a list")
             return ChangeIsr(request_id, _str(doc["topic"]), _int(doc["partition"]), _int(doc["leader_epoch"]),
                              tuple(_str(b) for b in doc["isr"]))
+        if kind == "commit_hwm":
+            if not isinstance(doc["entries"], list):
+                raise ValueError("entries must be a list")
+            return CommitHwm(request_id, _str(doc["broker_id"]), tuple(_hwm_entry(e) for e in doc["entries"]))
         if not isinstance(doc["broker"], dict):
             raise ValueError("broker must be an object")
         broker = BrokerInfo.from_dict(doc["broker"])

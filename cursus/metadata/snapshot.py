@@ -26,10 +26,17 @@ class MissingProvenance(ValueError):
 
 
 def result_to_dict(result: ApplyResult) -> dict[str, Any]:
-    return {"topic": result.topic.to_manifest() if result.topic is not None else None,
-            "changed": result.changed, "added": [list(k) for k in result.added],
-            "removed": [list(k) for k in result.removed], "moved": [list(k) for k in result.moved],
-            "previous_leader": result.previous_leader}
+    """JSON-able form of ``result``; the CommitHwm fields appear only when non-empty (so results of other
+    commands keep their bytes)."""
+    doc: dict[str, Any] = {"topic": result.topic.to_manifest() if result.topic is not None else None,
+                           "changed": result.changed, "added": [list(k) for k in result.added],
+                           "removed": [list(k) for k in result.removed], "moved": [list(k) for k in result.moved],
+                           "previous_leader": result.previous_leader}
+    if result.hwm_accepted:
+        doc["hwm_accepted"] = [list(k) for k in result.hwm_accepted]
+    if result.hwm_rejected:
+        doc["hwm_rejected"] = [list(r) for r in result.hwm_rejected]
+    return doc
 
 
 def _keys(items: Any) -> tuple[tuple[str, int], ...]:
@@ -41,7 +48,9 @@ def result_from_dict(doc: Mapping[str, Any]) -> ApplyResult:
     topic = TopicDefinition.from_manifest(doc["topic"]) if doc["topic"] is not None else None
     return ApplyResult(topic=topic, changed=bool(doc["changed"]), added=_keys(doc["added"]),
                        removed=_keys(doc["removed"]), moved=_keys(doc["moved"]),
-                       previous_leader=doc["previous_leader"])
+                       previous_leader=doc["previous_leader"],
+                       hwm_accepted=_keys(doc.get("hwm_accepted", ())),
+                       hwm_rejected=tuple((str(t), int(p), str(r)) for t, p, r in doc.get("hwm_rejected", ())))
 
 
 #: One partition row of the snapshot, in this order (rows keep 10,000 partitions fast to encode).

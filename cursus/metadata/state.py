@@ -106,8 +106,8 @@ class MetadataState:
         initial_leader_epoch: the leader epoch of a newly placed partition: 1 in a cluster (facts B7),
             0 standalone (facts B5: standalone METADATA reports epochs 0).
         cluster: True for the Raft cluster's state. A cluster refuses a replication factor above the
-            registered brokers (``invalid_replication_factor``) instead of capping it, and places new
-            partitions with ISR = [leader] until the replication pipeline lands (followers hold no data).
+            registered brokers (``invalid_replication_factor``) instead of capping it; only a cluster
+            accepts ``CommitHwm`` (standalone commits its HWM locally and keeps ``committed_hwm`` 0).
         coordinator_shards: the cluster's ``transaction_coordinator_shards`` (0 until the first broker
             heartbeat fixes it; immutable after).
     """
@@ -178,14 +178,10 @@ def transaction_coordinator(state: MetadataState, transactional_id: str) -> str 
     return owners[0] if owners else None
 
 
-def place(topic: TopicDefinition, partition: int, active: list[str], leader_epoch: int, *,
-          leader_only_isr: bool = False) -> PartitionAssignment:
-    """A fresh assignment for a new partition: RF capped by the active brokers, leader = replicas[0].
-
-    ISR = replicas, or just the leader when ``leader_only_isr`` (a cluster before record replication).
-    """
+def place(topic: TopicDefinition, partition: int, active: list[str], leader_epoch: int) -> PartitionAssignment:
+    """A fresh assignment for a new partition: RF capped by the active brokers, leader = replicas[0],
+    ISR = replicas (every replica is empty, so all are in sync), committed HWM 0."""
     replicas = ring_replicas(active, f"{topic.name}-{partition}", min(topic.replication_factor, len(active)))
-    isr = replicas[:1] if leader_only_isr else replicas
     return PartitionAssignment(replicas=replicas, leader=replicas[0] if replicas else None,
-                               leader_epoch=leader_epoch, isr=isr, committed_hwm=0,
+                               leader_epoch=leader_epoch, isr=replicas, committed_hwm=0,
                                lifecycle_epoch=topic.lifecycle_epoch)

@@ -104,6 +104,19 @@ SCENARIOS = {
         isr t-0 b,c epoch=3
         > error invalid_cluster_request
     """,
+    "an ISR expansion adds active brokers only; a shrink needs no liveness": """
+        brokers a b c
+        topic t rf=3 partitions=1
+        set t-0 replicas=a,b,c leader=a epoch=1 isr=a
+        fence c
+        > t-0 leader=a epoch=1 isr=a
+        isr t-0 a,c epoch=1
+        > error invalid_cluster_request
+        isr t-0 a,b epoch=1
+        > t-0 leader=a epoch=1 isr=a,b
+        isr t-0 a epoch=1
+        > t-0 leader=a epoch=1 isr=a
+    """,
 }
 
 
@@ -191,7 +204,7 @@ def test_overdue_brokers() -> None:
     assert overdue(seen, ["a", "c"], now=20.0, timeout=3.0) == ["a"]  # c unseen: seeded at takeover
 
 
-def test_cluster_create_refuses_rf_above_registered_brokers_and_places_isr_leader_only() -> None:
+def test_cluster_create_refuses_rf_above_registered_brokers_and_places_isr_equal_to_replicas() -> None:
     state, _ = apply(MetadataState(cluster=True), BrokerHeartbeat("h", BrokerInfo("a", "a:1"), 50))
     with pytest.raises(BrokerError) as info:
         apply(state, CreateTopic("c", _spec("t"), default_replication_factor=3))
@@ -200,7 +213,8 @@ def test_cluster_create_refuses_rf_above_registered_brokers_and_places_isr_leade
     state, result = apply(state, CreateTopic("c", _spec("t", partitions="4"), default_replication_factor=2))
     for key in result.added:
         a = state.assignments[key]
-        assert len(a.replicas) == 2 and a.isr == (a.leader,) and a.leader_epoch == 1
+        assert len(a.replicas) == 2 and a.isr == a.replicas and a.leader == a.replicas[0]
+        assert a.leader_epoch == 1 and a.committed_hwm == 0
 
 
 def test_coordinator_shard_count_is_fixed_by_the_first_broker() -> None:

@@ -3,11 +3,20 @@
 Hot path for a batch: one validate-and-index pass over the bytes (:func:`cursus.wire.scan_batch`), one
 copy into a bytearray, offsets stamped in place, the records section handed to the writer thread as one
 chunk. No Python object per record.
+
+Acknowledgement (spec "Acks Semantics"): acks=1 answers after the leader's durable local append
+(:meth:`Replica.wait_durable`); acks=all refuses before the append when the ISR is below the effective
+minimum, else captures the ISR at the append and answers once the committed HWM covers the records and
+every captured member has them durable (:meth:`Replica.wait_committed`), within ``replica_ack_timeout_ms``:
+after it, ``replication_unavailable reason="replica timeout" outcome=unknown`` (retryable; an idempotent
+retry deduplicates). A leader change fails the wait with ``NOT_LEADER`` (outcome unknown too). acks=0
+sends nothing and releases its byte budget once the append is durable.
 """
 
 from __future__ import annotations
 
 import array
+import asyncio
 import functools
 import json
 import logging
@@ -95,21 +104,47 @@ async def _append_and_ack(
         dup = table.check(producer_id, epoch, first_seq, last_seq, stamp)
         if dup is not None:
             end = dup.first_offset + record_count
-            await replica.wait_hwm(end)  # the original may still be in flight: never ack before it is durable
+            # the original may still be in flight: never ack before it is as safe as its mode promises
+            await _wait_ack(broker, replica, mode, end, replica.isr)
             broker.metrics.child(broker.metrics.publish_acks_total, mode, "duplicate").inc()
             return _ack(end - 1, producer_id, epoch, first_seq, last_seq)
     replica.check_writable()
     base_offset = replica.leo
+    isr = replica.isr  # captured at the append: acks=all waits for exactly these members
     stamp_offsets(buf, positions, base_offset)
     replica.append(body, record_count)
     if producer is not None and first_seq > 0:
         table.record(producer_id, epoch, first_seq, last_seq, base_offset, stamp)
+    end = base_offset + record_count
     if mode == "none":
         broker.metrics.child(broker.metrics.publish_acks_total, "none", "ok").inc()
-        return NoReply(written=replica.wait_hwm(base_offset + record_count))
-    await replica.wait_hwm(base_offset + record_count)
+        return NoReply(written=replica.wait_durable(end))
+    await _wait_ack(broker, replica, mode, end, isr)
     broker.metrics.child(broker.metrics.publish_acks_total, mode, "ok").inc()
-    return _ack(base_offset + record_count - 1, producer_id, epoch, first_seq, last_seq)
+    return _ack(end - 1, producer_id, epoch, first_seq, last_seq)
+
+
+async def _wait_ack(broker: Broker, replica: Replica, mode: str, end: int, isr: tuple[str, ...]) -> None:
+    """Wait until records below ``end`` are as safe as ``mode`` promises (see the module docstring).
+
+    Raises:
+        BrokerError: ``replication_unavailable outcome=unknown`` (acks=all timeout), ``NOT_LEADER``,
+            ``storage_unavailable``, ``topic_not_found`` (from the replica's waiters).
+    """
+    if mode != "all":
+        await replica.wait_durable(end)
+        return
+    waiter = replica.wait_committed(end, isr)
+    if waiter.done():
+        waiter.result()
+        return
+    try:
+        await asyncio.wait_for(waiter, broker.config.replica_ack_timeout_ms / 1000.0)
+    except TimeoutError:
+        broker.metrics.child(broker.metrics.publish_acks_total, mode, "timeout").inc()
+        raise BrokerError.of("replication_unavailable", "replication quorum unavailable", topic=replica.topic,
+                             partition=replica.partition, offset=end - 1, reason="replica timeout",
+                             outcome="unknown") from None
 
 
 async def _publish_batch(broker: Broker, req: Request, view: BatchView) -> Reply | NoReply | bytes:
