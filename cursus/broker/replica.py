@@ -75,6 +75,7 @@ class Replica:
         #: Set (and dropped) when the HWM moves; created only while a long poll waits for data.
         self._data_event: asyncio.Event | None = None
         self.on_hwm_change: Callable[[Replica], None] | None = None
+        self._progress_listeners: list[Callable[[Replica], None]] = []
 
     # ------------------------------------------------------------------------------------ properties
 
@@ -126,6 +127,7 @@ class Replica:
             self._replica_ends = {self.broker_id: self.durable_end_offset}
         self.isr = tuple(members)
         self._advance_to_isr_min()
+        self._notify_progress()
 
     def become_follower(self, leader_epoch: int, leader_id: str) -> None:
         """Follow ``leader_id`` in ``leader_epoch``. Client appends are refused from now on; acks still
@@ -145,6 +147,7 @@ class Replica:
         self._replica_ends = {}
         self._leader_hwm = self.hwm
         self._fail_waiters(self._not_leader())
+        self._notify_progress()
 
     # --------------------------------------------------------------------------------------- append
 
@@ -302,6 +305,7 @@ class Replica:
             self._inflight = {base: entry for base, entry in self._inflight.items() if entry[0] > durable_end_offset}
         if self.role is Role.LEADER:
             self.update_replica_end(self.broker_id, durable_end_offset)
+        self._notify_progress()
 
     def update_replica_end(self, replica_id: str, end_offset: int) -> None:
         """Record a replica's durable end (leader only); the HWM is the minimum over the ISR."""
@@ -336,6 +340,7 @@ class Replica:
         self._wake_readers()
         if self.on_hwm_change is not None:
             self.on_hwm_change(self)
+        self._notify_progress()
 
     def on_failure(self, error: BaseException) -> None:
         """A write or fsync failed: fence the partition and fail every waiter. Never retried."""
@@ -345,6 +350,7 @@ class Replica:
         if self.fenced is None:
             self.fenced = error
         self._fail_waiters(self._fenced_error())
+        self._notify_progress()
 
     def on_deleted(self) -> None:
         """The topic was deleted: refuse appends, fail waiters, wake long polls."""
@@ -353,6 +359,7 @@ class Replica:
             self.fenced = BrokerError.of("topic_not_found", topic=self.topic)
         self._fail_waiters(self._fenced_error())
         self._wake_readers()
+        self._notify_progress()
 
     def _wake_readers(self) -> None:
         event, self._data_event = self._data_event, None
@@ -372,6 +379,23 @@ class Replica:
             "storage_unavailable", topic=self.topic, partition=self.partition,
             reason="write or fsync failed; outcome of unacknowledged records is unknown",
         )
+
+    # --------------------------------------------------------------------------- progress listeners
+
+    def add_progress_listener(self, fn: Callable[[Replica], None]) -> None:
+        """Call ``fn(self)`` on the loop thread whenever the durable end offset, the HWM, the role or the
+        leader epoch changes (a leader's replication long poll, a follower waiting for its fsync). ``fn``
+        must be quick and must not raise."""
+        self._progress_listeners.append(fn)
+
+    def remove_progress_listener(self, fn: Callable[[Replica], None]) -> None:
+        """Stop calling ``fn`` (no-op when it is not registered)."""
+        with contextlib.suppress(ValueError):
+            self._progress_listeners.remove(fn)
+
+    def _notify_progress(self) -> None:
+        for fn in tuple(self._progress_listeners):
+            fn(self)
 
     # ---------------------------------------------------------------------------------------- reads
 

@@ -1,0 +1,1 @@
+"""The replication pipeline: followers pull stored chunks from partition leaders (issue 13)."""
