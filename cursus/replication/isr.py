@@ -15,6 +15,8 @@ Kafka's rules (``Replica.updateFetchState`` and ``Partition.getOutOfSyncReplicas
   the leader's epoch starts (members get that much grace after an election).
 * **expand**: a replica outside the ISR whose caught-up fetch is recent (within ``lag_max_ms``, in the
   current leader epoch) and whose fetch offset is at least the committed HWM.
+* "the leader's LEO" is what a follower can reach: the leader service passes its *durable* end offset
+  (only fsynced data is served), else a follower under constant traffic would never count as caught up;
 * the leader is never removed; a new leader epoch resets everything (progress seen under another leader
   says nothing about this one).
 """

@@ -255,7 +255,8 @@ class LeaderFetchService:
                                                requested=part.fetch_offset, earliest=replica.log_start_offset,
                                                latest=replica.leo))
         replica.update_replica_end(follower_id, part.fetch_offset)
-        self.tracker.on_fetch(slot.key, follower_id, part.fetch_offset, replica.leo, self._clock(),
+        # Only fsynced data is served, so "the leader's LEO" a follower can reach is its durable end.
+        self.tracker.on_fetch(slot.key, follower_id, part.fetch_offset, replica.durable_end_offset, self._clock(),
                               leader_epoch=replica.leader_epoch)
         return None
 

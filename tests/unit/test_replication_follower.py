@@ -4,6 +4,8 @@ divergence by epoch, stale views, refused appends, broken streams."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import time
 from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 
@@ -13,7 +15,8 @@ import pytest_asyncio
 from cursus.internal.v1 import replication_pb2 as pb
 from cursus.metadata.state import PartitionAssignment
 from cursus.replication.follower import FollowerObserver, ReplicaFetcherManager, last_fetched_epoch
-from cursus.replication.leader import LeaderFetchService
+from cursus.replication.isr import IsrTracker
+from cursus.replication.leader import LeaderFetchConfig, LeaderFetchService
 from cursus.wire.errors import TypedError
 from tests.unit.test_replication_support import (
     Clock,
@@ -72,7 +75,7 @@ def assign(metadata: Metadata, leader: str, epoch: int, replicas: tuple[str, ...
                                                     isr=isr if isr is not None else replicas)
 
 
-def start(nodes, follower, metadata: Metadata, clock: Clock, services: dict[str, LeaderFetchService],
+def start(nodes, follower, metadata: Metadata, clock: Callable[[], int], services: dict[str, LeaderFetchService],
           **kwargs) -> tuple[ReplicaFetcherManager, Transport]:
     transport = Transport(follower.broker_id, services)
     manager = make_manager(follower, metadata, clock, transport, **kwargs)
@@ -240,3 +243,43 @@ async def test_a_broken_stream_is_reopened_with_backoff(nodes) -> None:
     follower.become_leader(2, isr=("b",))
     manager.refresh()
     assert manager.sessions == {}
+
+
+@pytest.mark.asyncio
+async def test_under_live_traffic_the_follower_stays_in_sync_and_is_shrunk_when_it_stops(nodes) -> None:
+    """Real clocks: the ISR check runs every 50 ms with a 1 s lag bound while a producer appends; the
+    follower dies (shrunk by lag), comes back and catches up (expanded)."""
+    def clock() -> int:
+        return time.monotonic_ns() // 1_000_000
+
+    a, b, metadata = nodes("a"), nodes("b"), Metadata()
+    leader, follower = a.open(), b.open()
+    leader.become_leader(1, isr=("a", "b"))
+    follower.become_follower(1, "a")
+    assign(metadata, "a", 1)
+    service = LeaderFetchService(lambda: a.replicas, metadata.lookup, IsrTracker("a"),
+                                 LeaderFetchConfig(lag_time_max_ms=1000, isr_check_interval_ms=50), clock,
+                                 metadata.submit)
+    upkeep = asyncio.ensure_future(service.maintain_forever())
+    try:
+        manager, _ = start(nodes, b, metadata, clock, {"a": service})
+        loop = asyncio.get_running_loop()
+        stop_at = loop.time() + 1.5
+        while loop.time() < stop_at:
+            leader.append(b"\x00\x00\x00\x03abc", 1)
+            await asyncio.sleep(0.002)
+        await until(lambda: follower.durable_end_offset == leader.leo)
+        assert metadata.submitted == [] and metadata.assignments[KEY].isr == ("a", "b")
+        await manager.close()  # the follower dies
+        await until(lambda: metadata.assignments[KEY].isr == ("a",), timeout_s=5.0)
+        (shrink,) = metadata.submitted
+        assert shrink.isr == ("a",) and shrink.leader_epoch == 1
+        # It comes back, catches up under the current leader epoch, and is expanded into the ISR again.
+        leader.append(b"\x00\x00\x00\x03xyz", 1)
+        start(nodes, b, metadata, clock, {"a": service})
+        await until(lambda: metadata.assignments[KEY].isr == ("a", "b"), timeout_s=5.0)
+        assert follower.durable_end_offset == leader.leo and metadata.submitted[-1].isr == ("a", "b")
+    finally:
+        upkeep.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await upkeep

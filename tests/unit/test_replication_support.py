@@ -122,7 +122,7 @@ def stored_chunks(replica: Replica, start: int = 0) -> list[bytes]:
     return [bytes(chunk) for _, chunk in replica.log.iter_stored_chunks(start)]
 
 
-def make_service(node: Node, metadata: Metadata, clock: Clock, config: LeaderFetchConfig | None = None,
+def make_service(node: Node, metadata: Metadata, clock: Callable[[], int], config: LeaderFetchConfig | None = None,
                  run_blocking: RunBlocking = run_inline) -> LeaderFetchService:
     return LeaderFetchService(lambda: node.replicas, metadata.lookup, IsrTracker(node.broker_id),
                               config or LeaderFetchConfig(), clock, metadata.submit, run_blocking=run_blocking)
@@ -165,7 +165,7 @@ class InProcessStream:
         self._task.cancel()
 
 
-def make_manager(node: Node, metadata: Metadata, clock: Clock, open_stream: Callable[[str], Any],
+def make_manager(node: Node, metadata: Metadata, clock: Callable[[], int], open_stream: Callable[[str], Any],
                  config: FetcherConfig | None = None, **kwargs: Any) -> ReplicaFetcherManager:
     return ReplicaFetcherManager(node.broker_id, lambda: node.replicas, lambda broker: f"{broker}:1", open_stream,
                                  config or FetcherConfig(max_wait_ms=200, backoff_ms=20, reconnect_backoff_ms=10),
