@@ -61,7 +61,8 @@ def split_chunks(data: bytes | bytearray | memoryview) -> list[bytes]:
             raise ValueError(f"no valid chunk header at byte {position}")
         end = position + header.size_bytes
         if end > len(view):
-            raise ValueError(f"chunk at byte {position} needs {header.size_bytes} bytes, {len(view) - position} left")
+            raise ValueError(f"chunk at byte {position} is cut short: it needs {header.size_bytes} bytes, "
+                             f"{len(view) - position} left")
         chunks.append(bytes(view[position:end]))
         position = end
     return chunks
