@@ -1,2 +1,2 @@
-"""The replication pipeline: committed HWM (:mod:`cursus.replication.hwm`), follower fetching and the
-leader's fetch service."""
+"""The replication pipeline: followers pull stored chunks from partition leaders (:mod:`.follower`,
+:mod:`.leader`, :mod:`.isr`), and committed HWMs go through the metadata log (:mod:`.hwm`)."""

@@ -1,0 +1,285 @@
+"""ReplicaFetcherManager against a real LeaderFetchService (in-process transport) on real logs: catch up,
+divergence by epoch, stale views, refused appends, broken streams."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+from collections.abc import AsyncIterator, Callable
+from pathlib import Path
+
+import pytest
+import pytest_asyncio
+
+from cursus.internal.v1 import replication_pb2 as pb
+from cursus.metadata.state import PartitionAssignment
+from cursus.replication.follower import FollowerObserver, ReplicaFetcherManager, last_fetched_epoch
+from cursus.replication.isr import IsrTracker
+from cursus.replication.leader import LeaderFetchConfig, LeaderFetchService
+from cursus.wire.errors import TypedError
+from tests.unit.test_replication_support import (
+    Clock,
+    InProcessStream,
+    Metadata,
+    Node,
+    make_manager,
+    make_service,
+    publish,
+    stored_chunks,
+    until,
+)
+
+KEY = ("t", 0)
+
+
+@pytest_asyncio.fixture
+async def nodes(tmp_path: Path) -> AsyncIterator[Callable[[str], Node]]:
+    made: list[Node] = []
+    managers: list[ReplicaFetcherManager] = []
+
+    def make(broker_id: str) -> Node:
+        made.append(Node(tmp_path / broker_id, broker_id))
+        return made[-1]
+
+    make.managers = managers  # type: ignore[attr-defined]
+    yield make
+    for manager in managers:
+        await manager.close()
+    for node in made:
+        await node.close()
+
+
+class Transport:
+    """``open_stream`` for a follower: streams into the leader brokers' services, by address."""
+
+    def __init__(self, follower_id: str, services: dict[str, LeaderFetchService]) -> None:
+        self.follower_id = follower_id
+        self.services = services
+        self.opened: list[InProcessStream] = []
+        self.fail_opens = 0
+        self.tamper: Callable[[pb.FetchResponse], pb.FetchResponse] | None = None
+
+    def __call__(self, address: str) -> InProcessStream:
+        if self.fail_opens:
+            self.fail_opens -= 1
+            raise ConnectionRefusedError(address)
+        stream = InProcessStream(self.services[address.split(":")[0]], self.follower_id, self.tamper)
+        self.opened.append(stream)
+        return stream
+
+
+def assign(metadata: Metadata, leader: str, epoch: int, replicas: tuple[str, ...] = ("a", "b"),
+           isr: tuple[str, ...] | None = None) -> None:
+    metadata.assignments[KEY] = PartitionAssignment(replicas=replicas, leader=leader, leader_epoch=epoch,
+                                                    isr=isr if isr is not None else replicas)
+
+
+def start(nodes, follower, metadata: Metadata, clock: Callable[[], int], services: dict[str, LeaderFetchService],
+          **kwargs) -> tuple[ReplicaFetcherManager, Transport]:
+    transport = Transport(follower.broker_id, services)
+    manager = make_manager(follower, metadata, clock, transport, **kwargs)
+    nodes.managers.append(manager)
+    manager.refresh()
+    return manager, transport
+
+
+@pytest.mark.asyncio
+async def test_a_follower_catches_up_from_empty_byte_identical_and_learns_the_hwm(nodes) -> None:
+    a, b, metadata, clock = nodes("a"), nodes("b"), Metadata(), Clock()
+    assign(metadata, "a", 1)
+    leader, follower = a.open(), b.open()
+    leader.become_leader(1, isr=("a", "b"))
+    follower.become_follower(1, "a")
+    for count in (3, 1, 7, 2):
+        leader.append(b"".join(b"\x00\x00\x00\x02ab" for _ in range(count)), count)
+    await until(lambda: leader.durable_end_offset == 13)
+    assert leader.hwm == 0  # the follower has nothing yet
+    manager, transport = start(nodes, b, metadata, clock, {"a": make_service(a, metadata, clock)})
+    await until(lambda: follower.durable_end_offset == 13 and leader.hwm == 13 and follower.hwm == 13)
+    assert stored_chunks(follower) == stored_chunks(leader) and follower.log.leader_epochs == [(1, 0)]
+    # Live traffic keeps flowing through the long poll.
+    await publish(leader, 4, tag="live")
+    await until(lambda: follower.durable_end_offset == 17 and follower.hwm == 17)
+    assert stored_chunks(follower) == stored_chunks(leader)
+    assert list(manager.sessions) == ["a"] and len(transport.opened) == 1
+    # Every request after the first came from the durable LEO, with the epoch of the last chunk below it.
+    last = transport.opened[0].requests_seen[-1].partitions[0]
+    assert last.fetch_offset == follower.durable_end_offset and last.last_fetched_epoch == 1
+
+
+@pytest.mark.parametrize("scenario", ["old_leader_tail", "unknown_epoch"])
+@pytest.mark.asyncio
+async def test_a_divergent_tail_is_truncated_by_epoch_and_the_follower_converges(nodes, scenario) -> None:
+    a, b, metadata, clock = nodes("a"), nodes("b"), Metadata(), Clock()
+    new, old = a.open(), b.open()
+    # Epoch 1: b leads and both hold offsets [0, 6).
+    old.become_leader(1, isr=("b", "a"))
+    new.become_follower(1, "b")
+    await publish(old, 6)
+    for chunk in stored_chunks(old):
+        new.append_replicated(chunk, 1)
+    await until(lambda: new.durable_end_offset == 6)
+    if scenario == "unknown_epoch":
+        old.become_leader(3, isr=("b", "a"))  # b led epoch 3 alone; a never saw it
+    await publish(old, 4, tag="lost")        # never replicated, never committed
+    # a takes over and writes its own tail; b follows it now.
+    new.become_leader(4 if scenario == "unknown_epoch" else 2, isr=("a", "b"))
+    epoch = new.leader_epoch
+    await publish(new, 3, tag="new")
+    old.become_follower(epoch, "a")
+    assign(metadata, "a", epoch)
+    start(nodes, b, metadata, clock, {"a": make_service(a, metadata, clock)})
+    await until(lambda: old.durable_end_offset == new.leo and stored_chunks(old) == stored_chunks(new))
+    assert old.log.leader_epochs == new.log.leader_epochs == [(1, 0), (epoch, 6)]
+    assert last_fetched_epoch(old, old.leo) == epoch
+
+
+@pytest.mark.asyncio
+async def test_stale_views_back_off_and_proceed_once_metadata_catches_up(nodes) -> None:
+    a, b, metadata, clock = nodes("a"), nodes("b"), Metadata(), Clock()
+    leader, follower = a.open(), b.open()
+    leader.become_leader(2, isr=("a", "b"))
+    assign(metadata, "a", 2)
+    await publish(leader, 5)
+    follower.become_follower(1, "a")  # b has not applied epoch 2 yet
+    manager, transport = start(nodes, b, metadata, clock, {"a": make_service(a, metadata, clock)})
+    await until(lambda: bool(transport.opened) and len(transport.opened[0].requests_seen) >= 1)
+    session = manager.sessions["a"]
+    await until(lambda: KEY in session.backoff_until)
+    assert follower.leo == 0
+    # A few backoffs later it is still refused (the clock has not moved: it waits, it does not spin).
+    await asyncio.sleep(0.1)
+    assert len(transport.opened[0].requests_seen) == 1
+    follower.become_follower(2, "a")
+    clock.now_ms += 1_000
+    manager.refresh()
+    await until(lambda: follower.durable_end_offset == 5)
+    # The other direction: the leader has not applied its deposition (the follower is ahead).
+    follower.become_follower(3, "a")
+    clock.now_ms += 1_000
+    manager.refresh()
+    await until(lambda: session.backoff_until.get(KEY, 0) > clock.now_ms)
+    answers = [r for s in transport.opened for r in s.requests_seen if r.partitions[0].leader_epoch == 3]
+    assert answers  # it asked with epoch 3 and was fenced (PARTITION_LEADER_FENCED), not served
+
+
+class Recorder(FollowerObserver):
+    def __init__(self) -> None:
+        self.refused: list[tuple[tuple[str, int], TypedError]] = []
+        self.broken: list[BaseException] = []
+
+    def append_refused(self, key: tuple[str, int], error: TypedError) -> None:
+        self.refused.append((key, error))
+
+    def stream_broken(self, leader_id: str, error: BaseException) -> None:
+        self.broken.append(error)
+
+
+@pytest.mark.asyncio
+async def test_a_refused_append_stops_the_partition_until_a_new_leader_epoch(nodes) -> None:
+    a, b, metadata, clock = nodes("a"), nodes("b"), Metadata(), Clock()
+    leader, follower = a.open(), b.open()
+    leader.become_leader(1, isr=("a", "b"))
+    follower.become_follower(1, "a")
+    assign(metadata, "a", 1)
+    await publish(leader, 3)
+    recorder = Recorder()
+    transport = Transport("b", {"a": make_service(a, metadata, clock)})
+
+    def corrupt(response: pb.FetchResponse) -> pb.FetchResponse:
+        for data in response.partitions:
+            if data.chunks:
+                flipped = bytearray(data.chunks)
+                flipped[-1] ^= 0xFF
+                data.chunks = bytes(flipped)
+        return response
+
+    transport.tamper = corrupt
+    manager = make_manager(b, metadata, clock, transport, observer=recorder)
+    nodes.managers.append(manager)
+    manager.refresh()
+    await until(lambda: bool(recorder.refused))
+    (key, error), = recorder.refused
+    assert key == KEY and error.code == "corrupt_log_data" and follower.leo == 0
+    session = manager.sessions["a"]
+    assert session.stopped == {KEY: 1}
+    requests = len(transport.opened[0].requests_seen)
+    await asyncio.sleep(0.1)
+    assert len(transport.opened[0].requests_seen) == requests  # nothing fetched for it meanwhile
+    # A new leader epoch lifts the quarantine.
+    transport.tamper = None
+    leader.become_leader(2, isr=("a", "b"))
+    metadata.assignments[KEY] = PartitionAssignment(("a", "b"), "a", 2, ("a", "b"))
+    follower.become_follower(2, "a")
+    manager.refresh()
+    # The stream tampers still (it was opened with it); reopen by breaking it.
+    transport.opened[0].cancel()
+    await until(lambda: follower.durable_end_offset == 3)
+    assert stored_chunks(follower) == stored_chunks(leader)
+
+
+@pytest.mark.asyncio
+async def test_a_broken_stream_is_reopened_with_backoff(nodes) -> None:
+    a, b, metadata, clock = nodes("a"), nodes("b"), Metadata(), Clock()
+    leader, follower = a.open(), b.open()
+    leader.become_leader(1, isr=("a", "b"))
+    follower.become_follower(1, "a")
+    assign(metadata, "a", 1)
+    await publish(leader, 2)
+    recorder = Recorder()
+    transport = Transport("b", {"a": make_service(a, metadata, clock)})
+    transport.fail_opens = 2
+    manager = make_manager(b, metadata, clock, transport, observer=recorder)
+    nodes.managers.append(manager)
+    manager.refresh()
+    await until(lambda: follower.durable_end_offset == 2)
+    assert len(recorder.broken) == 2
+    transport.opened[0].cancel()  # the leader side ends the stream
+    await publish(leader, 3)
+    await until(lambda: follower.durable_end_offset == 5)
+    assert len(transport.opened) == 2 and len(recorder.broken) == 3
+    # Leadership moves to this broker: the session ends.
+    follower.become_leader(2, isr=("b",))
+    manager.refresh()
+    assert manager.sessions == {}
+
+
+@pytest.mark.asyncio
+async def test_under_live_traffic_the_follower_stays_in_sync_and_is_shrunk_when_it_stops(nodes) -> None:
+    """Real clocks: the ISR check runs every 50 ms with a 1 s lag bound while a producer appends; the
+    follower dies (shrunk by lag), comes back and catches up (expanded)."""
+    def clock() -> int:
+        return time.monotonic_ns() // 1_000_000
+
+    a, b, metadata = nodes("a"), nodes("b"), Metadata()
+    leader, follower = a.open(), b.open()
+    leader.become_leader(1, isr=("a", "b"))
+    follower.become_follower(1, "a")
+    assign(metadata, "a", 1)
+    service = LeaderFetchService(lambda: a.replicas, metadata.lookup, IsrTracker("a"),
+                                 LeaderFetchConfig(lag_time_max_ms=1000, isr_check_interval_ms=50), clock,
+                                 metadata.submit)
+    upkeep = asyncio.ensure_future(service.maintain_forever())
+    try:
+        manager, _ = start(nodes, b, metadata, clock, {"a": service})
+        loop = asyncio.get_running_loop()
+        stop_at = loop.time() + 1.5
+        while loop.time() < stop_at:
+            leader.append(b"\x00\x00\x00\x03abc", 1)
+            await asyncio.sleep(0.002)
+        await until(lambda: follower.durable_end_offset == leader.leo)
+        assert metadata.submitted == [] and metadata.assignments[KEY].isr == ("a", "b")
+        await manager.close()  # the follower dies
+        await until(lambda: metadata.assignments[KEY].isr == ("a",), timeout_s=5.0)
+        (shrink,) = metadata.submitted
+        assert shrink.isr == ("a",) and shrink.leader_epoch == 1
+        # It comes back, catches up under the current leader epoch, and is expanded into the ISR again.
+        leader.append(b"\x00\x00\x00\x03xyz", 1)
+        start(nodes, b, metadata, clock, {"a": service})
+        await until(lambda: metadata.assignments[KEY].isr == ("a", "b"), timeout_s=5.0)
+        assert follower.durable_end_offset == leader.leo and metadata.submitted[-1].isr == ("a", "b")
+    finally:
+        upkeep.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await upkeep
