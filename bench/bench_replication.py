@@ -151,7 +151,7 @@ def _failover(cluster) -> dict:
         with Connection(*cluster.brokers[0].address, timeout_s=30) as conn:
             assert conn.command(f"CREATE topic={topic} partitions=3 replication_factor=3").status == Status.OK
         raft_leader = _status(cluster.brokers[0])["raft_leader"]
-        rows = [_wait(lambda p=p: (r := _row(cluster.brokers[0], topic, p)) and len(r["isr"]) == 3 and r, 30, "isr")
+        rows = [_wait(lambda p=p, t=topic: (r := _row(cluster.brokers[0], t, p)) and len(r["isr"]) == 3 and r, 30, "isr")
                 for p in range(3)]
         partition, row = next((p, r) for p, r in enumerate(rows) if r["leader"] != raft_leader)
         victim = cluster.by_id(row["leader"])
@@ -173,7 +173,7 @@ def _failover(cluster) -> dict:
             time.sleep(0.002)
         times.append(time.perf_counter() - killed)
         victim.start(timeout_s=60)
-        _wait(lambda: _status(others[0])["inactive_brokers"] == 0, 30, "victim back")
+        _wait(lambda o=others[0]: _status(o)["inactive_brokers"] == 0, 30, "victim back")
     return {"bench": "replication_failover", "runs": FAILOVERS, "median_s": round(statistics.median(times), 3),
             "max_s": round(max(times), 3), "all_s": [round(t, 3) for t in times],
             "broker_session_timeout_ms": TIMERS["broker_session_timeout_ms"]}

@@ -39,6 +39,7 @@ from cursus.metadata.commands import AlterTopicConfig, Command, CreateTopic, Del
 from cursus.metadata.state import BrokerInfo, MetadataState, PartitionAssignment
 from cursus.metadata.topics import TopicDefinition, TopicSpec, is_internal_topic
 from cursus.replication.hwm import HwmCommitter, LocalHwmCommitter
+from cursus.replication.node import ReplicationNode, internal_address
 from cursus.storage import (
     Completion,
     GroupCommitWriter,
@@ -167,6 +168,10 @@ class Broker:
         self.stall_probe = StallProbe(config.loop_probe_interval_ms / 1000.0, metrics.loop_max_stall,
                                       metrics.loop_stall)
         self.stall_probe.start()
+        #: The replication pipeline (cluster only: a one-member ISR needs no fetches).
+        self.replication: ReplicationNode | None = self._replication()
+        if self.replication is not None:
+            self.metadata.subscribe(self.replication.on_metadata)
 
     def _holds_partition_data(self) -> bool:
         """Does the log dir already hold partition folders (then its Raft state must exist too)?"""
@@ -179,7 +184,7 @@ class Broker:
             return StandaloneMetadata(self.log_dir.path, self.run_blocking,
                                       BrokerInfo(self.broker_id, self.leader_address()))
         members = cluster_members(config)
-        local = BrokerInfo(self.broker_id, self.leader_address(), members.get(self.broker_id, ""))
+        local = BrokerInfo(self.broker_id, self.leader_address(), internal_address(self))
         raft = RaftConfig(
             node_id=self.broker_id, members=members, data_dir=self.log_dir.path / "raft",
             tls=TLSFiles(Path(config.internal_tls_cert_path), Path(config.internal_tls_key_path),
@@ -199,6 +204,11 @@ class Broker:
                                session_timeout=config.broker_session_timeout_ms / 1000.0)
         backend.on_commit_latency = self.metrics.metadata_commit_seconds.observe
         return backend
+
+    def _replication(self) -> ReplicationNode | None:
+        if not self.config.enabled_distribution:
+            return None
+        return ReplicationNode(self, lambda: set(cluster_members(self.config)))
 
     # -------------------------------------------------------------------------------------- lifecycle
 
@@ -226,8 +236,12 @@ class Broker:
             broker.writer.start()
             await broker.metadata.start()
             count = await broker.reconciler.start(broker.metadata.state)
+            if broker.replication is not None:
+                await broker.replication.start()
             await broker._open_coordinator()
         except BaseException:
+            if broker.replication is not None:
+                await broker.replication.close()
             await broker.metadata.stop()
             log_dir.close()
             raise
@@ -305,6 +319,8 @@ class Broker:
         self.producers[(topic, partition)] = producers
         self.metrics.observe_replica(replica)
         self.metrics.partitions.set(len(self.replicas))
+        if self.replication is not None:  # a new follower starts fetching at once
+            self.replication.fetchers.schedule_refresh()
 
     def _take_role(self, replica: Replica, assignment: PartitionAssignment) -> None:
         """Lead or follow as ``assignment`` says (a leaderless partition keeps its current role). In a
@@ -403,6 +419,8 @@ class Broker:
         """Drain the writer (every pending append fsynced), checkpoint and close every log."""
         self.begin_shutdown()
         await self.stall_probe.stop()
+        if self.replication is not None:  # no fetch is served or sent from here on
+            await self.replication.close()
         await self.loop.run_in_executor(None, self.offload.close)  # no read in flight when the logs close
         for task in list(self._group_tasks):
             task.cancel()

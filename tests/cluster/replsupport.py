@@ -66,7 +66,7 @@ class Ack:
     last_offset: int
 
 
-@dataclass
+@dataclass(eq=False)
 class AcksAllWriter(threading.Thread):
     """One idempotent producer (raw Wire v2, acks=all) writing batches of ``batch`` records to one partition.
     A batch whose outcome is unknown (error, timeout, dead connection) is retried with the same sequence
