@@ -172,6 +172,7 @@ class Broker:
         self.replication: ReplicationNode | None = self._replication()
         if self.replication is not None:
             self.metadata.subscribe(self.replication.on_metadata)
+            self.metadata.subscribe(self._coordinator_follows_offsets)
 
     def _holds_partition_data(self) -> bool:
         """Does the log dir already hold partition folders (then its Raft state must exist too)?"""
@@ -260,11 +261,37 @@ class Broker:
         try:
             await self.coordinator.open()
         except BrokerError as exc:
-            if exc.error.code not in ("NOT_LEADER", "leader_not_available"):
+            if exc.error.code not in ("NOT_LEADER", "leader_not_available", "coordinator_not_available"):
                 raise
             self._coordinator_elsewhere = True
             self.not_ready_reasons.pop("coordinator", None)
-            log.info("group coordinator is elsewhere: %s", exc.error.code)
+            log.info("group coordinator is elsewhere: %s %s", exc.error.code, exc.error.fields.get("reason", ""))
+
+    def _coordinator_follows_offsets(self, old: MetadataState, new: MetadataState) -> None:
+        """Metadata listener (cluster): the coordinator moves with the leader of ``__consumer_offsets-0``.
+        Losing it resigns the local coordinator (its groups are forgotten); gaining it, or the topic still
+        missing once enough brokers are active, opens it (replaying the replicated log)."""
+        key = (OFFSETS_TOPIC, 0)
+        before, after = old.assignments.get(key), new.assignments.get(key)
+        if before is after and after is not None:
+            return
+        was_here = before is not None and before.leader == self.broker_id
+        here = after is not None and after.leader == self.broker_id
+        if was_here and not here and not self._coordinator_elsewhere:
+            self._coordinator_elsewhere = True
+            self._spawn_group_task(self.coordinator.resign("this broker no longer leads __consumer_offsets-0"))
+        elif self._coordinator_elsewhere and (here or after is None):
+            self._spawn_group_task(self._reopen_coordinator())
+
+    async def _reopen_coordinator(self) -> None:
+        async with self._coordinator_opening:
+            if self._coordinator_elsewhere and self.coordinator_id() == self.broker_id:
+                await self._open_coordinator()
+
+    def _spawn_group_task(self, coro: Any) -> None:
+        task = asyncio.ensure_future(coro)
+        self._group_tasks.add(task)
+        task.add_done_callback(self._group_task_done)
 
     def coordinator_id(self) -> str | None:
         """The broker that coordinates consumer groups: the leader of ``__consumer_offsets`` partition 0."""
@@ -364,9 +391,7 @@ class Broker:
         for name, defn in new.topics.items():
             before = old.topics.get(name)
             if before is None or before.partitions != defn.partitions:
-                task = asyncio.ensure_future(self._topic_changed(defn))
-                self._group_tasks.add(task)
-                task.add_done_callback(self._group_task_done)
+                self._spawn_group_task(self._topic_changed(defn))
 
     def _group_task_done(self, task: asyncio.Task[None]) -> None:
         self._group_tasks.discard(task)
