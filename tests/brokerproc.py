@@ -85,6 +85,16 @@ class BrokerProcess:
             self.proc.send_signal(signal.SIGKILL)
             self.proc.wait(timeout=30)
 
+    def pause(self) -> None:
+        """SIGSTOP: the process keeps its sockets but does nothing (a GC pause, a stuck VM)."""
+        assert self.proc is not None and self.proc.poll() is None
+        self.proc.send_signal(signal.SIGSTOP)
+
+    def resume(self) -> None:
+        """SIGCONT after :meth:`pause`."""
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGCONT)
+
     def terminate(self, timeout_s: float = 30.0) -> int:
         """SIGTERM and wait for the clean shutdown to finish."""
         assert self.proc is not None
@@ -110,6 +120,7 @@ class BrokerProcess:
 
     def stop(self) -> None:
         if self.proc is not None and self.proc.poll() is None:
+            self.resume()  # a paused broker cannot handle SIGTERM
             try:
                 self.terminate(timeout_s=15)
             except subprocess.TimeoutExpired:

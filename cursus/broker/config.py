@@ -179,6 +179,7 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("replica_fetch_max_bytes", _I, 1 * MIB, "bytes", "Bytes a leader serves per partition in one replica fetch (the first chunk may exceed it, so progress is always possible).", 1),
     Setting("replica_fetch_response_max_bytes", _I, 8 * MIB, "bytes", "Bytes a leader serves in one replica fetch response over all partitions.", 1),
     Setting("replica_fetch_wait_max_ms", _I, 500, "ms", "How long a leader holds a replica fetch that has nothing new (long poll).", 0),
+    Setting("replica_isr_check_interval_ms", _I, 1000, "ms", "How often a partition leader checks its followers' lag and proposes ISR shrinks and expansions.", 10),
     Setting("replica_fetch_backoff_ms", _I, 100, "ms", "Wait after a failed replica fetch or a failed committed-HWM submit before retrying.", 1),
     Setting("replica_ack_timeout_ms", _I, 10_000, "ms", "How long an acks=all PUBLISH waits for the captured ISR and the committed HWM; then it answers replication_unavailable outcome=unknown (retryable: idempotent retries deduplicate).", 1),
     Setting("loop_probe_interval_ms", _I, 100, "ms", "How often the stall probe checks the event loop's lateness (cursus_event_loop_max_stall_seconds).", 1),
@@ -318,6 +319,9 @@ def _check_distribution(values: Mapping[str, Any]) -> None:
     for key in ("internal_tls_cert_path", "internal_tls_key_path", "internal_tls_ca_path"):
         if not values[key]:
             raise ConfigError(f"{key} is required in distributed mode: the Raft transport is always mutual TLS")
+    if not values["internal_broker_port"]:
+        raise ConfigError("internal_broker_port is required in distributed mode: followers fetch records "
+                          "from partition leaders over it")
     if not values["static_cluster_members"]:
         raise ConfigError("static_cluster_members is required in distributed mode")
     if not values["raft_election_timeout_min_ms"] > 3 * values["raft_heartbeat_ms"]:

@@ -39,6 +39,7 @@ from cursus.metadata.commands import AlterTopicConfig, Command, CreateTopic, Del
 from cursus.metadata.state import BrokerInfo, MetadataState, PartitionAssignment
 from cursus.metadata.topics import TopicDefinition, TopicSpec, is_internal_topic
 from cursus.replication.hwm import HwmCommitter, LocalHwmCommitter
+from cursus.replication.node import ReplicationNode, internal_address
 from cursus.storage import (
     Completion,
     GroupCommitWriter,
@@ -167,6 +168,11 @@ class Broker:
         self.stall_probe = StallProbe(config.loop_probe_interval_ms / 1000.0, metrics.loop_max_stall,
                                       metrics.loop_stall)
         self.stall_probe.start()
+        #: The replication pipeline (cluster only: a one-member ISR needs no fetches).
+        self.replication: ReplicationNode | None = self._replication()
+        if self.replication is not None:
+            self.metadata.subscribe(self.replication.on_metadata)
+            self.metadata.subscribe(self._coordinator_follows_offsets)
 
     def _holds_partition_data(self) -> bool:
         """Does the log dir already hold partition folders (then its Raft state must exist too)?"""
@@ -179,7 +185,7 @@ class Broker:
             return StandaloneMetadata(self.log_dir.path, self.run_blocking,
                                       BrokerInfo(self.broker_id, self.leader_address()))
         members = cluster_members(config)
-        local = BrokerInfo(self.broker_id, self.leader_address(), members.get(self.broker_id, ""))
+        local = BrokerInfo(self.broker_id, self.leader_address(), internal_address(self))
         raft = RaftConfig(
             node_id=self.broker_id, members=members, data_dir=self.log_dir.path / "raft",
             tls=TLSFiles(Path(config.internal_tls_cert_path), Path(config.internal_tls_key_path),
@@ -199,6 +205,11 @@ class Broker:
                                session_timeout=config.broker_session_timeout_ms / 1000.0)
         backend.on_commit_latency = self.metrics.metadata_commit_seconds.observe
         return backend
+
+    def _replication(self) -> ReplicationNode | None:
+        if not self.config.enabled_distribution:
+            return None
+        return ReplicationNode(self, lambda: set(cluster_members(self.config)))
 
     # -------------------------------------------------------------------------------------- lifecycle
 
@@ -226,8 +237,12 @@ class Broker:
             broker.writer.start()
             await broker.metadata.start()
             count = await broker.reconciler.start(broker.metadata.state)
+            if broker.replication is not None:
+                await broker.replication.start()
             await broker._open_coordinator()
         except BaseException:
+            if broker.replication is not None:
+                await broker.replication.close()
             await broker.metadata.stop()
             log_dir.close()
             raise
@@ -246,11 +261,37 @@ class Broker:
         try:
             await self.coordinator.open()
         except BrokerError as exc:
-            if exc.error.code not in ("NOT_LEADER", "leader_not_available"):
+            if exc.error.code not in ("NOT_LEADER", "leader_not_available", "coordinator_not_available"):
                 raise
             self._coordinator_elsewhere = True
             self.not_ready_reasons.pop("coordinator", None)
-            log.info("group coordinator is elsewhere: %s", exc.error.code)
+            log.info("group coordinator is elsewhere: %s %s", exc.error.code, exc.error.fields.get("reason", ""))
+
+    def _coordinator_follows_offsets(self, old: MetadataState, new: MetadataState) -> None:
+        """Metadata listener (cluster): the coordinator moves with the leader of ``__consumer_offsets-0``.
+        Losing it resigns the local coordinator (its groups are forgotten); gaining it, or the topic still
+        missing once enough brokers are active, opens it (replaying the replicated log)."""
+        key = (OFFSETS_TOPIC, 0)
+        before, after = old.assignments.get(key), new.assignments.get(key)
+        if before is after and after is not None:
+            return
+        was_here = before is not None and before.leader == self.broker_id
+        here = after is not None and after.leader == self.broker_id
+        if was_here and not here and not self._coordinator_elsewhere:
+            self._coordinator_elsewhere = True
+            self._spawn_group_task(self.coordinator.resign("this broker no longer leads __consumer_offsets-0"))
+        elif self._coordinator_elsewhere and (here or after is None):
+            self._spawn_group_task(self._reopen_coordinator())
+
+    async def _reopen_coordinator(self) -> None:
+        async with self._coordinator_opening:
+            if self._coordinator_elsewhere and self.coordinator_id() == self.broker_id:
+                await self._open_coordinator()
+
+    def _spawn_group_task(self, coro: Any) -> None:
+        task = asyncio.ensure_future(coro)
+        self._group_tasks.add(task)
+        task.add_done_callback(self._group_task_done)
 
     def coordinator_id(self) -> str | None:
         """The broker that coordinates consumer groups: the leader of ``__consumer_offsets`` partition 0."""
@@ -305,6 +346,8 @@ class Broker:
         self.producers[(topic, partition)] = producers
         self.metrics.observe_replica(replica)
         self.metrics.partitions.set(len(self.replicas))
+        if self.replication is not None:  # a new follower starts fetching at once
+            self.replication.fetchers.schedule_refresh()
 
     def _take_role(self, replica: Replica, assignment: PartitionAssignment) -> None:
         """Lead or follow as ``assignment`` says (a leaderless partition keeps its current role). In a
@@ -348,9 +391,7 @@ class Broker:
         for name, defn in new.topics.items():
             before = old.topics.get(name)
             if before is None or before.partitions != defn.partitions:
-                task = asyncio.ensure_future(self._topic_changed(defn))
-                self._group_tasks.add(task)
-                task.add_done_callback(self._group_task_done)
+                self._spawn_group_task(self._topic_changed(defn))
 
     def _group_task_done(self, task: asyncio.Task[None]) -> None:
         self._group_tasks.discard(task)
@@ -403,6 +444,8 @@ class Broker:
         """Drain the writer (every pending append fsynced), checkpoint and close every log."""
         self.begin_shutdown()
         await self.stall_probe.stop()
+        if self.replication is not None:  # no fetch is served or sent from here on
+            await self.replication.close()
         await self.loop.run_in_executor(None, self.offload.close)  # no read in flight when the logs close
         for task in list(self._group_tasks):
             task.cancel()

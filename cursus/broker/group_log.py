@@ -31,6 +31,7 @@ from cursus.coordinator.offsets import (
 from cursus.coordinator.ports import PartitionOffsets
 from cursus.metadata.topics import TopicDefinition, TopicPolicy
 from cursus.wire import Record, decode_record, encode_record, iter_record_slices
+from cursus.wire.errors import BrokerError
 
 if TYPE_CHECKING:
     from cursus.broker.core import Broker
@@ -231,12 +232,29 @@ async def open_offsets_log(broker: Broker) -> OffsetsTopicLog:
     defn = broker.metadata.get(OFFSETS_TOPIC)
     if defn is None:
         defn = TopicDefinition(OFFSETS_TOPIC, broker.config.offsets_topic_num_partitions,
+                               replication_factor=offsets_replication_factor(broker),
                                policy=TopicPolicy(cleanup_policy="compact"))
+        active = len(broker.metadata.state.active_brokers())
+        if active < defn.replication_factor:  # never place it on fewer brokers than it needs for good
+            raise BrokerError.of("coordinator_not_available", topic=OFFSETS_TOPIC,
+                                 reason=f"{defn.replication_factor} active brokers are needed, {active} are")
         await broker.apply_definition(defn)
     replicas = [broker.replica(OFFSETS_TOPIC, p) for p in range(defn.partitions)]
+    for replica in replicas:  # a new leader exposes its committed HWM only once it has prepared
+        await replica.wait_writable()
     return OffsetsTopicLog(replicas, broker.run_blocking,
                            compaction_min_records=broker.config.offsets_compaction_min_records,
                            wall_ms=broker.clock.wall_ms)
+
+
+def offsets_replication_factor(broker: Broker) -> int:
+    """Replicas of ``__consumer_offsets``: 1 standalone; in a cluster ``default_replication_factor`` capped
+    by the members (the topic is created only once that many brokers are active)."""
+    if not broker.metadata.state.cluster:
+        return 1
+    from cursus.broker.core import cluster_members
+
+    return max(1, min(broker.config.default_replication_factor, len(cluster_members(broker.config))))
 
 
 def partition_offsets(broker: Broker, topic: str, partition: int) -> PartitionOffsets | None:

@@ -59,6 +59,27 @@ class BrokerMetrics:
         self.metadata_commit_seconds = Histogram(
             "cursus_cluster_metadata_commit_seconds", "Metadata command submit-to-applied latency through Raft.",
             registry=r, buckets=(0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5))
+        self.replication_bytes = Counter(
+            "cursus_cluster_replication_fetch_bytes_total",
+            "Chunk bytes of replica fetches: out (served as leader) and in (appended as follower).",
+            ["direction"], registry=r)
+        self.isr_changes = Counter(
+            "cursus_cluster_isr_changes_total", "ISR shrinks and expansions proposed by this broker as leader.",
+            ["kind"], registry=r)
+        self.replication_quarantined = Counter(
+            "cursus_cluster_replica_quarantined_total",
+            "Follower partitions that stopped fetching because the leader's bytes could not be appended.", registry=r)
+        self.replication_stream_errors = Counter(
+            "cursus_cluster_replication_stream_errors_total", "Fetch streams to a leader that broke and reopened.",
+            registry=r)
+        self.acks_all_wait = Histogram(
+            "cursus_cluster_acks_all_wait_seconds",
+            "acks=all PUBLISH: append to completion (every captured ISR member durable, committed HWM applied).",
+            registry=r, buckets=(0.0005, 0.001, 0.002, 0.003, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 1, 5, 10))
+        for label in ("in", "out"):
+            self.replication_bytes.labels(label)
+        for label in ("shrink", "expand"):
+            self.isr_changes.labels(label)
         self.topics = Gauge("cursus_broker_topics", "Topics known to the broker.", registry=r)
         self.partitions = Gauge("cursus_broker_partitions", "Partition replicas hosted.", registry=r)
         self.orphan_topics = Gauge(

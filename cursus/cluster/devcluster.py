@@ -27,6 +27,7 @@ def broker_command(data: Path, index: int, count: int, token: str, offset: int =
     members = ",".join(f"node-{i}@127.0.0.1:{9200 + offset + i}" for i in range(1, count + 1))
     settings = {
         "enabled_distribution": "true", "broker_id": node, "raft_port": 9200 + offset + index,
+        "internal_broker_port": 9300 + offset + index,
         "static_cluster_members": members, "bootstrap_cluster": "true", "internal_auth_token": token,
         "internal_use_tls": "true", "internal_tls_cert_path": certs / f"{node}.crt",
         "internal_tls_key_path": certs / f"{node}.key", "internal_tls_ca_path": certs / "ca.crt",

@@ -104,6 +104,7 @@ class GroupCoordinator:
         self._call_later = call_later
         self._clock = clock_ms
         self._wall = wall_ms
+        self._session_timeout_ms, self._rng = session_timeout_ms, rng
         #: The staged state: the end of the group log (appended, maybe not durable yet).
         self.table = GroupTable(session_timeout_ms, rng)
         #: The durable state readers see: a copy of each group as of its latest durable records.
@@ -150,6 +151,18 @@ class GroupCoordinator:
         restore_snapshot(self.table, snapshot, self._clock())
         self.visible = {name: group.copy() for name, group in self.table.groups.items()}
         self.visible_tombstones = dict(self.table.tombstones)
+
+    async def resign(self, reason: str) -> None:
+        """This broker stopped hosting the group log's leader (a cluster failover): forget every group
+        (the next :meth:`open` replays the log afresh) and answer ``coordinator_not_available`` until then."""
+        self.ready = False
+        self._reason = reason
+        log.info("group coordinator resigns: %s", reason)
+        await self.close()
+        self.log = None
+        self.table = GroupTable(self._session_timeout_ms, self._rng)
+        self.visible, self.visible_tombstones = {}, {}
+        self._pending.clear()
 
     async def close(self) -> None:
         """Stop the session timer and let the log finish background work."""

@@ -16,6 +16,8 @@ FAST_TIMERS = {
     "raft_election_timeout_min_ms": 400, "raft_election_timeout_max_ms": 800, "raft_heartbeat_ms": 50,
     "raft_poll_interval_ms": 20, "broker_heartbeat_interval_ms": 300, "broker_session_timeout_ms": 2000,
     "metadata_commit_timeout_ms": 3000,
+    "replica_lag_time_max_ms": 1500, "replica_fetch_wait_max_ms": 200, "replica_fetch_backoff_ms": 50,
+    "replica_ack_timeout_ms": 5000,
 }
 
 
@@ -31,11 +33,15 @@ class Cluster:
     """Three brokers ``node-1..3`` under ``root``; ``brokers[i]`` is a :class:`BrokerProcess`."""
 
     def __init__(self, root: Path, pki: RaftPki, **extra: Any) -> None:
-        raft_ports = free_ports(3)
+        ports = free_ports(6)
+        raft_ports, internal_ports = ports[:3], ports[3:]
         self.raft = {node_id: f"127.0.0.1:{port}" for node_id, port in zip(IDS, raft_ports, strict=True)}
+        #: The internal (replication) listener of each node.
+        self.internal = {node_id: f"127.0.0.1:{port}" for node_id, port in zip(IDS, internal_ports, strict=True)}
         members = ",".join(f"{node_id}@{address}" for node_id, address in self.raft.items())
-        self.brokers = [BrokerProcess(root / node_id, settings=cluster_settings(pki, node_id, members, **extra))
-                        for node_id in IDS]
+        self.brokers = [BrokerProcess(root / node_id, settings=cluster_settings(
+            pki, node_id, members, internal_broker_port=port, **extra))
+            for node_id, port in zip(IDS, internal_ports, strict=True)]
 
     def start(self, brokers: list[BrokerProcess] | None = None, timeout_s: float = 60.0) -> None:
         """Start brokers concurrently (each waits for the Raft cluster before it reports ready)."""

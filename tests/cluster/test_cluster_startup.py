@@ -18,9 +18,10 @@ from tests.cluster.raftsupport import free_ports
 
 
 def _lonely_node(root: Path, pki) -> BrokerProcess:
-    ports = free_ports(3)
-    members = ",".join(f"node-{i}@127.0.0.1:{port}" for i, port in enumerate(ports, 1))
-    return BrokerProcess(root / "node-1", settings=cluster_settings(pki, "node-1", members))
+    ports = free_ports(4)
+    members = ",".join(f"node-{i}@127.0.0.1:{port}" for i, port in enumerate(ports[:3], 1))
+    return BrokerProcess(root / "node-1", settings=cluster_settings(pki, "node-1", members,
+                                                                    internal_broker_port=ports[3]))
 
 
 def _refused(broker: BrokerProcess) -> str:

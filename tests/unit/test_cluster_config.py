@@ -10,6 +10,7 @@ GOOD = {
     "ENABLED_DISTRIBUTION": "true", "INTERNAL_AUTH_TOKEN": "s3cret", "INTERNAL_USE_TLS": "true",
     "INTERNAL_TLS_CERT_PATH": "n.crt", "INTERNAL_TLS_KEY_PATH": "n.key", "INTERNAL_TLS_CA_PATH": "ca.crt",
     "STATIC_CLUSTER_MEMBERS": "a@127.0.0.1:9001,b@127.0.0.1:9002,c@127.0.0.1:9003",
+    "INTERNAL_BROKER_PORT": "9301",
 }
 
 
@@ -27,6 +28,7 @@ def test_good_cluster_config_and_mode_defaults():
     (None, {"INTERNAL_AUTH_TOKEN": "two words"}, "internal_auth_token"),
     ("INTERNAL_USE_TLS", {}, "internal_use_tls"),
     ("INTERNAL_TLS_CA_PATH", {}, "internal_tls_ca_path"),
+    ("INTERNAL_BROKER_PORT", {}, "internal_broker_port"),
     ("STATIC_CLUSTER_MEMBERS", {}, "static_cluster_members"),
     (None, {"STATIC_CLUSTER_MEMBERS": "a@nohostport"}, "static_cluster_members"),
     (None, {"RAFT_HEARTBEAT_MS": "500"}, "raft_election_timeout_min_ms"),

@@ -138,8 +138,11 @@ async def _wait_ack(broker: Broker, replica: Replica, mode: str, end: int, isr: 
     if waiter.done():
         waiter.result()
         return
+    loop = asyncio.get_running_loop()
+    started = loop.time()
     try:
         await asyncio.wait_for(waiter, broker.config.replica_ack_timeout_ms / 1000.0)
+        broker.metrics.acks_all_wait.observe(loop.time() - started)
     except TimeoutError:
         broker.metrics.child(broker.metrics.publish_acks_total, mode, "timeout").inc()
         raise BrokerError.of("replication_unavailable", "replication quorum unavailable", topic=replica.topic,

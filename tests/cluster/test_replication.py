@@ -1,0 +1,246 @@
+"""Record replication across three real broker processes (mutual TLS on the Raft and internal listeners):
+acks=all under leader kill -9 and SIGSTOP, follower catch-up, min-ISR refusal, truncation of an
+unacknowledged tail over a double failover, idempotent retries across failover, HWM monotonicity.
+
+One cluster for the module; every test leaves all three brokers running."""
+
+from __future__ import annotations
+
+import json
+import socket
+import time
+from pathlib import Path
+
+import pytest
+
+from cursus.client.connection import Connection
+from cursus.wire import Batch, Command, Record, Status, encode_batch
+from tests.cluster.clustersupport import Cluster, wait_for
+from tests.cluster.raftsupport import closed_by_peer
+from tests.cluster.replsupport import (
+    AcksAllWriter,
+    HwmObserver,
+    check_history,
+    leader_proc,
+    partition_state,
+    read_partition,
+    status,
+    wait_isr,
+)
+from tests.integration.helpers import create_topic, error_of, ok_fields, publish_batch
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory: pytest.TempPathFactory, pki) -> Cluster:
+    c = Cluster(Path(tmp_path_factory.mktemp("replication")), pki)
+    try:
+        c.start()
+        yield c
+    finally:
+        c.stop()
+
+
+@pytest.fixture(autouse=True)
+def all_brokers_running(cluster: Cluster):
+    yield
+    for broker in cluster.brokers:  # a failed test must not leave the next one with a dead broker
+        broker.resume()
+        if broker.proc is None or broker.proc.poll() is not None:
+            broker.start(timeout_s=60)
+    wait_for(lambda: status(cluster.brokers[0])["inactive_brokers"] == 0, 30, "every broker active")
+
+
+def conn(broker) -> Connection:
+    return Connection(*broker.address, timeout_s=10)
+
+
+def make_topic(cluster: Cluster, name: str, **fields: str) -> dict:
+    with conn(cluster.brokers[0]) as c:
+        create_topic(c, name, 1, replication_factor="3", **fields)
+    return wait_isr(cluster, name, 3)
+
+
+#: Refusals before append (nothing written): a retry cannot duplicate anything.
+_BEFORE_APPEND = {"leader_not_available", "insufficient_in_sync_replicas", "NOT_LEADER"}
+
+
+def publish_ok(c: Connection, topic: str, payloads: list[bytes], *, acks: str = "all", **kw) -> dict:
+    """Publish, retrying refusals that happen before append (a leader still preparing, an ISR regrowing)."""
+    def attempt():
+        frame = publish_batch(c, topic, 0, payloads, acks=acks, **kw)
+        if frame.status == Status.OK:
+            return json.loads(frame.payload)
+        err = error_of(frame)
+        assert err.code in _BEFORE_APPEND, (err.code, err.fields)
+        return None
+    return wait_for(attempt, 20, f"{topic} accepts a publish")
+
+
+def offsets(broker, topic: str) -> dict[str, int]:
+    with conn(broker) as c:
+        text = ok_fields(c.command(f"LIST_OFFSETS topic={topic} partition=0"))["offsets"]
+    return {k: int(v) for k, _, v in (part.partition("=") for part in text.split(":")[1:])}
+
+
+def test_acks_all_completes_on_a_full_isr_and_the_cluster_is_healthy(cluster: Cluster) -> None:
+    row = make_topic(cluster, "replicated")
+    assert row["isr"] == row["replicas"] and len(row["replicas"]) == 3
+    leader = cluster.by_id(row["leader"])
+    with conn(leader) as c:
+        for i in range(20):
+            publish_ok(c, "replicated", [f"r{i}".encode()])
+    assert offsets(leader, "replicated")["hwm"] == 20
+    # every follower holds the same bytes: elect each in turn and read everything back from it
+    for target in (b for b in cluster.brokers if b is not leader):
+        with conn(cluster.brokers[0]) as c:
+            ok_fields(c.command(f"ELECT_LEADER topic=replicated partition=0 broker={target.log_dir.name}"))
+        wait_for(lambda t=target: leader_proc(cluster, "replicated") is t, 10, "elected")
+        records = wait_for(lambda: (r := read_partition(cluster, "replicated")) and len(r) == 20 and r, 10,
+                           "twenty records on the new leader")
+        assert [bytes(r.payload) for r in records] == [f"r{i}".encode() for i in range(20)]
+    wait_for(lambda: status(cluster.brokers[1])["healthy"], 15, "a healthy cluster")
+
+
+def test_leader_kill_loses_no_acknowledged_record(cluster: Cluster) -> None:
+    make_topic(cluster, "kill-leader")
+    writers = [AcksAllWriter(cluster, "kill-leader", f"w{i}") for i in range(3)]
+    observer = HwmObserver(cluster, "kill-leader")
+    for thread in (*writers, observer):
+        thread.start()
+    wait_for(lambda: all(len(w.acks) >= 5 for w in writers), 20, "writers acknowledged")
+    old = leader_proc(cluster, "kill-leader")
+    old.kill()
+    before = [len(w.acks) for w in writers]
+    wait_for(lambda: all(len(w.acks) >= n + 5 for w, n in zip(writers, before, strict=True)), 30,
+             "writers acknowledged by the new leader")
+    for writer in writers:
+        writer.stop()
+    seen = observer.stop()
+    assert leader_proc(cluster, "kill-leader") is not old
+    check_history([a for w in writers for a in w.acks], read_partition(cluster, "kill-leader"))
+    assert seen and seen == sorted(seen), "an HWM was observed to decrease"
+    old.start(timeout_s=60)
+    wait_isr(cluster, "kill-leader", 3, timeout=30)  # the old leader catches up and rejoins
+
+
+def test_paused_leader_cannot_acknowledge_and_is_fenced_after_resuming(cluster: Cluster) -> None:
+    row = make_topic(cluster, "paused-leader")
+    old = cluster.by_id(row["leader"])
+    with conn(old) as c:
+        publish_ok(c, "paused-leader", [b"before"])
+    stale = conn(old)  # negotiated before the pause; its next request waits in the kernel while paused
+    old.pause()
+    try:
+        survivor = next(b for b in cluster.brokers if b is not old)
+        wait_for(lambda: (r := partition_state(cluster, "paused-leader", via=survivor))["leader"]
+                 and r["leader"] != old.log_dir.name and r, 20, "a new leader while the old one is paused")
+        new = leader_proc(cluster, "paused-leader", via=survivor)
+        with conn(new) as c:
+            publish_ok(c, "paused-leader", [b"after"])
+        # a request that reaches the paused (deposed) leader is answered, once it resumes, never with OK
+        body = encode_batch(Batch(topic="paused-leader", partition=0, acks="all",
+                                  records=[Record(topic="paused-leader", partition=0, payload=b"stale")]))
+        request_id = stale.send(Command.PUBLISH, body)
+        old.resume()
+        reply = stale.receive(request_id, Command.PUBLISH, timeout_s=30)
+        assert reply.status != Status.OK, reply.payload
+    finally:
+        old.resume()
+        stale.close()
+    wait_isr(cluster, "paused-leader", 3, timeout=30)
+    values = [bytes(r.payload) for r in read_partition(cluster, "paused-leader")]
+    assert values == [b"before", b"after"], values
+
+
+def test_follower_restart_catches_up_and_rejoins_the_isr(cluster: Cluster) -> None:
+    row = make_topic(cluster, "follower-restart")
+    leader = cluster.by_id(row["leader"])
+    follower = next(b for b in cluster.brokers if b.log_dir.name in row["isr"] and b is not leader)
+    follower.kill()
+    wait_isr(cluster, "follower-restart", 2, timeout=20, via=leader)
+    with conn(leader) as c:
+        for i in range(50):
+            publish_ok(c, "follower-restart", [f"m{i}".encode()] * 10)
+    follower.start(timeout_s=60)
+    wait_isr(cluster, "follower-restart", 3, timeout=30)
+    with conn(cluster.brokers[0]) as c:
+        ok_fields(c.command(f"ELECT_LEADER topic=follower-restart partition=0 broker={follower.log_dir.name}"))
+    wait_for(lambda: leader_proc(cluster, "follower-restart") is follower, 10, "the restarted follower leads")
+    assert len(read_partition(cluster, "follower-restart")) == 500
+
+
+def test_min_isr_refuses_before_append_and_keeps_sequence_state(cluster: Cluster) -> None:
+    row = make_topic(cluster, "min-isr", min_in_sync_replicas="3")
+    leader = cluster.by_id(row["leader"])
+    with conn(leader) as c:
+        publish_ok(c, "min-isr", [b"a"], producer=("pm", 0, 1), idempotent=True)
+    follower = next(b for b in cluster.brokers if b is not leader)
+    follower.kill()
+    wait_isr(cluster, "min-isr", 2, timeout=20, via=leader)
+    before = offsets(leader, "min-isr")
+    with conn(leader) as c:
+        err = error_of(publish_batch(c, "min-isr", 0, [b"b"], acks="all", producer=("pm", 0, 2), idempotent=True))
+    assert err.code == "insufficient_in_sync_replicas" and err.retryable
+    assert offsets(leader, "min-isr") == before  # nothing appended
+    follower.start(timeout_s=60)
+    wait_isr(cluster, "min-isr", 3, timeout=30)
+    with conn(leader) as c:  # the refused sequence was not consumed: seq 2 is new, not a duplicate or a gap
+        doc = publish_ok(c, "min-isr", [b"b"], producer=("pm", 0, 2), idempotent=True)
+    assert doc["last_offset"] == 1 and not doc.get("duplicate")
+
+
+def test_idempotent_retry_across_failover_is_a_duplicate(cluster: Cluster) -> None:
+    row = make_topic(cluster, "retry-failover")
+    old = cluster.by_id(row["leader"])
+    payloads = [f"p{i}".encode() for i in range(5)]
+    with conn(old) as c:
+        first = publish_ok(c, "retry-failover", payloads, producer=("pr", 0, 1), idempotent=True)
+    old.kill()
+    survivor = next(b for b in cluster.brokers if b is not old)
+    new = wait_for(lambda: (p := leader_proc(cluster, "retry-failover", via=survivor)) and p is not old and p, 20,
+                   "a new leader")
+    with conn(new) as c:
+        again = wait_for(lambda: (f := publish_batch(c, "retry-failover", 0, payloads, acks="all",
+                                                     producer=("pr", 0, 1), idempotent=True)).status == Status.OK
+                         and json.loads(f.payload), 20, "the retry answered")
+    assert again["last_offset"] == first["last_offset"]
+    assert [bytes(r.payload) for r in read_partition(cluster, "retry-failover")] == payloads
+    old.start(timeout_s=60)
+
+
+def test_unacknowledged_tail_is_truncated_over_a_double_failover(cluster: Cluster) -> None:
+    row = make_topic(cluster, "tail")
+    old = cluster.by_id(row["leader"])
+    followers = [b for b in cluster.brokers if b is not old]
+    with conn(old) as c:
+        publish_ok(c, "tail", [b"committed"])
+        for follower in followers:
+            follower.pause()
+        try:  # acks=1: durable on the old leader only; a leader loss before commit may lose it
+            for i in range(3):
+                assert publish_batch(c, "tail", 0, [f"tail{i}".encode()], acks="1").status == Status.OK
+        finally:
+            old.kill()
+            for follower in followers:
+                follower.resume()
+    new = wait_for(lambda: (p := leader_proc(cluster, "tail", via=followers[0])) and p is not old and p, 30,
+                   "a follower leads")
+    wait_isr(cluster, "tail", 2, timeout=20, via=new)  # the other follower may have been shrunk while paused
+    with conn(new) as c:
+        publish_ok(c, "tail", [b"new-epoch"])
+    old.start(timeout_s=60)
+    wait_isr(cluster, "tail", 3, timeout=30)
+    with conn(cluster.brokers[0]) as c:  # second failover: the old leader leads again, with the new history
+        ok_fields(c.command(f"ELECT_LEADER topic=tail partition=0 broker={old.log_dir.name}"))
+    wait_for(lambda: leader_proc(cluster, "tail") is old, 10, "the old leader leads again")
+    assert [bytes(r.payload) for r in read_partition(cluster, "tail")] == [b"committed", b"new-epoch"]
+
+
+def test_internal_listener_refuses_plaintext(cluster: Cluster) -> None:
+    target = cluster.brokers[0]
+    host, _, port = cluster.internal[target.log_dir.name].rpartition(":")
+    with socket.create_connection((host, int(port)), timeout=5) as sock:
+        sock.sendall(b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n" + b"\x00" * 64)
+        assert closed_by_peer(sock)
+    time.sleep(0)  # the cluster is unaffected:
+    make_topic(cluster, "after-plaintext")
