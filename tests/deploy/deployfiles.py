@@ -19,6 +19,7 @@ Everything else (ENV defaults, entrypoint, compose interpolation, ``envFrom``, `
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import re
@@ -326,6 +327,7 @@ class LocalContainer:
     env: dict[str, str]
     cwd: Path
     log_path: Path
+    spec_env: dict[str, str] = field(default_factory=dict)  # the environment before the local translations
     proc: subprocess.Popen[bytes] | None = None
 
     def start(self) -> None:
@@ -407,7 +409,8 @@ def start_all(containers: list[LocalContainer], health_port: Callable[[LocalCont
         return None
 
     for container in containers:
-        wait_until(lambda c=container: c.http_status(health_port(c), "/ready") == 200, timeout_s,
+        port = health_port(container)
+        wait_until(functools.partial(lambda c, p: c.http_status(p, "/ready") == 200, container, port), timeout_s,
                    f"{container.name} ready", died)
 
 
@@ -419,6 +422,18 @@ def cluster_status(container: LocalContainer, broker: str) -> dict[str, Any]:
     doc: dict[str, Any] = json.loads(done.stdout)
     assert bool(doc.get("healthy")) == (done.returncode == 0)
     return doc
+
+
+def healthy_cluster_status(container: LocalContainer, broker: str, what: str,
+                           timeout_s: float = 30.0) -> dict[str, Any]:
+    """Poll :func:`cluster_status` until the cluster reports healthy; the healthy document."""
+
+    def healthy() -> dict[str, Any] | None:
+        doc = cluster_status(container, broker)
+        return doc if doc.get("healthy") else None
+
+    result: dict[str, Any] = wait_until(healthy, timeout_s, what)
+    return result
 
 
 def make_certs(out: Path, hosts: Iterable[str], shims: Path, nodes: int = 3) -> None:
