@@ -194,13 +194,29 @@ def compose_environment(service: Mapping[str, Any]) -> dict[str, str]:
 # --- Kubernetes -----------------------------------------------------------------------------------------
 
 #: kustomization.yaml fields the local renderer implements; any other field fails the render.
-_KUSTOMIZE_FIELDS = frozenset({"apiVersion", "kind", "resources", "labels"})
+_KUSTOMIZE_FIELDS = frozenset({"apiVersion", "kind", "resources", "labels", "images"})
+
+
+def _set_images(resource: dict[str, Any], images: list[dict[str, str]]) -> None:
+    """kustomize ``images``: rewrite each container image whose name matches an entry's ``name``."""
+    pod = resource.get("spec", {}).get("template", {}).get("spec", {})
+    for container in [*pod.get("containers", []), *pod.get("initContainers", [])]:
+        ref = container["image"]
+        name = ref.split("@")[0].rsplit(":", 1)[0] if ":" in ref.rsplit("/", 1)[-1] else ref.split("@")[0]
+        for entry in images:
+            assert set(entry) <= {"name", "newName", "newTag", "digest"}, entry
+            if entry["name"] == name:
+                new = entry.get("newName", name)
+                container["image"] = (f"{new}@{entry['digest']}" if "digest" in entry
+                                      else f"{new}:{entry['newTag']}" if "newTag" in entry
+                                      else new + ref[len(name):])
 
 
 def kustomize_build(directory: Path = K8S_DIR) -> list[dict[str, Any]]:
     """Render ``directory`` like ``kubectl kustomize``, for the subset of kustomization fields in use:
-    ``resources`` (files, in order) and ``labels`` (pairs added to every resource's ``metadata.labels``;
-    with ``includeSelectors`` / ``includeTemplates`` also to selectors / pod templates). Raises
+    ``resources`` (files, in order), ``labels`` (pairs added to every resource's ``metadata.labels``;
+    with ``includeSelectors`` / ``includeTemplates`` also to selectors / pod templates) and ``images``
+    (what ``kustomize edit set image`` writes). Raises
     AssertionError for any other field, so a new field forces this renderer to learn it."""
     (kustomization,) = load_yaml_documents(directory / "kustomization.yaml")
     unknown = set(kustomization) - _KUSTOMIZE_FIELDS
@@ -222,6 +238,8 @@ def kustomize_build(directory: Path = K8S_DIR) -> list[dict[str, Any]]:
             if entry.get("includeTemplates") or entry.get("includeSelectors"):
                 if "template" in spec:
                     spec["template"].setdefault("metadata", {}).setdefault("labels", {}).update(entry["pairs"])
+    for resource in resources:
+        _set_images(resource, kustomization.get("images", []))
     return resources
 
 

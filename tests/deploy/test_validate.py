@@ -184,6 +184,8 @@ def test_statefulset_structure() -> None:
     assert pod["securityContext"]["runAsNonRoot"] is True and pod["securityContext"]["runAsUser"] == 1000
     assert pod["securityContext"]["seccompProfile"] == {"type": "RuntimeDefault"}
     assert pod["enableServiceLinks"] is False
+    assert container["image"] == _compose_services()["cursus-1"]["image"], "one image for compose and k8s"
+    assert not container["image"].endswith(":latest") and ":" in container["image"]
     security = container["securityContext"]
     assert security["readOnlyRootFilesystem"] is True and security["allowPrivilegeEscalation"] is False
     assert security["capabilities"]["drop"] == ["ALL"]
