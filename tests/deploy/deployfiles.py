@@ -461,3 +461,40 @@ def make_certs(out: Path, hosts: Iterable[str], shims: Path, nodes: int = 3) -> 
         argv += ["--host", host]
     subprocess.run(argv, check=True, capture_output=True, env={"PATH": "/usr/bin:/bin", "PYTHONPATH": str(REPO)},
                    timeout=60)
+
+
+# --- docs/deploy.md -------------------------------------------------------------------------------------
+
+DEPLOY_DOC = REPO / "docs" / "deploy.md"
+
+
+def documented_commands(program: str, path: Path = DEPLOY_DOC) -> list[list[str]]:
+    """Every ``program ...`` command in the page's ``sh`` blocks, continuation lines joined, split at
+    ``&&`` into single commands (each as its argv)."""
+    commands: list[list[str]] = []
+    for block in re.findall(r"```sh\n(.*?)```", path.read_text(encoding="utf-8"), re.S):
+        for line in block.replace("\\\n", " ").splitlines():
+            for part in line.split("&&"):
+                argv = shlex.split(part, comments=True)
+                if argv[:1] == [program]:
+                    commands.append(argv)
+    return commands
+
+
+def documented_cert_hosts(out: str) -> list[str]:
+    """The ``--host`` values of the documented ``cursusctl certs --out OUT`` command."""
+    (argv,) = [a for a in documented_commands("cursusctl") if a[1:2] == ["certs"] and a[a.index("--out") + 1] == out]
+    return [argv[i + 1] for i, arg in enumerate(argv) if arg == "--host"]
+
+
+def documented_secret_files(secret: str) -> dict[str, str]:
+    """Secret key -> file (relative to the certs directory's parent) of the documented
+    ``kubectl create secret generic SECRET --from-file ...`` command."""
+    (argv,) = [a for a in documented_commands("kubectl") if "generic" in a and a[a.index("generic") + 1] == secret]
+    files = {}
+    for arg in argv:
+        if arg.startswith("--from-file="):
+            value = arg.split("=", 1)[1]
+            key, _, source = value.rpartition("=")
+            files[key or Path(source).name] = source
+    return files

@@ -20,6 +20,7 @@ from tests.deploy.deployfiles import (
     LocalContainer,
     compose_environment,
     container_environment,
+    documented_cert_hosts,
     healthy_cluster_status,
     load_compose,
     make_certs,
@@ -40,7 +41,7 @@ def compose(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Loca
     # The documented one-liner writes deploy/certs with the compose hostnames; the addresses they stand
     # for here are added, since the internal gRPC client checks the dialled host against the SAN.
     certs = root / "certs"
-    make_certs(certs, [*ADDRESSES, *ADDRESSES.values()], shims)
+    make_certs(certs, [*documented_cert_hosts("deploy/certs"), *ADDRESSES.values()], shims)
     doc = load_compose({"CURSUS_INTERNAL_TOKEN": TOKEN})
     image = parse_image()
     hosts = HostMap(ADDRESSES)

@@ -22,6 +22,8 @@ from tests.deploy.deployfiles import (
     HostMap,
     LocalContainer,
     container_environment,
+    documented_cert_hosts,
+    documented_secret_files,
     find_resource,
     healthy_cluster_status,
     k8s_expand,
@@ -60,15 +62,14 @@ def pods(tmp_path_factory: pytest.TempPathFactory,
     headless = sts["spec"]["serviceName"]
     names = {name: ADDRESSES[i] for i in range(sts["spec"]["replicas"]) for name in _pod_names(sts, i, headless)}
     hosts = HostMap(names)
-    # docs/deploy.md: certificates for the pods' short DNS names, stored as Secret cursus-internal-tls
-    # without the CA key; here also for the addresses the names stand for (gRPC checks the dialled host).
-    generated = root / "generated-certs"
-    make_certs(generated, [*(_pod_names(sts, i, headless)[0] for i in ADDRESSES), *ADDRESSES.values()], shims)
+    # docs/deploy.md's commands: certificates for the pods' short DNS names (here also for the addresses
+    # they stand for: gRPC checks the dialled host), the Secret cursus-internal-tls from the files it lists.
+    out = "deploy/k8s/certs"
+    make_certs(root / out, [*documented_cert_hosts(out), *ADDRESSES.values()], shims)
     secret_dirs = {"cursus-internal-tls": root / "secret-tls"}
     secret_dirs["cursus-internal-tls"].mkdir()
-    for path in generated.iterdir():
-        if path.name != "ca.key":
-            shutil.copy(path, secret_dirs["cursus-internal-tls"] / path.name)
+    for key, source in documented_secret_files("cursus-internal-tls").items():
+        shutil.copy(root / source, secret_dirs["cursus-internal-tls"] / key)
     secrets = {"cursus-internal-token": {"token": TOKEN}}  # no next-token: the optional key is absent
     config_maps = {r["metadata"]["name"]: r["data"] for r in resources if r["kind"] == "ConfigMap"}
     image = parse_image()

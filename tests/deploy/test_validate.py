@@ -29,6 +29,8 @@ from tests.deploy.deployfiles import (
     REPO,
     compose_environment,
     dockerfile_instructions,
+    documented_cert_hosts,
+    documented_secret_files,
     find_resource,
     kustomize_build,
     load_compose,
@@ -247,3 +249,19 @@ def test_compose_environments_load() -> None:
         config = load_config(environ=env)
         assert config.enabled_distribution and config.internal_broker_port == 9300
         assert config.values["internal_advertised_address"] == env["INTERNAL_ADVERTISED_ADDRESS"]
+
+
+def test_documented_certificates_cover_every_dialled_name() -> None:
+    """The gRPC client checks the dialled host against the certificate's SAN: the documented ``cursusctl
+    certs`` commands must name every host the files dial, and the Secret must hold every node's pair."""
+    compose_hosts = {compose_environment(s)["INTERNAL_ADVERTISED_ADDRESS"].rsplit(":", 1)[0]
+                     for s in _compose_services().values()}
+    assert set(documented_cert_hosts("deploy/certs")) == compose_hosts
+    _, container, resources = _statefulset()
+    sts = find_resource(resources, "StatefulSet", "cursus")
+    (internal,) = [e["value"] for e in container["env"] if e["name"] == "INTERNAL_ADVERTISED_ADDRESS"]
+    pods = {internal.replace("$(POD_NAME)", f"cursus-{i}").rsplit(":", 1)[0] for i in range(sts["spec"]["replicas"])}
+    assert set(documented_cert_hosts("deploy/k8s/certs")) == pods
+    files = documented_secret_files("cursus-internal-tls")
+    assert set(files) == {"ca.crt", *(f"node-{i}.{ext}" for i in (1, 2, 3) for ext in ("crt", "key"))}
+    assert all(source == f"deploy/k8s/certs/{key}" for key, source in files.items())
