@@ -32,6 +32,7 @@ from tests.deploy.deployfiles import (
     documented_cert_hosts,
     documented_secret_files,
     find_resource,
+    k8s_expand,
     kustomize_build,
     load_compose,
     load_yaml_documents,
@@ -265,3 +266,30 @@ def test_documented_certificates_cover_every_dialled_name() -> None:
     files = documented_secret_files("cursus-internal-tls")
     assert set(files) == {"ca.crt", *(f"node-{i}.{ext}" for i in (1, 2, 3) for ext in ("crt", "key"))}
     assert all(source == f"deploy/k8s/certs/{key}" for key, source in files.items())
+
+
+@pytest.mark.parametrize("ordinal", [0, 1, 2])
+def test_statefulset_wrapper_derives_id_certificates_and_bootstrap(ordinal: int, tmp_path: Path) -> None:
+    """The container's ``sh`` wrapper, run with a stand-in ``cursus-broker`` that prints its environment."""
+    _, container, _ = _statefulset()
+    (tmp_path / "cursus-broker").write_text("#!/bin/sh\nenv\n")
+    (tmp_path / "cursus-broker").chmod(0o755)
+    env = {"PATH": f"{tmp_path}:/usr/bin:/bin", "POD_NAME": f"cursus-{ordinal}",
+           "INTERNAL_ADVERTISED_ADDRESS": "127.0.0.1:9300"}
+    argv = [k8s_expand(arg, env) for arg in [*container["command"], *container["args"]]]
+    done = subprocess.run(argv, env=env, capture_output=True, text=True, check=False, timeout=30)
+    assert done.returncode == 0, done.stderr
+    seen = dict(line.split("=", 1) for line in done.stdout.splitlines() if "=" in line)
+    node = f"node-{ordinal + 1}"
+    assert seen["BROKER_ID"] == node
+    assert seen["INTERNAL_TLS_CERT_PATH"] == f"/etc/cursus/tls/{node}.crt"
+    assert seen["INTERNAL_TLS_KEY_PATH"] == f"/etc/cursus/tls/{node}.key"
+    assert seen["BOOTSTRAP_CLUSTER"] == ("true" if ordinal == 0 else "false")
+
+
+def test_statefulset_wrapper_refuses_a_pod_name_without_ordinal(tmp_path: Path) -> None:
+    _, container, _ = _statefulset()
+    env = {"PATH": "/usr/bin:/bin", "POD_NAME": "cursus-x", "INTERNAL_ADVERTISED_ADDRESS": "127.0.0.1:9300"}
+    argv = [k8s_expand(arg, env) for arg in [*container["command"], *container["args"]]]
+    done = subprocess.run(argv, env=env, capture_output=True, text=True, check=False, timeout=30)
+    assert done.returncode == 2 and "cannot derive an ordinal" in done.stderr
