@@ -228,3 +228,27 @@ class ClusterCollector:
         yield gauge("cursus_cluster_under_replicated_partitions", "Partitions whose ISR is below their replicas.",
                     under)
         yield from (replicas, in_sync, epoch, leader)
+
+
+class ReplicationCollector:
+    """Follower lag of the partitions this broker leads (facts B9 ``cluster_replication_lag_seconds``), from
+    the replication node's snapshot (refreshed on the loop every ``replica_isr_check_interval_ms``)."""
+
+    def __init__(self, snapshot: Callable[[], tuple[tuple[str, int, str, int, float], ...]]) -> None:
+        self._snapshot = snapshot
+
+    def describe(self) -> list[Metric]:
+        return []
+
+    def collect(self) -> Iterator[Metric]:
+        labels = ["topic", "partition", "broker"]
+        seconds = GaugeMetricFamily("cluster_replication_lag_seconds",
+                                    "Seconds since a follower was last caught up with this leader.", labels=labels)
+        records = GaugeMetricFamily("cursus_cluster_replica_lag_records",
+                                    "Records a follower is behind this leader's durable end.", labels=labels)
+        for topic, partition, broker, behind, lag_s in self._snapshot():
+            key = [topic, str(partition), broker]
+            seconds.add_metric(key, lag_s)
+            records.add_metric(key, behind)
+        yield seconds
+        yield records

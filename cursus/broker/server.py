@@ -18,7 +18,7 @@ from prometheus_client import start_http_server
 from cursus.broker.config import BrokerConfig
 from cursus.broker.core import Broker
 from cursus.broker.health import serve_health
-from cursus.broker.metrics import BrokerMetrics, ClusterCollector, GroupStateCollector
+from cursus.broker.metrics import BrokerMetrics, ClusterCollector, GroupStateCollector, ReplicationCollector
 from cursus.broker.session import ByteBudget, Session
 from cursus.broker.tls import server_context
 
@@ -81,6 +81,9 @@ class BrokerServer:
         await self._client_server.start_serving()
         self.metrics.registry.register(GroupStateCollector(self._group_snapshot))
         self.metrics.registry.register(ClusterCollector(lambda: broker.metadata.state, broker.metadata.raft_status))
+        if broker.replication is not None:
+            replication = broker.replication
+            self.metrics.registry.register(ReplicationCollector(lambda: replication.lag_snapshot))
         self.metrics.topics.set(len(broker.metadata.names()))
         self.metrics.partitions.set(len(broker.replicas))
         self.metrics.ready.set(1)

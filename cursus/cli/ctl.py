@@ -72,6 +72,7 @@ from cursus.client.signals import sigterm_exits
 from cursus.wire import (
     Command,
     CommandTextError,
+    Frame,
     ProtocolError,
     Status,
     encode_crq2,
@@ -972,21 +973,47 @@ def cmd_certs(args: argparse.Namespace, options: ConnectionOptions, out: Output)
     return EXIT_OK
 
 
-def cmd_cluster_status(args: argparse.Namespace, options: ConnectionOptions, out: Output) -> int:
-    """``cluster-status``: CLUSTER_STATUS as tables (unhealthy rows marked ``UNHEALTHY``) or ``--json``; exit code 1
-    when the cluster is unhealthy (no Raft leader, an inactive broker, a leaderless or under-replicated
-    partition)."""
-    client = Client(args.broker, options)
-    try:
-        frame = client.call(Command.CLUSTER_STATUS)
-    finally:
-        client.close()
+def _status_doc(frame: Frame) -> dict[str, Any]:
     if frame.status == Status.ERROR:
         raise error_from_frame(frame)
     text = frame.payload.decode("utf-8")
     if not text.startswith("OK cluster="):
         raise ValueError(f"unexpected CLUSTER_STATUS reply: {text[:80]}")
-    doc = json.loads(text[len("OK cluster="):])
+    return json.loads(text[len("OK cluster="):])
+
+
+def _merge_replica_lag(doc: dict[str, Any], options: ConnectionOptions) -> None:
+    """Only a partition's leader knows its followers' lag: ask every other active broker for its
+    CLUSTER_STATUS and copy the ``replica_lag`` of the partitions it leads (best effort, short timeout)."""
+    rows = {p["key"]: p for p in doc.get("partitions", [])}
+    for broker in doc.get("brokers", []):
+        if broker.get("status") != "active" or not broker.get("client_addr"):
+            continue
+        if all("replica_lag" in p for p in rows.values() if p["leader"] == broker["id"]):
+            continue
+        try:
+            client = Client(broker["client_addr"], options)
+            try:
+                other = _status_doc(client.call(Command.CLUSTER_STATUS, timeout_s=3.0, follow_redirects=False))
+            finally:
+                client.close()
+        except Exception:  # an unreachable broker: its partitions show no lag
+            continue
+        for p in other.get("partitions", []):
+            if p["key"] in rows and p["leader"] == broker["id"] and "replica_lag" in p:
+                rows[p["key"]]["replica_lag"] = p["replica_lag"]
+
+
+def cmd_cluster_status(args: argparse.Namespace, options: ConnectionOptions, out: Output) -> int:
+    """``cluster-status``: CLUSTER_STATUS as tables (unhealthy rows marked ``UNHEALTHY``) or ``--json``, with
+    each follower's lag (records and seconds behind its leader, asked of every leader); exit code 1 when the
+    cluster is unhealthy (no Raft leader, an inactive broker, a leaderless or under-replicated partition)."""
+    client = Client(args.broker, options)
+    try:
+        doc = _status_doc(client.call(Command.CLUSTER_STATUS))
+    finally:
+        client.close()
+    _merge_replica_lag(doc, options)
     healthy = bool(doc.get("healthy"))
     if out.json_mode:
         out.json(doc)
@@ -995,7 +1022,7 @@ def cmd_cluster_status(args: argparse.Namespace, options: ConnectionOptions, out
         "healthy", "raft_leader", "raft_state", "raft_term", "raft_commit_index", "raft_applied_index",
         "active_brokers", "inactive_brokers", "partition_count", "leaderless_partitions",
         "under_replicated_partitions")})
-    out.table("brokers", ["state", "id", "status", "client_addr", "raft_addr"],
+    out.table("brokers", ["state", "id", "status", "client_addr", "internal_addr"],
               [["ok" if b["status"] == "active" else "UNHEALTHY", b["id"], b["status"], b.get("client_addr", ""),
                 b.get("addr", "")] for b in doc.get("brokers", [])])
     partitions = [p for p in doc.get("partitions", []) if not (args.unhealthy and p["healthy"])]
@@ -1003,6 +1030,9 @@ def cmd_cluster_status(args: argparse.Namespace, options: ConnectionOptions, out
               [["ok" if p["healthy"] else "UNHEALTHY", p["key"], p["leader"] or "-", p["leader_epoch"],
                 ",".join(p["replicas"]), ",".join(p["isr"]), p["committed_hwm"], ",".join(p.get("reasons", []))]
                for p in partitions])
+    out.table("replica lag", ["partition", "replica", "in_isr", "lag_records", "lag_s"],
+              [[p["key"], replica, "yes" if replica in p["isr"] else "NO", lag["records"], lag["seconds"]]
+               for p in partitions for replica, lag in p.get("replica_lag", {}).items()])
     return EXIT_OK if healthy else EXIT_FAILURE
 
 

@@ -1,8 +1,8 @@
 """CLUSTER_STATUS: the cluster's health as one JSON document (facts B5 "CLUSTER_STATUS"), pure.
 
 ``healthy`` means: a Raft leader, every registered broker active, no leaderless and no under-replicated
-partition. Until record replication lands every partition's ISR is just its leader, so a partition with
-more than one replica counts as under-replicated (docs/cluster.md).
+partition. A broker adds ``replica_lag`` (follower -> records and seconds behind) to the partitions it
+leads: only a leader knows its followers' progress (``cursusctl cluster-status`` asks every broker).
 """
 
 from __future__ import annotations
@@ -41,11 +41,17 @@ def partition_status(state: MetadataState, key: tuple[str, int], min_isr_default
     return doc
 
 
-def cluster_status(state: MetadataState, raft: Mapping[str, Any], min_isr_default: int) -> dict[str, Any]:
+def cluster_status(state: MetadataState, raft: Mapping[str, Any], min_isr_default: int,
+                   lag: Mapping[tuple[str, int], Mapping[str, tuple[int, float]]] | None = None) -> dict[str, Any]:
     """The CLUSTER_STATUS document. ``raft``: ``leader_id``, ``is_leader``, ``term``, ``commit_index``,
     ``applied_index``, ``rejected_connections`` (this node's refused Raft peers by reason; see
-    :class:`cursus.cluster.raft.node.RaftStatus`)."""
+    :class:`cursus.cluster.raft.node.RaftStatus`). ``lag``: the follower lag of partitions led here
+    (records, seconds)."""
     partitions = [partition_status(state, key, min_isr_default) for key in sorted(state.assignments)]
+    for row in partitions:
+        rows = (lag or {}).get((row["topic"], row["partition"]))
+        if rows is not None:
+            row["replica_lag"] = {b: {"records": r, "seconds": round(sec, 3)} for b, (r, sec) in sorted(rows.items())}
     brokers = [state.brokers[b] for b in sorted(state.brokers)]
     active = [b for b in brokers if b.status == "active"]
     leaderless = sum(not p["leader_available"] for p in partitions)

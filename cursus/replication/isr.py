@@ -133,6 +133,18 @@ class IsrTracker:
             return None
         return IsrChange(new_isr, shrunk, expanded)
 
+    def lag_ms(self, key: PartitionKey, follower: str, leader_end: int, now_ms: int) -> int:
+        """How long ``follower`` has not been caught up (0 while its last fetch reached ``leader_end``, the
+        leader's durable end): since its last caught-up fetch, else since the leader's epoch began here."""
+        state = self._partitions.get(key)
+        if state is None:
+            return 0
+        entry = state.followers.get(follower)
+        if entry is not None and entry.fetch_offset >= leader_end:
+            return 0
+        since = entry.caught_up_ms if entry is not None and entry.caught_up_ms is not None else state.started_ms
+        return max(0, now_ms - since)
+
     def forget(self, key: PartitionKey) -> None:
         """Drop the partition (no longer led here, or deleted)."""
         self._partitions.pop(key, None)

@@ -16,6 +16,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from cursus.broker.replica_role import Role
 from cursus.cluster.tls import TLSFiles
 from cursus.internal.auth import TokenCheck
 from cursus.internal.client import InternalClient
@@ -111,6 +112,10 @@ class ReplicationNode:
             token=TokenCheck(config.internal_auth_token, config.internal_auth_token_next),
             members=members(), max_message_bytes=max_message)
         self._maintain: asyncio.Task[None] | None = None
+        self._lag_task: asyncio.Task[None] | None = None
+        #: (topic, partition, follower, records behind, seconds behind) of the partitions led here; an
+        #: immutable snapshot the metrics thread may read.
+        self.lag_snapshot: tuple[tuple[str, int, str, int, float], ...] = ()
 
     def _internal_address_of(self, broker_id: str) -> str | None:
         info = self.broker.metadata.state.brokers.get(broker_id)
@@ -124,12 +129,41 @@ class ReplicationNode:
         bound internal port."""
         port = await self.server.start()
         self.fetchers.refresh()
-        self._maintain = asyncio.get_running_loop().create_task(self.leader.maintain_forever())
+        loop = asyncio.get_running_loop()
+        self._maintain = loop.create_task(self.leader.maintain_forever())
+        self._lag_task = loop.create_task(self._observe_lag())
         return port
 
     def on_metadata(self, old: MetadataState, new: MetadataState) -> None:
         """Metadata listener (after the replicas took their roles): fetch from the current leaders."""
         self.fetchers.refresh()
+
+    def replica_lag(self) -> dict[PartitionKey, dict[str, tuple[int, float]]]:
+        """For every partition this broker leads: follower -> (records behind the leader's durable end,
+        seconds since it was last caught up). Loop thread."""
+        now = monotonic_ms()
+        lag: dict[PartitionKey, dict[str, tuple[int, float]]] = {}
+        state = self.broker.metadata.state
+        for key, replica in self.broker.replicas.items():
+            assignment = state.assignments.get(key)
+            if replica.role is not Role.LEADER or assignment is None:
+                continue
+            end = replica.durable_end_offset
+            rows = lag[key] = {}
+            for follower in assignment.replicas:
+                if follower == self.broker.broker_id:
+                    continue
+                offset = self.tracker.fetch_offset(key, follower)
+                rows[follower] = (max(0, end - (offset or 0)), self.tracker.lag_ms(key, follower, end, now) / 1000.0)
+        return lag
+
+    async def _observe_lag(self) -> None:
+        """Refresh :attr:`lag_snapshot` (read by the metrics thread) every ISR check interval."""
+        interval = self.broker.config.replica_isr_check_interval_ms / 1000.0
+        while True:
+            self.lag_snapshot = tuple((t, p, b, records, seconds) for (t, p), rows in self.replica_lag().items()
+                                      for b, (records, seconds) in rows.items())
+            await asyncio.sleep(interval)
 
     def refusals(self) -> dict[str, int]:
         """Refused internal calls by reason (for CLUSTER_STATUS and metrics)."""
@@ -137,9 +171,10 @@ class ReplicationNode:
 
     async def close(self) -> None:
         """Stop the upkeep, the fetchers and the listener (in that order: no fetch is answered after)."""
-        if self._maintain is not None:
-            self._maintain.cancel()
-            await asyncio.gather(self._maintain, return_exceptions=True)
+        tasks = [t for t in (self._maintain, self._lag_task) if t is not None]
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
         await self.fetchers.close()
         await self.server.stop(0.5)
         await self.client.close()

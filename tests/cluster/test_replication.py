@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import json
 import socket
+import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -99,6 +101,17 @@ def test_acks_all_completes_on_a_full_isr_and_the_cluster_is_healthy(cluster: Cl
                            "twenty records on the new leader")
         assert [bytes(r.payload) for r in records] == [f"r{i}".encode() for i in range(20)]
     wait_for(lambda: status(cluster.brokers[1])["healthy"], 15, "a healthy cluster")
+    # cursusctl asks every leader for its followers' lag, whichever broker it starts from
+    non_leader = next(b for b in cluster.brokers if b is not leader_proc(cluster, "replicated"))
+
+    def ctl_lag() -> dict | None:
+        done = subprocess.run([sys.executable, "-m", "cursus.cli.ctl", "cluster-status", "--json", "--broker",
+                               f"127.0.0.1:{non_leader.port}"], capture_output=True, text=True, timeout=60)
+        (row,) = [p for p in json.loads(done.stdout)["partitions"] if p["key"] == "replicated-0"]
+        lag = row.get("replica_lag", {})
+        return lag if len(lag) == 2 and all(v["records"] == 0 for v in lag.values()) else None
+
+    assert wait_for(ctl_lag, 20, "both followers caught up, as cursusctl shows")
 
 
 def test_leader_kill_loses_no_acknowledged_record(cluster: Cluster) -> None:
@@ -161,6 +174,8 @@ def test_follower_restart_catches_up_and_rejoins_the_isr(cluster: Cluster) -> No
     with conn(leader) as c:
         for i in range(50):
             publish_ok(c, "follower-restart", [f"m{i}".encode()] * 10)
+    lag = partition_state(cluster, "follower-restart", via=leader)["replica_lag"][follower.log_dir.name]
+    assert lag["records"] >= 500 and lag["seconds"] > 0, lag  # only the leader knows it
     follower.start(timeout_s=60)
     wait_isr(cluster, "follower-restart", 3, timeout=30)
     with conn(cluster.brokers[0]) as c:

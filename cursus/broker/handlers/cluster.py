@@ -24,7 +24,8 @@ def _raft(broker: Broker, command: str) -> dict[str, object]:
 async def handle_cluster_status(broker: Broker, req: Request, args: NoArgs) -> bytes:
     """CLUSTER_STATUS -> ``OK cluster=<compact JSON>`` (facts B5 keys); ``distribution_required`` standalone."""
     raft = _raft(broker, "CLUSTER_STATUS")
-    doc = cluster_status(broker.metadata.state, raft, broker.config.min_insync_replicas)
+    lag = broker.replication.replica_lag() if broker.replication is not None else None
+    doc = cluster_status(broker.metadata.state, raft, broker.config.min_insync_replicas, lag)
     return b"OK cluster=" + json.dumps(doc, separators=(",", ":")).encode()
 
 
