@@ -1,6 +1,6 @@
 """Authentication of internal (broker-to-broker) calls: the shared token and the certificate identity.
 
-Two independent checks run on every call of the internal listener (see ``docs/internal-rpc.md``):
+Two independent checks run on every call of the internal listener (see ``docs/cluster.md, "The internal listener"``):
 
 * :class:`TokenCheck`: the ``x-cursus-internal-token`` metadata value equals ``internal_auth_token`` or,
   during a rotation, ``internal_auth_token_next``; compared in constant time. An empty configured token
@@ -33,7 +33,7 @@ class TokenCheck:
 
     ``token`` is ``internal_auth_token``; ``next_token`` is ``internal_auth_token_next`` ("" when no
     rotation is in progress). Both are accepted, so brokers can be moved to a new token one at a time
-    (see the rotation procedure in ``docs/internal-rpc.md``). The secrets never appear in ``repr``.
+    (see the rotation procedure in ``docs/cluster.md, "The internal listener"``). The secrets never appear in ``repr``.
     """
 
     __slots__ = ("_accepted",)

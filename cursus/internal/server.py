@@ -1,6 +1,6 @@
 """The internal listener: a ``grpc.aio`` server for broker-to-broker calls (``Replication.Fetch``).
 
-Every call is authenticated before the handler sees a single request (``docs/internal-rpc.md``):
+Every call is authenticated before the handler sees a single request (``docs/cluster.md, "The internal listener"``):
 
 1. token: metadata ``x-cursus-internal-token`` must match (constant time) ``internal_auth_token`` or
    ``internal_auth_token_next`` -> else ``UNAUTHENTICATED`` (reasons ``missing_token`` / ``wrong_token``);

@@ -26,6 +26,8 @@ async def handle_cluster_status(broker: Broker, req: Request, args: NoArgs) -> b
     raft = _raft(broker, "CLUSTER_STATUS")
     lag = broker.replication.replica_lag() if broker.replication is not None else None
     doc = cluster_status(broker.metadata.state, raft, broker.config.min_insync_replicas, lag)
+    if broker.replication is not None:  # refused calls on this node's internal listener, by reason
+        doc["internal_rejected_calls"] = broker.replication.refusals()
     return b"OK cluster=" + json.dumps(doc, separators=(",", ":")).encode()
 
 
