@@ -10,7 +10,7 @@ from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
-from prometheus_client.core import GaugeMetricFamily, Metric
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.metrics import MetricWrapperBase
 
 if TYPE_CHECKING:
@@ -234,8 +234,10 @@ class ReplicationCollector:
     """Follower lag of the partitions this broker leads (facts B9 ``cluster_replication_lag_seconds``), from
     the replication node's snapshot (refreshed on the loop every ``replica_isr_check_interval_ms``)."""
 
-    def __init__(self, snapshot: Callable[[], tuple[tuple[str, int, str, int, float], ...]]) -> None:
+    def __init__(self, snapshot: Callable[[], tuple[tuple[str, int, str, int, float], ...]],
+                 refusals: Callable[[], tuple[tuple[str, int], ...]] = tuple) -> None:
         self._snapshot = snapshot
+        self._refusals = refusals
 
     def describe(self) -> list[Metric]:
         return []
@@ -252,3 +254,8 @@ class ReplicationCollector:
             records.add_metric(key, behind)
         yield seconds
         yield records
+        refused = CounterMetricFamily("cursus_cluster_internal_rejected_calls",
+                                      "Refused calls on the internal listener, by reason.", labels=["reason"])
+        for reason, count in self._refusals():
+            refused.add_metric([reason], count)
+        yield refused

@@ -220,6 +220,8 @@ class Replica:
                 reason=f"local log ends at {self.leo}, below the committed HWM {committed_hwm}")
             log.error("%s/%d: %s; not serving", self.topic, self.partition, self.unavailable.error.fields["reason"])
             return
+        if self.leo == 0:  # an empty log (a new partition): nothing to truncate, no producer state to rebuild
+            return
         target = max(committed_hwm, self.hwm)
         self._ready = False
         self._committed_pending = committed_hwm

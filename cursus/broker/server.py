@@ -83,7 +83,8 @@ class BrokerServer:
         self.metrics.registry.register(ClusterCollector(lambda: broker.metadata.state, broker.metadata.raft_status))
         if broker.replication is not None:
             replication = broker.replication
-            self.metrics.registry.register(ReplicationCollector(lambda: replication.lag_snapshot))
+            self.metrics.registry.register(ReplicationCollector(lambda: replication.lag_snapshot,
+                                                                lambda: replication.refusal_snapshot))
         self.metrics.topics.set(len(broker.metadata.names()))
         self.metrics.partitions.set(len(broker.replicas))
         self.metrics.ready.set(1)

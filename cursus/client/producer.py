@@ -452,7 +452,12 @@ class ProducerCore:
             else:
                 redirect = None
         elif isinstance(error, CursusError) and not isinstance(error, ProtocolViolationError):
-            retry = error.retryable and (cfg.idempotent or not written)
+            # A typed refusal means the broker handled the request and wrote nothing, unless it says the
+            # outcome is unknown (an acks=all timeout, a failed fsync): only those need idempotence.
+            refused = error.fields.get("outcome") != "unknown" and error.code not in _OUTCOME_UNKNOWN_CODES
+            if written and not refused:
+                batch.uncertain = True
+            retry = error.retryable and (cfg.idempotent or not written or refused)
         elif not written:
             retry = True
         else:
@@ -511,6 +516,10 @@ class ProducerCore:
         self.failures = []
         self.failed_count = 0
         return error
+
+
+#: Error replies after which a PUBLISH may or may not have been appended.
+_OUTCOME_UNKNOWN_CODES = frozenset({"replication_unavailable", "storage_unavailable", "request_timeout"})
 
 
 def parse_ack(frame: Frame) -> int:

@@ -116,6 +116,8 @@ class ReplicationNode:
         #: (topic, partition, follower, records behind, seconds behind) of the partitions led here; an
         #: immutable snapshot the metrics thread may read.
         self.lag_snapshot: tuple[tuple[str, int, str, int, float], ...] = ()
+        #: (reason, count) of refused internal calls, likewise.
+        self.refusal_snapshot: tuple[tuple[str, int], ...] = ()
 
     def _internal_address_of(self, broker_id: str) -> str | None:
         info = self.broker.metadata.state.brokers.get(broker_id)
@@ -163,11 +165,13 @@ class ReplicationNode:
         while True:
             self.lag_snapshot = tuple((t, p, b, records, seconds) for (t, p), rows in self.replica_lag().items()
                                       for b, (records, seconds) in rows.items())
+            self.refusal_snapshot = tuple(sorted(self.refusals().items()))
             await asyncio.sleep(interval)
 
     def refusals(self) -> dict[str, int]:
-        """Refused internal calls by reason (for CLUSTER_STATUS and metrics)."""
-        return dict(self.server.stats())
+        """Refused internal calls by reason (for CLUSTER_STATUS and metrics; TLS handshake refusals happen
+        inside gRPC and are not counted)."""
+        return dict(self.server.stats()["refusals"])
 
     async def close(self) -> None:
         """Stop the upkeep, the fetchers and the listener (in that order: no fetch is answered after)."""

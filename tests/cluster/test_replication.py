@@ -259,3 +259,38 @@ def test_internal_listener_refuses_plaintext(cluster: Cluster) -> None:
         assert closed_by_peer(sock)
     time.sleep(0)  # the cluster is unaffected:
     make_topic(cluster, "after-plaintext")
+
+
+def _fetch_once(address: str, tls, token: str, follower: str = "node-2") -> str:
+    """One Fetch on a broker's internal listener; the gRPC status name it ends with ("OK" if answered)."""
+    import asyncio
+
+    from cursus.internal.client import InternalClient, InternalRpcError
+    from cursus.internal.v1 import replication_pb2 as pb
+
+    async def run() -> str:
+        client = InternalClient(follower, tls=tls, token=token)
+        try:
+            stream = client.fetch_stream(address)
+            await stream.write(pb.FetchRequest(follower_id=follower, max_wait_ms=10))
+            await stream.read()
+            stream.cancel()
+            return "OK"
+        except InternalRpcError as exc:
+            return exc.code.name
+        finally:
+            await client.close()
+
+    return asyncio.run(run())
+
+
+def test_internal_listener_refuses_foreign_ca_and_wrong_token(cluster: Cluster, pki) -> None:
+    target = cluster.brokers[0]
+    address = cluster.internal[target.log_dir.name]
+    assert _fetch_once(address, pki.files("node-2"), "test-token") == "OK"  # a member with the token
+    assert _fetch_once(address, pki.foreign, "test-token") == "UNAVAILABLE"  # TLS refuses another CA
+    assert _fetch_once(address, pki.files("node-2"), "wrong-token") == "UNAUTHENTICATED"
+    assert _fetch_once(address, pki.files("node-2"), "test-token", follower="node-3") == "PERMISSION_DENIED"
+    refused = status(target)["internal_rejected_calls"]
+    assert refused["wrong_token"] >= 1 and refused["follower_mismatch"] >= 1, refused
+

@@ -141,6 +141,19 @@ def test_non_idempotent_batch_fails_when_outcome_unknown() -> None:
     assert core.poll(A, 2.0)[0].seq_start == 2  # no rewind: sequence 1 may exist
 
 
+def test_a_refusal_before_append_is_retried_without_idempotence_an_unknown_outcome_is_not() -> None:
+    core = _core()
+    _send(core, b"a", partition=0)
+    batch, _ = core.poll(A, 1.0)
+    refusal = error_from_typed(make_error("leader_not_available", topic="t", partition="0"))
+    assert core.failed(batch, refusal, written=True, now=1.0) == ([], None)  # nothing was appended
+    again, _ = core.poll(A, 2.0)
+    assert again is batch
+    unknown = error_from_typed(make_error("replication_unavailable", reason="replica timeout", outcome="unknown"))
+    resolutions, _ = core.failed(again, unknown, written=True, now=2.0)
+    assert isinstance(resolutions[0][1], DeliveryUnknownError)
+
+
 def test_connect_failure_is_retried_even_without_idempotence() -> None:
     core = _core()
     _send(core, b"a", partition=0)
