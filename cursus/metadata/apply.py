@@ -17,6 +17,7 @@ state is never modified.
 from __future__ import annotations
 
 import dataclasses
+from collections import Counter
 from dataclasses import dataclass
 
 from cursus.metadata.commands import (
@@ -321,8 +322,11 @@ def _put(state: MetadataState, command: CreateTopic | PutTopic | AlterTopicConfi
     if added and not active:
         raise BrokerError.of("cluster_metadata_unavailable", topic=name, reason="no active broker to place on")
     assignments: dict[PartitionKey, PartitionAssignment] = dict(state.assignments)
+    leaders = Counter(a.replicas[0] for k, a in assignments.items() if k[0] == name and a.replicas)
     for key in added:
-        assignments[key] = place(defn, key[1], active, state.initial_leader_epoch)
+        assignments[key] = placed = place(defn, key[1], active, state.initial_leader_epoch, leaders)
+        if placed.replicas:
+            leaders[placed.replicas[0]] += 1
     topics = dict(state.topics)
     topics[name] = defn
     new = dataclasses.replace(state, topics=topics, assignments=assignments)

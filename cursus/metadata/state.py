@@ -178,10 +178,20 @@ def transaction_coordinator(state: MetadataState, transactional_id: str) -> str 
     return owners[0] if owners else None
 
 
-def place(topic: TopicDefinition, partition: int, active: list[str], leader_epoch: int) -> PartitionAssignment:
-    """A fresh assignment for a new partition: RF capped by the active brokers, leader = replicas[0],
-    ISR = replicas (every replica is empty, so all are in sync), committed HWM 0."""
+def place(topic: TopicDefinition, partition: int, active: list[str], leader_epoch: int,
+          leaders: Mapping[str, int] | None = None) -> PartitionAssignment:
+    """A fresh assignment for a new partition: RF capped by the active brokers, ISR = replicas (every
+    replica is empty, so all are in sync), committed HWM 0.
+
+    The replica *set* is the consistent-hash ring's (facts B7). The leader (replicas[0], the preferred
+    leader) is the member of that set leading the fewest of the topic's partitions so far (``leaders``:
+    broker -> count; ties keep ring order), and the set is rotated to start with it: neighbouring keys
+    often hash to one arc of the ring, which would otherwise put most leaders of a topic on one broker.
+    """
     replicas = ring_replicas(active, f"{topic.name}-{partition}", min(topic.replication_factor, len(active)))
+    if replicas and leaders:
+        first = min(range(len(replicas)), key=lambda i: (leaders.get(replicas[i], 0), i))
+        replicas = replicas[first:] + replicas[:first]
     return PartitionAssignment(replicas=replicas, leader=replicas[0] if replicas else None,
                                leader_epoch=leader_epoch, isr=replicas, committed_hwm=0,
                                lifecycle_epoch=topic.lifecycle_epoch)
