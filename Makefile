@@ -18,7 +18,7 @@ venv: $(STAMP)
 run: $(STAMP)
 	$(VENV)/bin/cursus-broker --host 127.0.0.1 --log-dir ./data
 
-## make cluster: three brokers on 127.0.0.1 (client ports 9000-9002) as one Raft metadata cluster, data
+## make cluster: three brokers on 127.0.0.1 (client ports 9000-9002) as one replicated cluster, data
 ## under ./data/cluster/node-N, certificates generated on the first run (Ctrl-C stops all three cleanly)
 cluster: $(STAMP)
 	$(PY) -m cursus.cluster.devcluster --data ./data/cluster
