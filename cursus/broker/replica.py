@@ -446,24 +446,18 @@ class Replica:
     def wait_hwm(self, end_offset: int) -> asyncio.Future[None]:
         """A future resolved once ``hwm >= end_offset`` (or failed if the partition gets fenced, deleted, or
         this leader becomes a follower or changes epoch)."""
-        fut: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-        if self.hwm >= end_offset:
-            fut.set_result(None)
-        elif self.fenced is not None:
-            fut.set_exception(self._fenced_error())
-        elif self.role is not Role.LEADER:
-            fut.set_exception(self._not_leader())
-        else:
-            self._waiter_seq += 1
-            heapq.heappush(self._hwm_waiters, (end_offset, self._waiter_seq, fut))
-        return fut
+        return self._wait(self._hwm_waiters, self.hwm, end_offset)
 
     def wait_durable(self, end_offset: int) -> asyncio.Future[None]:
         """A future resolved once this replica's ``durable_end_offset >= end_offset`` (acks=1; the acks=0
         byte budget release). Fails with ``storage_unavailable`` (fenced), ``topic_not_found`` (deleted)
         or ``NOT_LEADER`` (the leader became a follower, or truncated the offsets as a new leader)."""
+        return self._wait(self._durable_waiters, self.durable_end_offset, end_offset)
+
+    def _wait(self, waiters: list[tuple[int, int, asyncio.Future[None]]], reached: int,
+              end_offset: int) -> asyncio.Future[None]:
         fut: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-        if self.durable_end_offset >= end_offset:
+        if reached >= end_offset:
             fut.set_result(None)
         elif self.fenced is not None:
             fut.set_exception(self._fenced_error())
@@ -471,7 +465,7 @@ class Replica:
             fut.set_exception(self._not_leader())
         else:
             self._waiter_seq += 1
-            heapq.heappush(self._durable_waiters, (end_offset, self._waiter_seq, fut))
+            heapq.heappush(waiters, (end_offset, self._waiter_seq, fut))
         return fut
 
     def wait_committed(self, end_offset: int, isr: tuple[str, ...]) -> asyncio.Future[None]:
