@@ -412,6 +412,7 @@ class Broker:
             self.hwm_committer.detach(replica)
             replica.on_deleted()
             self.metrics.forget_partition(name, replica.partition)
+        self.metrics.forget_topic(name)
         self.metrics.partitions.set(len(self.replicas))
         return replicas
 

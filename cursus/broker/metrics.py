@@ -9,7 +9,14 @@ from __future__ import annotations
 from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any, TypeVar
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+from prometheus_client import (
+    CollectorRegistry,
+    Counter,
+    Gauge,
+    Histogram,
+    ProcessCollector,
+    disable_created_metrics,
+)
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.metrics import MetricWrapperBase
 
@@ -28,7 +35,9 @@ class BrokerMetrics:
     """All metric families of one broker."""
 
     def __init__(self) -> None:
+        disable_created_metrics()  # no ``*_created`` series next to every counter and histogram
         r = self.registry = CollectorRegistry()
+        ProcessCollector(registry=r)  # process_cpu_seconds_total, process_resident_memory_bytes, open fds
         self._children: dict[tuple[MetricWrapperBase, tuple[str, ...]], Any] = {}
         #: (topic, partition) -> its (log start, LEO, HWM) gauge children.
         self._replica_gauges: dict[tuple[str, int], tuple[Gauge, Gauge, Gauge]] = {}
@@ -59,6 +68,16 @@ class BrokerMetrics:
         self.metadata_commit_seconds = Histogram(
             "cursus_cluster_metadata_commit_seconds", "Metadata command submit-to-applied latency through Raft.",
             registry=r, buckets=(0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5))
+        self.topic_records_in = Counter(
+            "cursus_broker_topic_records_in_total", "Records appended by clients, by topic.", ["topic"], registry=r)
+        self.topic_bytes_in = Counter(
+            "cursus_broker_topic_bytes_in_total", "Record bytes appended by clients, by topic.", ["topic"], registry=r)
+        self.topic_records_out = Counter(
+            "cursus_broker_topic_records_out_total", "Records served to clients (CONSUME, STREAM), by topic.",
+            ["topic"], registry=r)
+        self.topic_bytes_out = Counter(
+            "cursus_broker_topic_bytes_out_total", "Batch bytes served to clients (CONSUME, STREAM), by topic.",
+            ["topic"], registry=r)
         self.replication_bytes = Counter(
             "cursus_cluster_replication_fetch_bytes_total",
             "Chunk bytes of replica fetches: out (served as leader) and in (appended as follower).",
@@ -121,6 +140,26 @@ class BrokerMetrics:
         log_start.set(replica.log_start_offset)
         log_end.set(replica.leo)
         hwm.set(replica.hwm)
+
+    def topic_in(self, topic: str, records: int, size_bytes: int) -> None:
+        """Count an append of ``records`` (``size_bytes``) to ``topic``."""
+        self.child(self.topic_records_in, topic).inc(records)
+        self.child(self.topic_bytes_in, topic).inc(size_bytes)
+
+    def topic_out(self, topic: str, records: int, size_bytes: int) -> None:
+        """Count ``records`` (``size_bytes``) of ``topic`` served to a client."""
+        if records:
+            self.child(self.topic_records_out, topic).inc(records)
+            self.child(self.topic_bytes_out, topic).inc(size_bytes)
+
+    def forget_topic(self, topic: str) -> None:
+        """Drop a deleted topic's per-topic series."""
+        for family in (self.topic_records_in, self.topic_bytes_in, self.topic_records_out, self.topic_bytes_out):
+            self._children.pop((family, (topic,)), None)
+            try:
+                family.remove(topic)
+            except KeyError:
+                pass
 
     def forget_partition(self, topic: str, partition: int) -> None:
         self._replica_gauges.pop((topic, partition), None)

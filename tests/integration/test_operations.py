@@ -69,6 +69,7 @@ def test_metrics_after_known_workload(broker_factory):
         create_topic(conn, "metered", partitions=2)
         for _ in range(3):
             ack_of(publish_batch(conn, "metered", 1, [b"m"] * 10))
+        assert len(consume(conn, "metered", 1, 0, batch=5)) == 5
         error_of(conn.command("METADATA topic=unknown-topic"))
         joined = ok_fields(conn.command("JOIN_GROUP topic=metered group=g1 member=m"))
         ok_fields(conn.command(f"COMMIT_OFFSET topic=metered partition=1 group=g1 offset=12 "
@@ -96,6 +97,11 @@ def test_metrics_after_known_workload(broker_factory):
     assert 'cursus_consumer_group_committed_offset{group="g1",partition="1",topic="metered"} 12.0' in text
     assert 'cursus_consumer_group_lag{group="g1",partition="1",topic="metered"} 18.0' in text
     assert "cursus_streams_active 0.0" in text
+    assert 'cursus_broker_topic_records_in_total{topic="metered"} 30.0' in text
+    assert 'cursus_broker_topic_records_out_total{topic="metered"} 5.0' in text
+    assert "cursus_broker_topic_bytes_in_total" in text and "cursus_broker_topic_bytes_out_total" in text
+    assert "process_cpu_seconds_total" in text and "process_open_fds" in text  # the standard process collector
+    assert "_created" not in text  # no creation-time series next to every counter
 
 
 def test_sigterm_during_publish_stream_loses_no_acked_record(broker_factory):

@@ -107,7 +107,8 @@ async def read_batch(broker: Broker, replica: Replica, topic: str, offset: int, 
         return [encode_batch_header(topic, replica.partition, acks="1", record_count=0)], offset
     read = functools.partial(_read_reply, replica.log, topic, replica.partition, offset, hwm, max_records, max_bytes)
     try:
-        return await broker.offload.run(_expected_bytes(replica.log, offset, hwm, max_records, max_bytes), read)
+        parts, next_offset = await broker.offload.run(
+            _expected_bytes(replica.log, offset, hwm, max_records, max_bytes), read)
     except OffsetOutOfRange:
         raise _out_of_range(replica, offset) from None
     except CorruptLogError as exc:
@@ -120,6 +121,8 @@ async def read_batch(broker: Broker, replica: Replica, topic: str, offset: int, 
         if replica.deleted:  # its segments were closed under the read
             raise BrokerError.of("topic_not_found", topic=topic) from None
         raise
+    broker.metrics.topic_out(topic, next_offset - offset, sum(len(part) for part in parts))
+    return parts, next_offset
 
 
 def _expected_bytes(partition_log: PartitionLog, offset: int, hwm: int, max_records: int, max_bytes: int) -> int:

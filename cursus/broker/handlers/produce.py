@@ -113,6 +113,7 @@ async def _append_and_ack(
     isr = replica.isr  # captured at the append: acks=all waits for exactly these members
     stamp_offsets(buf, positions, base_offset)
     replica.append(body, record_count)
+    broker.metrics.topic_in(replica.topic, record_count, len(body))
     if producer is not None and first_seq > 0:
         table.record(producer_id, epoch, first_seq, last_seq, base_offset, stamp)
     end = base_offset + record_count
