@@ -9,6 +9,9 @@ that no token ever shows in the broker's output or its /metrics.
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
 import time
 import urllib.request
 from collections.abc import Iterator
@@ -236,3 +239,32 @@ def test_no_secret_in_logs_or_metrics(secure_broker):
     for token in TOKENS:
         assert token not in metrics
         assert token not in output
+
+
+def _ctl(broker: BrokerProcess, *args: str, env: dict[str, str]) -> subprocess.CompletedProcess[str]:
+    host, port = broker.address
+    clean = {k: v for k, v in os.environ.items() if not k.startswith("CURSUS_")}
+    return subprocess.run([sys.executable, "-m", "cursus.cli.ctl", "--broker", f"{host}:{port}", *args],
+                          capture_output=True, text=True, env={**clean, **env}, timeout=60)
+
+
+def test_cursusctl_credentials(secure_broker, tmp_path):
+    token = USERS["ops"][0]
+    shown = _ctl(secure_broker, "topic", "list", env={"CURSUS_PRINCIPAL": "ops", "CURSUS_TOKEN": token})
+    assert shown.returncode == 0 and "open-t" in shown.stdout, shown.stderr
+    shown = _ctl(secure_broker, "--principal", "ops", "--auth-token-env", "MY_TOKEN", "topic", "list",
+                 env={"MY_TOKEN": token})
+    assert shown.returncode == 0 and "acl-t" in shown.stdout, shown.stderr
+    creds = tmp_path / "creds.yaml"
+    creds.write_text(f"principal: reader\ntoken: {USERS['reader'][0]}\n")
+    shown = _ctl(secure_broker, "--credentials-file", str(creds), "topic", "list", env={})
+    assert shown.returncode == 0 and "open-t" in shown.stdout and "acl-t" not in shown.stdout, shown.stderr
+    refused = _ctl(secure_broker, "topic", "list", env={})
+    assert refused.returncode == 1 and "authentication_required" in refused.stderr
+    wrong = _ctl(secure_broker, "topic", "list", env={"CURSUS_PRINCIPAL": "ops", "CURSUS_TOKEN": token + "x"})
+    assert wrong.returncode == 1 and "authentication_failed" in wrong.stderr
+    usage = _ctl(secure_broker, "--principal", "ops", "topic", "list", env={})
+    assert usage.returncode == 2 and "has no token" in usage.stderr
+    for result in (shown, refused, wrong, usage):
+        assert token not in result.stdout + result.stderr
+        assert USERS["reader"][0] not in result.stdout + result.stderr
