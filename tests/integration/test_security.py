@@ -268,3 +268,17 @@ def test_cursusctl_credentials(secure_broker, tmp_path):
     for result in (shown, refused, wrong, usage):
         assert token not in result.stdout + result.stderr
         assert USERS["reader"][0] not in result.stdout + result.stderr
+
+
+@pytest.mark.parametrize(("env", "settings", "needle"), [
+    ({}, {"enable_sasl": "true"}, "enable_sasl=true needs sasl_users"),
+    ({"SASL_USERS": "alice:tok-startup-Rr11"}, {"enable_sasl": "true"}, "principal alice"),
+    ({"SASL_USERS": "alice:tok-startup-Rr11:superuser"}, {}, "unknown permission 'superuser'"),
+])
+def test_invalid_auth_configuration_fails_startup(broker_factory, env, settings, needle):
+    broker = broker_factory(settings=settings, env=env)
+    broker.start(expect_ready=False)
+    assert broker.wait_exit(30) == 2
+    output = broker.output()
+    assert needle in output and "sasl_users" in output
+    assert "tok-startup-Rr11" not in output
