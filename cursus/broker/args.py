@@ -71,9 +71,10 @@ def isolation(raw: str, command: str) -> str:
 
 @dataclass(frozen=True)
 class AuthArgs(Args):
-    """AUTH [principal=] [token=]."""
+    """AUTH principal= token= (with enable_sasl=false: answered authenticated=false)."""
 
     principal: str = param(default="", doc="who is authenticating")
+    token: str = param(default="", doc="the principal's secret token (never logged)")
 
 
 @dataclass(frozen=True)
@@ -277,6 +278,19 @@ ARGS: Mapping[Command, type[Args]] = {
 }
 
 
+def _permissions_line(command: Command) -> str:
+    """The permission-table line of a command's section (:data:`cursus.broker.auth.COMMAND_PERMISSIONS`)."""
+    from cursus.broker.auth import COMMAND_PERMISSIONS, TRANSACTION
+
+    required = COMMAND_PERMISSIONS.get(command)
+    if not required:
+        return "Permissions (enable_sasl=true): none, no authentication needed.\n"
+    line = "Permissions (enable_sasl=true): " + " + ".join(f"`{p}`" for p in required)
+    if command is Command.FIND_COORDINATOR:
+        line += f" (`{TRANSACTION}` with `transactional_id=`)"
+    return line + ".\n"
+
+
 def render_markdown() -> str:
     """The command reference page (``docs/commands.md``) from :data:`ARGS`: one section per command with
     its parameters in validation order."""
@@ -284,12 +298,14 @@ def render_markdown() -> str:
         "# Commands and their parameters\n",
         "Generated from `cursus/broker/args.py` (`python -m cursus.broker.args > docs/commands.md`); a test",
         "fails when this page and the code disagree. Parameters are validated in the order listed, so a request",
-        "gets the first error in this order. Every command also accepts `principal=` and `auth_token=`.\n",
+        "gets the first error in this order. Every command also accepts `principal=` and `auth_token=` (inline",
+        "authentication). With `enable_sasl=true` a command needs every permission listed (docs/security.md).\n",
     ]
     for command in sorted(ARGS):
         args_type = ARGS[command]
         out.append(f"## {command.name} (id {int(command)})\n")
         out.append((args_type.__doc__ or "").strip().splitlines()[0] + "\n")
+        out.append(_permissions_line(command))
         pairs = params_of(args_type)
         if not pairs:
             out.append("No parameters.\n")

@@ -18,6 +18,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from cursus.broker.auth import parse_users
+
 MIB = 1024 * 1024
 
 
@@ -140,7 +142,9 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("tls_key_path", _S, "", "path", "PEM private key of the client listener."),
     Setting("tls_ca_path", _S, "", "path", "PEM CA bundle; when set, clients must present a certificate it signed."),
     Setting("tls_handshake_timeout_ms", _I, 10_000, "ms", "A client that does not finish the TLS handshake in time is dropped.", 1),
-    Setting("enable_sasl", _B, False, "bool", "Require token authentication (AUTH). Not implemented yet; must stay false."),
+    Setting("enable_sasl", _B, False, "bool", "Require token authentication (`AUTH principal= token=` or inline `principal= auth_token=`) and the permissions of `sasl_users` on the client listener (see docs/security.md)."),
+    Setting("sasl_users", parse_users, (), "list", "Users of token authentication: a YAML list of `{principal, token, permissions}` (permissions: `admin`, `topic.read`, `topic.write`, `group`, `transaction`, `*`; a non-empty list each), or in the environment (`SASL_USERS`) `principal:token:perm\\|perm,...` or a JSON list. Tokens are secrets: never logged or shown."),
+    Setting("auth_failure_delay_ms", _I, 100, "ms", "A failed AUTH (or inline credentials) is answered `authentication_failed` after this fixed delay (slows guessing; the connection stays usable).", 0),
     Setting("shutdown_grace_ms", _I, 10_000, "ms", "How long a clean shutdown waits for in-flight requests.", 0),
     Setting("consumer_session_timeout_ms", _I, 30_000, "ms", "A group member without a heartbeat for this long is removed and its group rebalances.", 1),
     Setting("offsets_topic_num_partitions", _I, 1, "partitions", "Partitions of the internal __consumer_offsets topic (used only when it is created).", 1),
@@ -197,13 +201,13 @@ REFERENCE_KEYS_NOT_IMPLEMENTED: frozenset[str] = frozenset(
         "enable_idempotence", "transactional_id_expiration_ms", "transaction_timeout_ms",
         "transaction_recovery_batch_size",
         "consumer_heartbeat_check_ms", "stream_timeout", "stream_heartbeat_interval",
-        "sasl_users",
         "max_inflight_requests", "observation_grpc_port",
     }
 )
 
 
-#: Keys whose values are secrets: never logged, redacted in ``repr``.
+#: Keys whose values are secrets: never logged, redacted in ``repr`` (``sasl_users`` keeps only token
+#: digests, and its users' ``repr`` hides those).
 SECRET_KEYS: frozenset[str] = frozenset({"internal_auth_token", "internal_auth_token_next"})
 
 
@@ -297,8 +301,8 @@ def load_config(
         values[key] = SETTINGS_BY_NAME[key].coerce(raw, "the command line")
     if values["consume_max_bytes_limit"] > 48 * MIB:
         raise ConfigError("invalid value for consume_max_bytes_limit: at most 48 MiB, so replies fit a 64 MiB frame")
-    if values["enable_sasl"]:
-        raise ConfigError("invalid value for enable_sasl: token authentication is not implemented yet")
+    if values["enable_sasl"] and not values["sasl_users"]:
+        raise ConfigError("enable_sasl=true needs sasl_users: at least one {principal, token, permissions} entry")
     if values["min_insync_replicas"] == 0:
         values["min_insync_replicas"] = 2 if values["enabled_distribution"] else 1
     if values["enabled_distribution"]:

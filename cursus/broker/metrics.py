@@ -30,6 +30,10 @@ WIRE_FAILURE_REASONS = (
     "unknown",
 )
 
+#: Labels of ``cursus_auth_failures_total``: unknown principal or wrong token (one reason: which of the two
+#: is never revealed), and a request with only one of principal / token.
+AUTH_FAILURE_REASONS = ("bad_credentials", "incomplete_credentials")
+
 
 class BrokerMetrics:
     """All metric families of one broker."""
@@ -62,6 +66,11 @@ class BrokerMetrics:
             registry=r)
         for reason in WIRE_FAILURE_REASONS:
             self.wire_failures_total.labels(reason)
+        self.auth_failures_total = Counter(
+            "cursus_auth_failures_total",
+            "Failed authentications (AUTH or inline principal=/auth_token=), by reason.", ["reason"], registry=r)
+        for reason in AUTH_FAILURE_REASONS:
+            self.auth_failures_total.labels(reason)
         self.retention_deletions_total = Counter(
             "cursus_storage_retention_deleted_segments_total", "Segments deleted by retention.", registry=r)
         self.ready = Gauge("cursus_broker_ready", "1 when the broker is ready to serve.", registry=r)

@@ -17,11 +17,27 @@ if TYPE_CHECKING:
 
 @dataclass(slots=True)
 class SessionInfo:
-    """Per-connection facts a handler may need."""
+    """Per-connection facts a handler may need, including its authentication state (``enable_sasl``):
+    ``principal`` and ``permissions`` are set by a successful AUTH or inline credentials and cleared by a
+    failed one (fail closed)."""
 
     peer: str
     principal: str | None = None
     authenticated: bool = False
+    permissions: frozenset[str] = frozenset()
+
+    def sign_in(self, principal: str, permissions: frozenset[str]) -> None:
+        """The connection is now authenticated as ``principal`` with ``permissions``."""
+        self.principal, self.permissions, self.authenticated = principal, permissions, True
+
+    def sign_out(self) -> None:
+        """Back to anonymous (after a failed authentication)."""
+        self.principal, self.permissions, self.authenticated = None, frozenset(), False
+
+    @property
+    def authenticated_principal(self) -> str | None:
+        """The principal when authenticated, else None (what topic ACLs see)."""
+        return self.principal if self.authenticated else None
 
 
 @dataclass(frozen=True, slots=True)

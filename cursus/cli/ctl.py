@@ -3,7 +3,8 @@
 Usage::
 
     cursusctl [--broker HOST:PORT] [--compression none|gzip|snappy|lz4] [--timeout 10s]
-              [--tls-ca FILE] [--tls-cert FILE --tls-key FILE] [--principal P --auth-token-env VAR]
+              [--tls-ca FILE] [--tls-cert FILE --tls-key FILE]
+              [--principal P [--auth-token-env VAR] | --credentials-file FILE]
               [--json] COMMAND ...
 
     topic create NAME [--partitions N] [--idempotent] [--min-isr N|default] ...
@@ -24,7 +25,10 @@ Usage::
     raw COMMAND [key=value ...]
     certs --out DIR --nodes N [--host H ...]   (development CA + node certificates; no broker needed)
 
-The broker defaults to ``$CURSUS_BROKER`` or 127.0.0.1:9000. Global flags may also follow the subcommand.
+The broker defaults to ``$CURSUS_BROKER`` or 127.0.0.1:9000. Credentials (sent as ``AUTH`` on connect, never
+printed): ``--principal`` with the token from ``--auth-token-env VAR`` (or ``$CURSUS_TOKEN`` /
+``$CURSUS_TOKEN_FILE``), a ``--credentials-file`` (YAML ``principal:`` and ``token:``), or the environment
+alone (``$CURSUS_PRINCIPAL`` + ``$CURSUS_TOKEN``, ``$CURSUS_CREDENTIALS_FILE``). Global flags may also follow the subcommand.
 Output: aligned tables on a terminal, plain ``key=value`` lines when piped, JSON with ``--json``.
 Exit codes: 0 success, 1 broker or runtime error (the rendered ``ERROR: code class= retryable= ...`` line
 is printed), 2 usage error.
@@ -58,6 +62,7 @@ from cursus.client.connection import (
     parse_address,
 )
 from cursus.client.consumer import Consumer
+from cursus.client.credentials import CredentialsError, resolve_credentials
 from cursus.client.errors import (
     BrokerUnavailableError,
     CursusError,
@@ -163,7 +168,7 @@ def _positive(text: str) -> int:
 _GLOBAL_DEFAULTS: dict[str, Any] = {
     "broker": None, "compression": "none", "timeout": 10.0, "tls": False, "tls_insecure": False, "tls_ca": None,
     "tls_cert": None,
-    "tls_key": None, "principal": None, "auth_token_env": None, "json": False,
+    "tls_key": None, "principal": None, "auth_token_env": None, "credentials_file": None, "json": False,
 }
 
 
@@ -185,7 +190,9 @@ def _global_options(parser: argparse.ArgumentParser) -> None:
     group.add_argument("--tls-key", default=argparse.SUPPRESS, metavar="FILE", help="client key (PEM)")
     group.add_argument("--principal", default=argparse.SUPPRESS, help="authenticate as this principal")
     group.add_argument("--auth-token-env", default=argparse.SUPPRESS, metavar="VAR",
-                       help="environment variable holding the principal's token")
+                       help="environment variable holding the principal's token (default: CURSUS_TOKEN)")
+    group.add_argument("--credentials-file", default=argparse.SUPPRESS, metavar="FILE",
+                       help="YAML file with principal: and token: (default: $CURSUS_CREDENTIALS_FILE)")
     group.add_argument("--json", action="store_true", default=argparse.SUPPRESS, help="machine-readable output")
 
 
@@ -222,8 +229,8 @@ def build_parser() -> argparse.ArgumentParser:
     create.add_argument("--retention-hours", type=_non_negative)
     create.add_argument("--retention-bytes", type=_non_negative)
     create.add_argument("--partitioner", choices=["hash_key", "round_robin"])
-    create.add_argument("--auth-policy", choices=["open", "deny_write", "deny_read"],
-                        help="open, deny_write or deny_read (acl arrives with token authentication)")
+    create.add_argument("--auth-policy", choices=["open", "deny_write", "deny_read", "acl"],
+                        help="open, deny_write, deny_read or acl (read/write ACLs, see docs/security.md)")
     create.add_argument("--read-acl", help="comma-separated principals")
     create.add_argument("--write-acl", help="comma-separated principals")
     alter = topic_commands.add_parser("alter", parents=[common], help="change a topic's min ISR override")
@@ -341,9 +348,15 @@ def connection_options(args: argparse.Namespace) -> ConnectionOptions:
         token = os.environ.get(args.auth_token_env)
         if token is None:
             raise UsageError(f"environment variable {args.auth_token_env} is not set")
+    if args.credentials_file and args.principal:
+        raise UsageError("--credentials-file names the principal: drop --principal")
+    try:
+        creds = resolve_credentials(args.principal, token, credentials_file=args.credentials_file)
+    except CredentialsError as exc:
+        raise UsageError(str(exc)) from None
     return ConnectionOptions(compression=compression_of(args.compression), timeout_s=args.timeout,
-                             ssl_context=ssl_context, principal=args.principal, token=token,
-                             backoff=CLI_BACKOFF)
+                             ssl_context=ssl_context, principal=creds.principal if creds else None,
+                             token=creds.token if creds else None, backoff=CLI_BACKOFF)
 
 
 # ------------------------------------------------------------------------------------------ output

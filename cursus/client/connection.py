@@ -273,7 +273,7 @@ class ConnectionOptions:
     ssl_context: ssl.SSLContext | None = None
     server_hostname: str | None = None
     principal: str | None = None
-    token: str | None = None
+    token: str | None = field(default=None, repr=False)
     backoff: Backoff = field(default_factory=Backoff)
     redirects_max: int = 5
 
@@ -294,9 +294,24 @@ class ConnectionOptions:
 
 
 def options_from(options: ConnectionOptions | None, overrides: Mapping[str, Any]) -> ConnectionOptions:
-    """``options`` (or defaults) with keyword overrides applied; unknown keys raise ``TypeError``."""
-    base = options or ConnectionOptions()
+    """``options`` (or defaults) with keyword overrides applied; unknown keys raise ``TypeError``.
+
+    Without ``options``, credentials come from the overrides (``principal``, ``token``,
+    ``credentials_file``) or else the environment (:func:`cursus.client.credentials.resolve_credentials`:
+    ``CURSUS_PRINCIPAL`` + ``CURSUS_TOKEN``, ``CURSUS_TOKEN_FILE``, ``CURSUS_CREDENTIALS_FILE``); raises
+    :class:`~cursus.client.credentials.CredentialsError` when they are incomplete.
+    """
     clean = {k: v for k, v in overrides.items() if v is not None}
+    credentials_file = clean.pop("credentials_file", None)
+    if options is None:
+        from cursus.client.credentials import resolve_credentials
+
+        creds = resolve_credentials(clean.get("principal"), clean.get("token"), credentials_file=credentials_file)
+        if creds is not None:
+            clean["principal"], clean["token"] = creds.principal, creds.token
+    elif credentials_file is not None:
+        raise TypeError("credentials_file= applies only without options= (give principal= and token= instead)")
+    base = options or ConnectionOptions()
     return base.with_(**clean) if clean else base
 
 

@@ -285,9 +285,6 @@ def apply_create(
     if spec.cleanup_policy is not None and spec.cleanup_policy != "delete":
         raise BrokerError.of("unsupported_topic_policy", field="cleanup_policy", value=spec.cleanup_policy,
                              reason="compaction is not available yet")
-    if spec.auth_policy == "acl":
-        raise BrokerError.of("unsupported_topic_policy", field="auth_policy", value=spec.auth_policy,
-                             reason="acl policies arrive with token authentication")
 
     if current is None:
         policy = TopicPolicy(

@@ -147,5 +147,9 @@ def test_deny_read_policy(shared_broker, topic_name):
         ack_of(publish_batch(conn, topic_name, 0, [b"x"]))
         err = error_of(conn.command(f"CONSUME topic={topic_name} partition=0 offset=0"))
         assert err.code == "NOT_AUTHORIZED_FOR_TOPIC" and err.fields["operation"] == "read"
-        assert error_of(conn.command(f"CREATE topic={topic_name} auth_policy=acl")).code == "unsupported_topic_policy"
+        # acl without enable_sasl: nobody is authenticated, so nobody passes the ACL (fail closed)
+        assert ok_fields(conn.command(f"CREATE topic={topic_name} auth_policy=acl read_acl=*"))["auth_policy"] == "acl"
+        err = error_of(conn.command(f"CONSUME topic={topic_name} partition=0 offset=0"))
+        assert err.code == "NOT_AUTHORIZED_FOR_TOPIC" and err.fields["operation"] == "read"
+        assert error_of(publish_batch(conn, topic_name, 0, [b"y"])).code == "NOT_AUTHORIZED_FOR_TOPIC"
         assert consume is not None

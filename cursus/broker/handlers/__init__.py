@@ -2,7 +2,9 @@
 
 Each entry pairs a command with its argument type (:data:`cursus.broker.args.ARGS`) and its handler: the
 request's fields are parsed and validated once, here, and the handler receives the typed arguments
-(``handler(broker, request, args)``). PUBLISH alone parses inside its handler (see the table).
+(``handler(broker, request, args)``). PUBLISH alone parses inside its handler (see the table). Every
+handler runs behind :func:`cursus.broker.handlers.access.guarded`: authentication and the permission table
+(:data:`cursus.broker.auth.COMMAND_PERMISSIONS`) are checked before dispatch.
 """
 
 from __future__ import annotations
@@ -12,6 +14,7 @@ from typing import Any
 
 from cursus.broker.args import ARGS
 from cursus.broker.handlers import admin, cluster, fetch, groups, produce, session_cmds, stream, topics
+from cursus.broker.handlers.access import guarded
 from cursus.broker.request import Answer, Handler, Request
 from cursus.params import Args, parse_args
 from cursus.wire import Command
@@ -59,9 +62,12 @@ _TYPED: Mapping[Command, TypedHandler] = {
     Command.ELECT_LEADER: cluster.handle_elect_leader,
 }
 
-HANDLERS: Mapping[Command, Handler] = {
+_UNGUARDED: Mapping[Command, Handler] = {
     **{command: typed(command, handler) for command, handler in _TYPED.items()},
     # PUBLISH parses its own arguments: a CBV2 batch carries them in its header, and an acks=0 request
     # must stay silent even when its arguments are wrong.
     Command.PUBLISH: produce.handle_publish,
 }
+
+#: What the session dispatches: every handler behind authentication and its permissions (``enable_sasl``).
+HANDLERS: Mapping[Command, Handler] = {command: guarded(command, handler) for command, handler in _UNGUARDED.items()}

@@ -17,7 +17,7 @@ from cursus.broker.args import ReadArgs
 from cursus.broker.core import Broker
 from cursus.broker.handlers.common import check_topic_access, partition_of
 from cursus.broker.replica import Replica
-from cursus.broker.request import Parts, Request
+from cursus.broker.request import Parts, Request, SessionInfo
 from cursus.storage import CorruptLogError, OffsetOutOfRange, PartitionLog
 from cursus.storage.producer_state import record_producer
 from cursus.wire import MAX_RECORDS_PER_BATCH, encode_batch_header
@@ -48,7 +48,7 @@ class ReadTarget:
     start: int
 
 
-def read_target(broker: Broker, args: ReadArgs, *, default_batch: int) -> ReadTarget:
+def read_target(broker: Broker, args: ReadArgs, *, default_batch: int, session: SessionInfo | None = None) -> ReadTarget:
     """Resolve a validated CONSUME/STREAM request: topic and access, partition, limits, start offset.
 
     Raises:
@@ -56,7 +56,7 @@ def read_target(broker: Broker, args: ReadArgs, *, default_batch: int) -> ReadTa
             ``partition_not_found``, ``leader_not_available`` (the argument errors were raised by the parse).
     """
     defn = broker.topic(args.topic)
-    check_topic_access(defn, "read")
+    check_topic_access(defn, "read", session)
     replica = partition_of(broker, defn, args.partition)
     # without transactions both isolation levels read up to the HWM
     max_records = min(args.batch or default_batch, MAX_RECORDS_PER_BATCH)
@@ -74,7 +74,7 @@ def read_target(broker: Broker, args: ReadArgs, *, default_batch: int) -> ReadTa
 
 async def handle_consume(broker: Broker, req: Request, args: ReadArgs) -> Parts:
     """CONSUME topic partition offset [batch] [wait_ms] [max_bytes] [isolation] [autoOffsetReset] [group]."""
-    target = read_target(broker, args, default_batch=DEFAULT_BATCH_RECORDS)
+    target = read_target(broker, args, default_batch=DEFAULT_BATCH_RECORDS, session=req.session)
     replica, offset = target.replica, target.start
     wait_ms = min(args.wait_ms, MAX_WAIT_MS)
     if offset < replica.log_start_offset or offset > replica.leo:

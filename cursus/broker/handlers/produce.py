@@ -70,12 +70,12 @@ async def handle_publish(broker: Broker, req: Request) -> Reply | NoReply | byte
         return NO_REPLY
 
 
-def _target(broker: Broker, topic: str) -> TopicDefinition:
+def _target(broker: Broker, topic: str, req: Request) -> TopicDefinition:
     name = validate_topic_name(topic, command="PUBLISH")
     defn = broker.topic(name)
     if is_internal_topic(name):
         raise BrokerError.of("internal_topic_write_forbidden", topic=name)
-    check_topic_access(defn, "write")
+    check_topic_access(defn, "write", req.session)
     return defn
 
 
@@ -154,7 +154,7 @@ async def _wait_ack(broker: Broker, replica: Replica, mode: str, end: int, isr: 
 async def _publish_batch(broker: Broker, req: Request, view: BatchView) -> Reply | NoReply | bytes:
     """A CBV2 batch naming one partition (facts decision 12)."""
     mode = parse_acks(view.acks)
-    defn = _target(broker, view.topic)
+    defn = _target(broker, view.topic, req)
     replica = partition_of(broker, defn, view.partition)
     if view.record_count == 0:
         raise BrokerError.of("empty_messages", command="PUBLISH")
@@ -190,7 +190,7 @@ async def _publish_text(broker: Broker, req: Request) -> Reply | NoReply | bytes
             raise BrokerError.of("transaction_metadata_forbidden", command="PUBLISH", field=name)
     args = parse_args(PublishArgs, req.fields, "PUBLISH")
     mode = args.acks
-    defn = _target(broker, args.topic)
+    defn = _target(broker, args.topic, req)
     if args.idempotent and mode != "all":
         raise BrokerError.of("invalid_acks", value=req.get("acks"), reason="idempotent producers need acks=all")
     if args.idempotent and args.seq_num < 1:

@@ -45,7 +45,7 @@ CLOSE_REASONS = ("stopped", "removed", "timeout", "error", "offset_out_of_range"
 
 async def handle_stream(broker: Broker, req: Request, args: ReadArgs) -> StreamReply:
     """Validate a STREAM request and return the :class:`PartitionStream` the session drives."""
-    target = read_target(broker, args, default_batch=DEFAULT_STREAM_BATCH)
+    target = read_target(broker, args, default_batch=DEFAULT_STREAM_BATCH, session=req.session)
     replica, start = target.replica, target.start
     group, member = args.group, args.member
     if start > replica.leo:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from cursus.broker.args import ListOffsetsArgs, NoArgs, TopicArgs
+from cursus.broker.auth import topic_allows
 from cursus.broker.core import Broker
 from cursus.broker.handlers.common import partition_of
 from cursus.broker.request import Request
@@ -21,8 +22,17 @@ async def handle_create(broker: Broker, req: Request, args: TopicSpec) -> bytes:
 
 
 async def handle_list(broker: Broker, req: Request, args: NoArgs) -> bytes:
-    """LIST: ``OK count=N topics=a,b`` (internal topics hidden)."""
-    names = [n for n in broker.metadata.names() if not is_internal_topic(n)]
+    """LIST: ``OK count=N topics=a,b``: the topics this connection may read (facts B5; internal topics,
+    ``deny_read`` topics and ``acl`` topics whose read_acl does not admit the principal are hidden)."""
+    principal = req.session.authenticated_principal
+    names = []
+    for name in broker.metadata.names():
+        defn = broker.metadata.get(name)
+        if defn is None or is_internal_topic(name):
+            continue
+        pol = defn.policy
+        if topic_allows(pol.auth_policy, pol.read_acl, pol.write_acl, "read", principal):
+            names.append(name)
     return ok_text(("count", len(names)), ("topics", ",".join(names)))
 
 
