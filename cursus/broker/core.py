@@ -136,6 +136,7 @@ class Broker:
         self._coordinator_elsewhere = False
         self.ready = False
         self.not_ready_reasons: dict[str, str] = {"recovery": "not started"}
+        self._coordinator_readiness = group_log.readiness_reporter(self.not_ready_reasons, "coordinator")
         self.log_config = LogConfig(
             segment_bytes=config.log_segment_bytes,
             segment_roll_ms=config.log_segment_roll_ms,
@@ -151,7 +152,7 @@ class Broker:
             open_log=functools.partial(group_log.open_offsets_log, self),
             topic=self.metadata.get, topic_names=self.metadata.names,
             partition_offsets=functools.partial(group_log.partition_offsets, self),
-            report=group_log.readiness_reporter(self.not_ready_reasons, "coordinator"),
+            report=self._report_coordinator,
             call_later=self.loop.call_later, clock_ms=self.clock.monotonic_ms, wall_ms=self.clock.wall_ms,
             session_timeout_ms=config.consumer_session_timeout_ms)
         #: Active STREAM requests; each has ``stop(reason)`` (see cursus.broker.handlers.stream).
@@ -173,6 +174,12 @@ class Broker:
         if self.replication is not None:
             self.metadata.subscribe(self.replication.on_metadata)
             self.metadata.subscribe(self._coordinator_follows_offsets)
+
+    def _report_coordinator(self, reason: str | None) -> None:
+        """The coordinator's readiness gates ``/ready`` only during startup: a coordinator that moves here
+        later (a cluster failover) replays while the broker keeps serving everything else."""
+        if "recovery" in self.not_ready_reasons or reason is None:
+            self._coordinator_readiness(reason)
 
     def _holds_partition_data(self) -> bool:
         """Does the log dir already hold partition folders (then its Raft state must exist too)?"""

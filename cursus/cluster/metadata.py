@@ -64,6 +64,8 @@ class RaftMetadata(PublishedState):
         self.node = RaftNode(raft, self._fsm)
         super().__init__(self._fsm.state)
         self._observers: list[Observer] = []
+        #: Set once this node applied everything it knew committed (readiness).
+        self._caught_up = False
         self._commit_timeout = commit_timeout
         self.controller = Controller(self.submit, lambda: self._state, lambda: self.node.is_leader, local,
                                      coordinator_shards, heartbeat_interval, session_timeout)
@@ -98,14 +100,24 @@ class RaftMetadata(PublishedState):
         await self.controller.stop()
         await asyncio.to_thread(self.node.stop)
 
+    #: A node is caught up when its applied index trails the commit index it knows by at most
+    #: ``CAUGHT_UP_LAG`` entries (heartbeats and HWM commits arrive continuously, so "applied == committed"
+    #: is only a moment), and stays ready afterwards while it trails by at most ``READY_APPLY_LAG``.
+    CAUGHT_UP_LAG = 32
+    READY_APPLY_LAG = 1000
+
     def readiness(self) -> dict[str, str]:
-        """``/ready`` checks: a Raft leader is known and this node applied everything it knows committed."""
+        """``/ready`` checks: a Raft leader is known, and this node has caught up with what it knows committed
+        (see :attr:`CAUGHT_UP_LAG`) and does not trail by more than :attr:`READY_APPLY_LAG` since."""
         status = self.node.status()
         if not status.running:
             return {"raft": "not running"}
         if not status.has_leader:
             return {"raft": "no leader"}
-        if status.applied_index < status.commit_index:
+        lag = status.commit_index - status.applied_index
+        if lag <= self.CAUGHT_UP_LAG:
+            self._caught_up = True
+        if lag > (self.READY_APPLY_LAG if self._caught_up else self.CAUGHT_UP_LAG):
             return {"raft": f"applying {status.applied_index}/{status.commit_index}"}
         return {}
 

@@ -70,3 +70,25 @@ def wait_for(predicate: Callable[[], Any], timeout: float, what: str, interval: 
         if time.monotonic() > deadline:
             raise AssertionError(f"timed out waiting for {what} (last error: {last!r})")
         time.sleep(interval)
+
+
+def wait_topic_ready(cluster: Cluster, topic: str, partitions: int, timeout: float = 15.0) -> None:
+    """Wait until every broker has applied ``topic`` (METADATA answers) and each partition's leader serves
+    it (LIST_OFFSETS answers): a CREATE answers once committed and open on the broker that took it; the
+    others apply it a moment later."""
+    from cursus.client.connection import Connection
+    from cursus.wire import Status
+
+    def everywhere() -> bool:
+        for broker in cluster.brokers:
+            with Connection(*broker.address, timeout_s=5) as conn:
+                if conn.command(f"METADATA topic={topic}").status != Status.OK:
+                    return False
+                for p in range(partitions):
+                    frame = conn.command(f"LIST_OFFSETS topic={topic} partition={p}")
+                    if frame.status != Status.OK and b"NOT_LEADER" not in frame.payload:
+                        return False
+        return True
+
+    wait_for(everywhere, timeout, f"{topic} ready on every broker")
+

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import random
 import signal
 import socket
 import ssl
@@ -52,15 +53,27 @@ def make_test_pki(directory: Path) -> RaftPki:
     return RaftPki(directory)
 
 
+#: Ports handed to listeners that must keep their number across restarts (Raft, internal) come from below
+#: the kernel's ephemeral range (net.ipv4.ip_local_port_range, 32768-60999 by default), so an outgoing
+#: connection of any process cannot take one while its broker is down between a kill and a restart.
+_FIXED_PORTS = range(20000, 32000)
+
+
 def free_ports(count: int) -> list[int]:
-    sockets = [socket.socket() for _ in range(count)]
-    try:
-        for sock in sockets:
-            sock.bind(("127.0.0.1", 0))
-        return [sock.getsockname()[1] for sock in sockets]
-    finally:
-        for sock in sockets:
-            sock.close()
+    """``count`` distinct ports that are free now, chosen at random below the ephemeral range."""
+    rng = random.SystemRandom()
+    chosen: list[int] = []
+    while len(chosen) < count:
+        port = rng.choice(_FIXED_PORTS)
+        if port in chosen:
+            continue
+        with socket.socket() as sock:
+            try:
+                sock.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+        chosen.append(port)
+    return chosen
 
 
 def members_on(ports: Iterable[int], ids: Iterable[str] = IDS) -> dict[str, str]:

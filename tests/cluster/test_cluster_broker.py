@@ -12,7 +12,7 @@ import pytest
 
 from cursus.client.connection import Connection
 from cursus.wire import Status
-from tests.cluster.clustersupport import Cluster, wait_for
+from tests.cluster.clustersupport import Cluster, wait_for, wait_topic_ready
 from tests.cluster.raftsupport import closed_by_peer
 from tests.integration.helpers import create_topic, error_of, ok_fields, render
 
@@ -59,8 +59,13 @@ def test_forms_from_empty_dirs_and_create_is_visible_everywhere(cluster: Cluster
 
 
 def leader_of(cluster: Cluster, topic: str, partition: int) -> tuple[str, int]:
-    st = status(cluster.brokers[0])
-    (p,) = [p for p in st["partitions"] if p["topic"] == topic and p["partition"] == partition]
+    """(leader, leader epoch) as brokers[0] sees it, once it has applied the partition's creation."""
+    def row() -> dict | None:
+        rows = [p for p in status(cluster.brokers[0])["partitions"]
+                if p["topic"] == topic and p["partition"] == partition]
+        return rows[0] if rows else None
+
+    p = wait_for(row, 10, f"{topic}-{partition} applied on brokers[0]")
     return p["leader"], p["leader_epoch"]
 
 
@@ -69,6 +74,7 @@ def test_partition_commands_on_a_non_leader_redirect_and_acks_all_is_refused(clu
 
     with conn(cluster.brokers[0]) as c:
         create_topic(c, "routed", 1, replication_factor="1")
+        wait_topic_ready(cluster, "routed", 1)
     leader, _ = leader_of(cluster, "routed", 0)
     leader_proc = cluster.by_id(leader)
     other = next(b for b in cluster.brokers if b is not leader_proc)
@@ -117,6 +123,7 @@ def test_sdk_follows_redirects_from_any_broker(cluster: Cluster) -> None:
 
     with conn(cluster.brokers[0]) as c:  # RF 1: the committed HWM advances through CommitHwm alone
         create_topic(c, "sdk", 3, replication_factor="1")
+        wait_topic_ready(cluster, "sdk", 3)
     for broker in cluster.brokers:  # every broker leads at most some partitions: the rest are redirects
         address = f"127.0.0.1:{broker.port}"
         with Producer(address, acks="1") as producer:
@@ -138,6 +145,7 @@ def test_topic_wide_offsets_and_reads_when_partitions_have_different_leaders(clu
 
     with conn(cluster.brokers[0]) as c:
         create_topic(c, "spread", 6, replication_factor="1")
+        wait_topic_ready(cluster, "spread", 6)
     leaders = {leader_of(cluster, "spread", p)[0] for p in range(6)}
     assert len(leaders) > 1, leaders  # six partitions over three brokers on the ring
     address = f"127.0.0.1:{cluster.brokers[0].port}"
@@ -157,6 +165,7 @@ def test_partitions_added_through_any_broker_reach_the_groups(cluster: Cluster) 
     reached existing groups (their records were never consumed)."""
     with conn(cluster.brokers[0]) as c:
         create_topic(c, "widen", 2)
+        wait_topic_ready(cluster, "widen", 2)
         found = ok_fields(c.command("FIND_COORDINATOR group=gw"))
     coordinator = next(b for b in cluster.brokers if b.port == int(found["port"]))
     other = next(b for b in cluster.brokers if b is not coordinator)
@@ -226,6 +235,7 @@ def test_group_offsets_survive_a_coordinator_kill(cluster: Cluster) -> None:
     committed offset, and the old coordinator returns as a follower."""
     with conn(cluster.brokers[0]) as c:
         create_topic(c, "grouped", 1)
+        wait_topic_ready(cluster, "grouped", 1)
     coordinator = _coordinator(cluster, "gk")
     with conn(cluster.by_id(leader_of(cluster, "grouped", 0)[0])) as c:  # a commit must not pass the log end
         for i in range(42):
