@@ -17,6 +17,7 @@ from collections import deque
 from cursus.broker.core import Broker
 from cursus.broker.handlers import HANDLERS
 from cursus.broker.offload import Offload
+from cursus.broker.ratelog import RateLimitedLog
 from cursus.broker.request import NoReply, Parts, Reply, Request, SessionInfo, StreamReply
 from cursus.wire import (
     HEADER_SIZE,
@@ -45,6 +46,8 @@ from cursus.wire import (
 from cursus.wire.errors import BrokerError, InvalidFrame, LocalProtocolError, make_error
 
 log = logging.getLogger("cursus.session")
+#: Malformed frames close their connection; the log says so at most once per reason every 10 s (no payloads).
+PROTOCOL_LOG = RateLimitedLog(log)
 
 
 class ByteBudget:
@@ -186,7 +189,7 @@ class Session:
             graceful = True
         except ProtocolError as exc:
             metrics.wire_failures_total.labels(exc.reason).inc()
-            log.debug("closing %s: %s", self.info.peer, exc)
+            PROTOCOL_LOG.warning(exc.reason, "closing %s: protocol error %s", self.info.peer, exc.reason)
             graceful = True  # nothing is pending to write: a plain close
         except (asyncio.IncompleteReadError, _CloseConnection):
             graceful = True  # EOF, EXIT, or a reply that was written before closing
