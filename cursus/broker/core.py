@@ -192,7 +192,8 @@ class Broker:
             return StandaloneMetadata(self.log_dir.path, self.run_blocking,
                                       BrokerInfo(self.broker_id, self.leader_address()))
         members = cluster_members(config)
-        local = BrokerInfo(self.broker_id, self.leader_address(), internal_address(self))
+        local = BrokerInfo(self.broker_id, self.leader_address(), internal_address(self),
+                           incarnation=uuid.uuid4().hex)
         raft = RaftConfig(
             node_id=self.broker_id, members=members, data_dir=self.log_dir.path / "raft",
             tls=TLSFiles(Path(config.internal_tls_cert_path), Path(config.internal_tls_key_path),

@@ -130,6 +130,16 @@ def _register(state: MetadataState, info: BrokerInfo) -> tuple[MetadataState, Ap
     brokers = dict(state.brokers)
     brokers[info.id] = info
     new = dataclasses.replace(state, brokers=brokers)
+    if (previous is not None and previous.incarnation and info.incarnation
+            and previous.incarnation != info.incarnation and previous.status == "active"):
+        # A restart the controller did not notice (back within the session timeout): every partition it
+        # leads moves to a new leader epoch, so its (possibly truncated) log and its followers' logs are
+        # told apart by epoch lineage instead of two histories sharing one epoch.
+        moves = {key: dataclasses.replace(a, leader_epoch=a.leader_epoch + 1)
+                 for key, a in state.assignments.items() if a.leader == info.id}
+        if moves:
+            new = dataclasses.replace(new, assignments={**state.assignments, **moves})
+        return new, ApplyResult(changed=True, moved=tuple(sorted(moves)))
     if info.status == "active" and (previous is None or previous.status != "active"):
         # The last ISR member of a leaderless partition is back: its log holds the committed data.
         moves = {key: dataclasses.replace(a, leader=info.id, leader_epoch=a.leader_epoch + 1)

@@ -41,25 +41,32 @@ class BrokerInfo:
         client_address: ``host:port`` clients connect to.
         internal_address: ``host:port`` for broker-to-broker traffic; empty while there is none.
         status: ``active`` (eligible for placement) or ``inactive``.
+        incarnation: a random id of the broker *process* (new at every start, like Kafka's broker epoch): a
+            registration with another incarnation is a restart, and the partitions it leads move to a new
+            leader epoch (a restarted leader never resumes its old epoch with a different tail).
     """
 
     id: str
     client_address: str
     internal_address: str = ""
     status: str = "active"
+    incarnation: str = ""
 
     def to_dict(self) -> dict[str, Any]:
         return {"id": self.id, "client_address": self.client_address, "internal_address": self.internal_address,
-                "status": self.status}
+                "status": self.status, "incarnation": self.incarnation}
 
     @classmethod
     def from_dict(cls, doc: Mapping[str, Any]) -> BrokerInfo:
-        """Strict parse; raises ValueError on unknown/missing fields or a bad status."""
-        if set(doc) != {"id", "client_address", "internal_address", "status"}:
+        """Strict parse; raises ValueError on unknown/missing fields or a bad status (``incarnation`` may be
+        absent: an older command or snapshot)."""
+        if not {"id", "client_address", "internal_address", "status"} <= set(doc) <= {
+                "id", "client_address", "internal_address", "status", "incarnation"}:
             raise ValueError(f"bad broker fields {sorted(doc)}")
         if not all(isinstance(doc[k], str) for k in doc) or doc["status"] not in BROKER_STATUSES or not doc["id"]:
             raise ValueError("bad broker values")
-        return cls(doc["id"], doc["client_address"], doc["internal_address"], doc["status"])
+        return cls(doc["id"], doc["client_address"], doc["internal_address"], doc["status"],
+                   doc.get("incarnation", ""))
 
 
 @dataclass(frozen=True, slots=True)

@@ -44,3 +44,22 @@ def test_leaders_are_spread_and_replica_sets_come_from_the_ring(name: str, parti
     # (rf == brokers) that is a perfect spread
     if rf == brokers:
         assert max(counts.values()) - min(counts.get(b, 0) for b in eligible) <= 1, counts
+
+
+def test_a_restarted_leader_moves_its_partitions_to_a_new_leader_epoch() -> None:
+    """A registration with a new incarnation is a restart (even within the session timeout): the partitions
+    the broker leads get leader epoch + 1 with the same leader; others and a plain heartbeat change nothing."""
+    state = MetadataState(cluster=True)
+    for broker in BROKERS[:3]:
+        state, _ = apply(state, BrokerHeartbeat(uuid.uuid4().hex, BrokerInfo(broker, "h:1", "h:2", incarnation="a"), 50))
+    state, _ = apply(state, CreateTopic(uuid.uuid4().hex, TopicSpec(topic="t", partitions=6, replication_factor=3)))
+    before = dict(state.assignments)
+    same, _ = apply(state, BrokerHeartbeat(uuid.uuid4().hex, BrokerInfo("node-1", "h:1", "h:2", incarnation="a"), 50))
+    assert same.assignments == before
+    after, result = apply(state, BrokerHeartbeat(uuid.uuid4().hex, BrokerInfo("node-1", "h:1", "h:2", incarnation="b"),
+                                                 50))
+    led = {k for k, a in before.items() if a.leader == "node-1"}
+    assert led and set(result.moved) == led
+    for key, a in after.assignments.items():
+        expected = before[key].leader_epoch + (key in led)
+        assert (a.leader, a.leader_epoch, a.isr) == (before[key].leader, expected, before[key].isr)
