@@ -14,7 +14,6 @@ restart, and ``apply`` moves the partitions it leads to leader epoch + 1 (``curs
 
 from __future__ import annotations
 
-import time
 from pathlib import Path
 
 import pytest
@@ -70,6 +69,6 @@ def test_restarted_leader_resumes_in_a_new_epoch(cluster: Cluster) -> None:
         with Connection(*cluster.brokers[0].address, timeout_s=10) as c:
             c.command(f"ELECT_LEADER topic={topic} partition=0 broker={broker.log_dir.name}")
         wait_for(lambda b=broker: leader_proc(cluster, topic) is b, 20, "elected")
-        time.sleep(0.5)
-        got = [bytes(r.payload) for r in read_partition(cluster, topic)]
+        got = wait_for(lambda: (g := [bytes(r.payload) for r in read_partition(cluster, topic)])
+                       and len(g) >= len(expected) and g, 20, "the new leader serves everything")
         assert got[:len(expected)] == expected, f"replica {broker.log_dir.name} differs"
