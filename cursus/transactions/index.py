@@ -1,0 +1,194 @@
+"""The per-partition transaction index and the read_committed filter (pure; no I/O).
+
+Per partition: the *unresolved* transactions (producer id -> first offset, the offsets it wrote, its
+transactional id and epoch) and the *hidden* offsets (records of aborted transactions and every marker) as
+sorted disjoint ``[start, end)`` ranges. A transaction stays unresolved (it pins the last stable offset)
+from its first record until the coordinator's final decision: a commit marker alone does not expose it
+(:meth:`PartitionTxnIndex.on_marker` with ``final=False``, then :meth:`PartitionTxnIndex.finalize`).
+
+``LSO = min(first offset of every unresolved transaction, HWM)``; read_committed never reads at or past it
+and drops hidden records below it. A partition that never held a transactional record has no index at
+all, so a plain read takes exactly the old path.
+
+Rebuilt from the log at startup (:meth:`PartitionTxnIndex.fold`): markers found in the log are final (the
+coordinator's recovery finishes any prepared commit before the broker is ready).
+"""
+
+from __future__ import annotations
+
+import bisect
+import struct
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+_U32 = struct.Struct(">I")
+
+
+@dataclass(slots=True)
+class OpenTxn:
+    """One unresolved transaction on one partition."""
+
+    transactional_id: str
+    producer_epoch: int
+    first_offset: int
+    #: the offsets this transaction wrote here, as sorted disjoint [start, end) ranges
+    ranges: list[list[int]] = field(default_factory=list)
+    #: offset of its marker once written (None before); ``commit`` is the marker's decision
+    marker_offset: int | None = None
+    commit: bool = False
+
+    def add(self, offset: int) -> None:
+        if self.ranges and self.ranges[-1][1] == offset:
+            self.ranges[-1][1] = offset + 1
+        else:
+            self.ranges.append([offset, offset + 1])
+
+
+class PartitionTxnIndex:
+    """Open transactions, hidden ranges and the LSO of one partition."""
+
+    def __init__(self) -> None:
+        #: called after a transaction resolves (the LSO may have moved): the coordinator wakes readers
+        self.on_resolved: Callable[[], None] | None = None
+        self.open: dict[str, OpenTxn] = {}
+        self._starts: list[int] = []
+        self._ends: list[int] = []
+        #: data records of committed transactions seen (for tests and metrics)
+        self.committed_transactions = 0
+        self.aborted_transactions = 0
+
+    # ------------------------------------------------------------------------------------ updates
+
+    def on_data(self, producer_id: str, offset: int, *, transactional_id: str, producer_epoch: int) -> None:
+        """A transactional data record was appended at ``offset``."""
+        txn = self.open.get(producer_id)
+        if txn is None or txn.marker_offset is not None:
+            if txn is not None:  # a record after a pending marker: the old one resolves as decided
+                self.finalize(producer_id)
+            txn = self.open[producer_id] = OpenTxn(transactional_id, producer_epoch, offset)
+        txn.add(offset)
+
+    def on_marker(self, producer_id: str, offset: int, *, commit: bool, final: bool) -> None:
+        """A marker was appended at ``offset`` for ``producer_id``'s transaction (hidden at once). With
+        ``final`` the transaction resolves now, else at :meth:`finalize`."""
+        self._hide(offset, offset + 1)
+        txn = self.open.get(producer_id)
+        if txn is None:
+            return
+        txn.marker_offset, txn.commit = offset, commit
+        if final:
+            self.finalize(producer_id)
+
+    def finalize(self, producer_id: str) -> None:
+        """The coordinator's decision for ``producer_id``'s marked transaction is durable: resolve it
+        (aborted records become hidden; the LSO moves on). No-op without a marked transaction."""
+        txn = self.open.get(producer_id)
+        if txn is None or txn.marker_offset is None:
+            return
+        del self.open[producer_id]
+        if self.on_resolved is not None:
+            self.on_resolved()
+        if txn.commit:
+            self.committed_transactions += 1
+        else:
+            self.aborted_transactions += 1
+            for start, end in txn.ranges:
+                self._hide(start, end)
+
+    def unresolved(self, producer_id: str) -> OpenTxn | None:
+        """The unresolved transaction of ``producer_id`` here, if any."""
+        return self.open.get(producer_id)
+
+    def needs_marker(self, producer_id: str) -> bool:
+        """Has ``producer_id`` an open transaction here that no marker closed yet?"""
+        txn = self.open.get(producer_id)
+        return txn is not None and txn.marker_offset is None
+
+    def _hide(self, start: int, end: int) -> None:
+        i = bisect.bisect_left(self._starts, start)
+        if i > 0 and self._ends[i - 1] == start:  # extends the previous range
+            self._ends[i - 1] = end
+            if i < len(self._starts) and self._starts[i] == end:
+                self._ends[i - 1] = self._ends[i]
+                del self._starts[i], self._ends[i]
+            return
+        if i < len(self._starts) and self._starts[i] == end:
+            self._starts[i] = start
+            return
+        self._starts.insert(i, start)
+        self._ends.insert(i, end)
+
+    def truncate(self, end_offset: int) -> None:
+        """The log was truncated to ``end_offset``: forget what lay at or above it."""
+        for pid in [p for p, t in self.open.items() if t.first_offset >= end_offset]:
+            del self.open[pid]
+        for txn in self.open.values():
+            txn.ranges = [[s, min(e, end_offset)] for s, e in txn.ranges if s < end_offset]
+            if txn.marker_offset is not None and txn.marker_offset >= end_offset:
+                txn.marker_offset = None
+        i = bisect.bisect_left(self._starts, end_offset)
+        del self._starts[i:], self._ends[i:]
+        if self._ends and self._ends[-1] > end_offset:
+            self._ends[-1] = end_offset
+
+    # -------------------------------------------------------------------------------------- reads
+
+    def lso(self, hwm: int) -> int:
+        """The last stable offset: the first offset of the earliest unresolved transaction, capped by ``hwm``."""
+        if not self.open:
+            return hwm
+        return min(hwm, min(t.first_offset for t in self.open.values()))
+
+    def hidden_overlaps(self, start: int, end: int) -> bool:
+        """Does any hidden range intersect ``[start, end)``?"""
+        i = bisect.bisect_right(self._starts, start)
+        if i > 0 and self._ends[i - 1] > start:
+            return True
+        return i < len(self._starts) and self._starts[i] < end
+
+    def is_hidden(self, offset: int) -> bool:
+        i = bisect.bisect_right(self._starts, offset)
+        return i > 0 and self._ends[i - 1] > offset
+
+    @property
+    def hidden_ranges(self) -> list[tuple[int, int]]:
+        return list(zip(self._starts, self._ends, strict=True))
+
+    def hidden_slice(self, start: int, end: int) -> tuple[tuple[int, int], ...]:
+        """The hidden ranges intersecting ``[start, end)`` (a snapshot another thread may filter with)."""
+        i = bisect.bisect_right(self._starts, start)
+        if i > 0 and self._ends[i - 1] > start:
+            i -= 1
+        j = bisect.bisect_left(self._starts, end)
+        return tuple(zip(self._starts[i:j], self._ends[i:j], strict=True))
+
+
+def filter_records(records: bytes, first_offset: int, count: int,
+                   hidden: tuple[tuple[int, int], ...]) -> tuple[bytes, int]:
+    """Drop the records whose offsets lie in ``hidden`` (sorted disjoint ranges) from a records section
+    (u32 length + record, ``count`` of them at offsets ``first_offset, first_offset + 1, ...``). Pure; any
+    thread. Returns (section, kept count): the input itself when nothing is hidden."""
+    if count == 0 or not hidden:
+        return records, count
+    view = memoryview(records)
+    parts: list[memoryview] = []
+    kept = pos = run_start = 0
+    h = 0
+    for i in range(count):
+        offset = first_offset + i
+        length = _U32.unpack_from(view, pos)[0]
+        nxt = pos + 4 + length
+        while h < len(hidden) and hidden[h][1] <= offset:
+            h += 1
+        if h < len(hidden) and hidden[h][0] <= offset:
+            if pos > run_start:
+                parts.append(view[run_start:pos])
+            run_start = nxt
+        else:
+            kept += 1
+        pos = nxt
+    if kept == count:
+        return records, count
+    if pos > run_start:
+        parts.append(view[run_start:pos])
+    return b"".join(parts), kept
