@@ -641,7 +641,10 @@ class Broker:
                 await self.coordinator.on_topic_deleted(name)
         except BrokerError as exc:
             log.warning("group cleanup of deleted topic %s pending: %s", name, exc.error.code)
-        self.transactions.on_topic_deleted(name)
+        try:
+            await self.transactions.on_topic_deleted(name)
+        except BrokerError as exc:
+            log.warning("transaction cleanup of deleted topic %s pending: %s", name, exc.error.code)
         try:
             return await self.reconciler.removal(name)
         finally:

@@ -126,11 +126,20 @@ class TransactionCoordinator:
                     if info.marker is None:
                         index.on_data(info.producer_id, info.offset, transactional_id=info.transactional_id,
                                       producer_epoch=info.producer_epoch)
+                        seen.append((info.transactional_id, info.producer_epoch, info.seq_num, info.offset))
                     else:
                         index.on_marker(info.producer_id, info.offset, commit=info.marker == "commit", final=True)
                 offset = result.next_offset
 
+        seen: list[tuple[str, int, int, int]] = []
         await self.broker.run_blocking(scan)
+        # TXN_PUBLISH retries after the restart: the open transactions' (topic, seqNum) from the log
+        for tid, epoch, seq, offset in seen:
+            entry = self.entries.get(tid)
+            txn = index.unresolved(entry.producer_id) if entry is not None else None
+            if entry is not None and entry.state == st.OPEN and entry.epoch == epoch and txn is not None \
+                    and offset >= txn.first_offset:
+                self._published.setdefault(tid, {})[(tp[0], seq)] = (tp[1], offset + 1)
 
     async def _recover(self) -> None:
         for tid, entry in sorted(self.entries.items()):
@@ -432,10 +441,18 @@ class TransactionCoordinator:
         replica.append(buf, 1)
         return offset
 
-    def on_topic_deleted(self, topic: str) -> None:
-        """Forget the indexes of a deleted topic."""
+    async def on_topic_deleted(self, topic: str) -> None:
+        """Forget the indexes of a deleted topic and remove its operations from terminal transactions (spec
+        DELETE), so a recreated topic of the same name inherits nothing. Raises ``transaction_sync_failed``."""
         for tp in [tp for tp in self.indexes if tp[0] == topic]:
             del self.indexes[tp]
+        for tid, entry in sorted(self.entries.items()):
+            if entry.state in st.TERMINAL and (any(t == topic for t, _ in entry.partitions)
+                                               or any(t == topic for t, _, _ in entry.offsets)):
+                async with self._lock(tid):
+                    current = self.entries.get(tid)
+                    if current is not None and current.state in st.TERMINAL:
+                        await self._persist(st.forget_topic(current, topic))
 
     def check_topic_deletable(self, topic: str) -> None:
         """Raises ``topic_delete_blocked`` while an open or committing transaction references ``topic``."""
@@ -480,6 +497,16 @@ class TransactionCoordinator:
         self._arm_timer()
 
     # ----------------------------------------------------------------------------------- metrics
+
+    def metrics_snapshot(self) -> dict[str, Any]:
+        """The values of :class:`cursus.broker.metrics.TransactionCollector` (loop thread)."""
+        lag = {}
+        for tp, index in self.indexes.items():
+            replica = self.broker.replicas.get(tp)
+            if replica is not None:
+                lag[tp] = replica.hwm - index.lso(replica.hwm)
+        return {"ready": self.ready, "states": self.counts(), "expired": self.expired_total,
+                "oldest_active_seconds": self.oldest_active_seconds(), "lso_lag": lag}
 
     def counts(self) -> dict[str, int]:
         """Transactions per state (``cursus_transactions{state}``)."""

@@ -319,6 +319,12 @@ def complete(entry: TxnEntry, now_ms: int) -> TxnEntry:
     raise BrokerError.of("transaction_not_committing", transactional_id=entry.transactional_id, state=entry.state)
 
 
+def forget_topic(entry: TxnEntry, topic: str) -> TxnEntry:
+    """A terminal ``entry`` without the partitions and offsets of a deleted ``topic``."""
+    return dataclasses.replace(entry, partitions=tuple(tp for tp in entry.partitions if tp[0] != topic),
+                               offsets=tuple(o for o in entry.offsets if o[0] != topic))
+
+
 def marker_partitions(entry: TxnEntry) -> tuple[TopicPartition, ...]:
     """Every partition that takes a marker when ``entry`` ends: the output partitions."""
     return entry.partitions

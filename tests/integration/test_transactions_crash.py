@@ -150,3 +150,39 @@ def test_journal_torn_tail_is_truncated_and_mid_corruption_refuses_startup(broke
     broker.start(expect_ready=False)
     assert broker.wait_exit() != 0
     assert "corrupt transaction journal" in broker.output()
+
+
+def test_publish_retry_after_restart_appends_nothing(broker_factory):
+    broker = broker_factory().start()
+    with connect(broker) as conn:
+        create_topic(conn, "out", partitions=1)
+        s = Session(conn, "retry")
+        s.init()
+        s.begin()
+        s.publish("out", "once", partition=0, seq=1)
+    broker.restart(kill=True)
+    with connect(broker) as conn:
+        s.conn = conn
+        assert s.publish("out", "once", partition=0, seq=1)["partition"] == "0"
+        s.publish("out", "twice", partition=0, seq=2)
+        s.end("commit")
+        assert payloads(read_all(conn, "out", 0)) == [b"once", b"twice"]
+
+
+def test_delete_blocked_by_open_transaction_and_metrics(broker_factory):
+    broker = broker_factory(settings={"exporter_port": 0}).start()
+    with connect(broker) as conn:
+        create_topic(conn, "out", partitions=1)
+        s = Session(conn, "del")
+        s.init()
+        s.begin()
+        s.publish("out", "x", partition=0)
+        assert error_of(conn.command("DELETE topic=out")).code == "topic_delete_blocked"
+        status, body = broker.http_get("/metrics", port=broker.metrics_port)
+        text = body.decode()
+        assert status == 200 and "cursus_transaction_recovery_ready 1.0" in text
+        assert 'cursus_transactions{state="open"} 1.0' in text
+        assert 'cursus_partition_last_stable_offset_lag{partition="0",topic="out"} 1.0' in text
+        s.end("abort")
+        assert ok_fields(conn.command("DELETE topic=out"))["deleted"] == "true"
+        assert ok_fields(conn.command("TXN_STATUS transactional_id=del"))["participants"] == "0"
