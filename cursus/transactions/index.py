@@ -10,7 +10,7 @@ from its first record until the coordinator's final decision: a commit marker al
 and drops hidden records below it. A partition that never held a transactional record has no index at
 all, so a plain read takes exactly the old path.
 
-Rebuilt from the log at startup (:meth:`PartitionTxnIndex.fold`): markers found in the log are final (the
+Rebuilt from the log at startup (the coordinator feeds every stored record in): markers found in the log are final (the
 coordinator's recovery finishes any prepared commit before the broker is ready).
 """
 
@@ -53,6 +53,8 @@ class PartitionTxnIndex:
         self.open: dict[str, OpenTxn] = {}
         self._starts: list[int] = []
         self._ends: list[int] = []
+        #: offsets of every marker, sorted (a reply may end on one so a consumer moves past it)
+        self._markers: list[int] = []
         #: data records of committed transactions seen (for tests and metrics)
         self.committed_transactions = 0
         self.aborted_transactions = 0
@@ -72,6 +74,7 @@ class PartitionTxnIndex:
         """A marker was appended at ``offset`` for ``producer_id``'s transaction (hidden at once). With
         ``final`` the transaction resolves now, else at :meth:`finalize`."""
         self._hide(offset, offset + 1)
+        bisect.insort(self._markers, offset)
         txn = self.open.get(producer_id)
         if txn is None:
             return
@@ -126,6 +129,7 @@ class PartitionTxnIndex:
             txn.ranges = [[s, min(e, end_offset)] for s, e in txn.ranges if s < end_offset]
             if txn.marker_offset is not None and txn.marker_offset >= end_offset:
                 txn.marker_offset = None
+        del self._markers[bisect.bisect_left(self._markers, end_offset):]
         i = bisect.bisect_left(self._starts, end_offset)
         del self._starts[i:], self._ends[i:]
         if self._ends and self._ends[-1] > end_offset:
@@ -163,13 +167,25 @@ class PartitionTxnIndex:
         return tuple(zip(self._starts[i:j], self._ends[i:j], strict=True))
 
 
-def filter_records(records: bytes, first_offset: int, count: int,
-                   hidden: tuple[tuple[int, int], ...]) -> tuple[bytes, int]:
+    def markers_slice(self, start: int, end: int) -> tuple[int, ...]:
+        """Marker offsets in ``[start, end)``."""
+        return tuple(self._markers[bisect.bisect_left(self._markers, start):bisect.bisect_left(self._markers, end)])
+
+
+def filter_records(records: bytes, first_offset: int, count: int, hidden: tuple[tuple[int, int], ...],
+                   markers: tuple[int, ...] = ()) -> tuple[bytes, int]:
     """Drop the records whose offsets lie in ``hidden`` (sorted disjoint ranges) from a records section
     (u32 length + record, ``count`` of them at offsets ``first_offset, first_offset + 1, ...``). Pure; any
-    thread. Returns (section, kept count): the input itself when nothing is hidden."""
+    thread. Returns (section, kept count): the input itself when nothing is hidden.
+
+    When the section ends with hidden records and its last record is a marker (offset in ``markers``), that
+    marker is kept: clients advance to the last record's offset + 1 and skip markers by their payload
+    (facts A6), so a partition whose tail is a marker never holds a consumer below it."""
     if count == 0 or not hidden:
         return records, count
+    last = first_offset + count - 1
+    i = bisect.bisect_left(markers, last)
+    keep_last = i < len(markers) and markers[i] == last
     view = memoryview(records)
     parts: list[memoryview] = []
     kept = pos = run_start = 0
@@ -180,7 +196,7 @@ def filter_records(records: bytes, first_offset: int, count: int,
         nxt = pos + 4 + length
         while h < len(hidden) and hidden[h][1] <= offset:
             h += 1
-        if h < len(hidden) and hidden[h][0] <= offset:
+        if h < len(hidden) and hidden[h][0] <= offset and not (keep_last and offset == last):
             if pos > run_start:
                 parts.append(view[run_start:pos])
             run_start = nxt

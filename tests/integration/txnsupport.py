@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from cursus.client.connection import Connection
-from cursus.wire import Record, Status, decode_batch
+from cursus.wire import TXN_CONTROL_MARKER_PAYLOAD, Record, Status, decode_batch
 from tests.integration.helpers import error_of, ok_fields, render
 
 
@@ -64,7 +64,16 @@ def read(conn: Connection, topic: str, partition: int, offset: int = 0, *, isola
     frame = conn.command(f"CONSUME topic={topic} partition={partition} offset={offset} isolation={isolation} "
                          f"{extra}".strip())
     assert frame.status == Status.OK, render(frame)
-    return decode_batch(frame.payload).records if frame.payload else []
+    records = decode_batch(frame.payload).records if frame.payload else []
+    return _visible(records, isolation)
+
+
+def _visible(records: list[Record], isolation: str) -> list[Record]:
+    """read_committed: a reply may end on a marker (so the client moves past it); clients skip markers by
+    payload (facts A6), and so do these helpers."""
+    if isolation != "read_committed":
+        return records
+    return [r for r in records if r.payload != TXN_CONTROL_MARKER_PAYLOAD]
 
 
 def read_all(conn: Connection, topic: str, partition: int, *, isolation: str = "read_committed") -> list[Record]:
@@ -79,7 +88,7 @@ def read_all(conn: Connection, topic: str, partition: int, *, isolation: str = "
         batch = decode_batch(frame.payload)
         if not batch.records:
             return out
-        out.extend(batch.records)
+        out.extend(_visible(batch.records, isolation))
         offset = batch.records[-1].offset + 1
 
 

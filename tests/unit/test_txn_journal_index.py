@@ -111,3 +111,14 @@ def test_lso_and_resolution():
     assert index.hidden_ranges == [(3, 4), (6, 8)]
     index.on_marker("p2", 8, commit=True, final=True)
     assert index.lso(10) == 10 and index.hidden_ranges == [(3, 4), (6, 9)]
+
+
+def test_a_reply_ending_on_a_marker_keeps_it():
+    index = PartitionTxnIndex()
+    index.on_data("p", 0, transactional_id="a", producer_epoch=1)
+    index.on_marker("p", 1, commit=False, final=True)
+    hidden, markers = index.hidden_slice(0, 2), index.markers_slice(0, 2)
+    out, kept = filter_records(_section(2), 0, 2, hidden, markers)
+    assert kept == 1 and out == struct.pack(">I", 3) + bytes([1]) * 3  # the marker: the client moves past it
+    out, kept = filter_records(_section(1), 0, 1, hidden, markers)  # cut before the marker: nothing
+    assert kept == 0 and out == b""

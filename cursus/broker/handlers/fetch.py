@@ -112,13 +112,15 @@ async def read_batch(broker: Broker, replica: Replica, topic: str, offset: int, 
     hwm = replica.hwm
     index = broker.transactions.read_index(topic, replica.partition) if isolation == "read_committed" else None
     hidden: tuple[tuple[int, int], ...] = ()
+    markers: tuple[int, ...] = ()
     if index is not None:
         hwm = index.lso(hwm)
         hidden = index.hidden_slice(offset, hwm)
+        markers = index.markers_slice(offset, hwm)
     if offset >= hwm:
         return [encode_batch_header(topic, replica.partition, acks="1", record_count=0)], offset
     read = functools.partial(_read_reply, replica.log, topic, replica.partition, offset, hwm, max_records, max_bytes,
-                             hidden)
+                             hidden, markers)
     try:
         return await broker.offload.run(_expected_bytes(replica.log, offset, hwm, max_records, max_bytes), read)
     except OffsetOutOfRange:
@@ -146,19 +148,22 @@ def _expected_bytes(partition_log: PartitionLog, offset: int, hwm: int, max_reco
 
 
 def _read_reply(partition_log: PartitionLog, topic: str, partition: int, offset: int, hwm: int, max_records: int,
-                max_bytes: int, hidden: tuple[tuple[int, int], ...] = ()) -> tuple[Parts, int]:
+                max_bytes: int, hidden: tuple[tuple[int, int], ...] = (), markers: tuple[int, ...] = ()
+                ) -> tuple[Parts, int]:
     """Read, check and frame one reply batch (pure apart from the thread-safe log read; any thread).
 
-    With ``hidden`` ranges (read_committed) the hidden records are dropped; a read that kept nothing reads on
-    (up to ``hwm``), so a run of aborted records never stalls a consumer below the next visible one."""
+    With ``hidden`` ranges (read_committed) the hidden records are dropped (a reply ending on a marker keeps
+    that marker, see :func:`filter_records`); a read that kept nothing reads on (up to ``hwm``), so a run of
+    aborted records never stalls a consumer below the next visible one."""
     result = partition_log.read(offset, max_offset=hwm, max_records=max_records, max_bytes=max_bytes)
     records, count = result.records, result.record_count
     if hidden:
-        records, count = filter_records(records, result.first_offset, count, hidden)
+        records, count = filter_records(records, result.first_offset, count, hidden, markers)
         while count == 0 and result.next_offset < hwm and result.record_count > 0:
             result = partition_log.read(result.next_offset, max_offset=hwm, max_records=max_records,
                                         max_bytes=max_bytes)
-            records, count = filter_records(result.records, result.first_offset, result.record_count, hidden)
+            records, count = filter_records(result.records, result.first_offset, result.record_count, hidden,
+                                            markers)
     seq_start, seq_end = _seq_span(records, count)
     header = encode_batch_header(topic, partition, acks="1", seq_start=seq_start, seq_end=seq_end,
                                  record_count=count)
