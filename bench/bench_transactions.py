@@ -21,8 +21,6 @@ import time
 from pathlib import Path
 
 from cursus.client.connection import Connection
-from cursus.transactions import state as st
-from cursus.transactions.journal import JOURNAL_NAME, VERSION, TxnJournal, encode_frame
 from cursus.wire import TXN_CONTROL_MARKER_PAYLOAD, Status, decode_batch
 
 TXNS = int(os.environ.get("CURSUS_BENCH_TXNS", "200"))
@@ -130,6 +128,9 @@ def _bench_broker() -> list[dict]:
 def _write_history(directory: Path, txns: int, ids: int) -> None:
     """The journal records of ``txns`` transactions (begin, prepare, commit per transaction after its init),
     without fsync (a generator, not the broker's path)."""
+    from cursus.transactions import state as st
+    from cursus.transactions.journal import JOURNAL_NAME, VERSION, encode_frame
+
     frames = []
     epochs: dict[str, int] = {}
     for i in range(txns):
@@ -147,6 +148,8 @@ def _write_history(directory: Path, txns: int, ids: int) -> None:
 
 
 def _bench_replay() -> list[dict]:
+    from cursus.transactions.journal import JOURNAL_NAME, TxnJournal
+
     with tempfile.TemporaryDirectory() as tmp:
         directory = Path(tmp)
         _write_history(directory, REPLAY_TXNS, 1000)

@@ -294,26 +294,32 @@ class TransactionCoordinator:
             new = st.end(entry, tid, producer_id, epoch, result, now_ms=self._now())
             if new.state in st.TERMINAL:
                 return new
-            if new is not entry:  # open -> prepared
+            if new is not entry:  # open -> prepared (a retry of a prepared one goes straight to its finish)
+                assert entry is not None
                 if new.state == st.PREPARE_COMMIT:
-                    assert entry is not None
                     await self._check_offsets_fence(entry)  # step 1
                 await self._persist(new)  # step 3 (or prepare_abort)
                 _crash_point("after_prepare_commit" if new.state == st.PREPARE_COMMIT else "after_prepare_abort")
-            if new.state == st.PREPARE_COMMIT:
-                try:
-                    await self._check_offsets_fence(new)  # step 4
-                except BrokerError as exc:
-                    if exc.error.code in ("transaction_manager_not_available", "coordinator_not_available",
-                                          "storage_unavailable"):
-                        raise
-                    log.warning("transactions: %s lost its group fence after prepare_commit (%s): aborting",
-                                tid, exc.error.code)
-                    aborted = st.abandon_prepared_commit(new, self._now())
-                    await self._persist(aborted)
-                    await self._finish(aborted)
-                    raise
+                if new.state == st.PREPARE_COMMIT:
+                    await self._revalidate(new)  # step 4
             return await self._finish(new)
+
+    async def _revalidate(self, entry: TxnEntry) -> None:
+        """Step 4: the group fence still holds after prepare_commit, else the coordinator aborts the
+        transaction itself (its offsets could never be stored) and raises the fencing error. Availability
+        errors propagate with the commit still prepared (a retry finishes it without revalidating)."""
+        try:
+            await self._check_offsets_fence(entry)
+        except BrokerError as exc:
+            if exc.error.code in ("transaction_manager_not_available", "coordinator_not_available",
+                                  "offset_manager_not_available", "storage_unavailable"):
+                raise
+            log.warning("transactions: %s lost its group fence after prepare_commit (%s): aborting",
+                        entry.transactional_id, exc.error.code)
+            aborted = st.abandon_prepared_commit(entry, self._now())
+            await self._persist(aborted)
+            await self._finish(aborted)
+            raise
 
     async def _check_offsets_fence(self, entry: TxnEntry) -> None:
         if entry.group is None or entry.member is None or entry.generation is None:

@@ -186,3 +186,19 @@ def test_delete_blocked_by_open_transaction_and_metrics(broker_factory):
         s.end("abort")
         assert ok_fields(conn.command("DELETE topic=out"))["deleted"] == "true"
         assert ok_fields(conn.command("TXN_STATUS transactional_id=del"))["participants"] == "0"
+
+
+def test_a_lost_group_fence_refuses_the_commit_and_keeps_it_open(broker_factory):
+    broker = broker_factory().start()
+    with connect(broker) as conn:
+        create_topic(conn, "in", partitions=1)
+        create_topic(conn, "out", partitions=2)
+        for i in range(7):
+            conn.command(f"PUBLISH topic=in producerId=src acks=1 message=m{i}")
+        member, generation = _join(conn, "in")
+        s = _transaction(conn, "out", "in", member, generation)
+        ok_fields(conn.command(f"LEAVE_GROUP topic=in group={GROUP} member={member} generation={generation}"))
+        assert s.end_error("commit") == "member_not_found"
+        assert s.status()["state"] == "open"
+        assert s.end("abort")["state"] == "aborted"
+        assert read_all(conn, "out", 0) == [] and _fetch_offset(conn, "in", 0) == 0
