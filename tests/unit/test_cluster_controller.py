@@ -332,7 +332,11 @@ def test_transaction_coordinator_is_the_shard_owner_on_the_active_ring() -> None
 
 def test_shard_owners_and_coordinator_epochs_live_in_the_state() -> None:
     from cursus.metadata.snapshot import decode_state, encode_state
-    from cursus.metadata.state import transaction_coordinator, transaction_coordinator_epoch, transaction_shard
+    from cursus.metadata.state import (
+        transaction_coordinator,
+        transaction_coordinator_epoch,
+        transaction_shard,
+    )
 
     state = MetadataState(cluster=True)
     state, _ = apply(state, BrokerHeartbeat("ha", BrokerInfo("a", "a:1"), 8))
