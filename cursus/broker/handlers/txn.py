@@ -77,9 +77,11 @@ async def handle_txn_publish(broker: Broker, req: Request, args: TxnPublishArgs)
     defn = target_topic(broker, args.topic, "TXN_PUBLISH")
     partition = args.partition if args.partition != -1 else choose_partition(broker, defn, args.key)
     replica = partition_of(broker, defn, partition)
-    entry, partition, end = await coordinator.publish(
+    entry, appended_to, end = await coordinator.publish(
         args.transactional_id, args.producer_id, args.epoch, replica, seq_num=args.seq_num, key=args.key,
         payload=args.message.encode("utf-8"))
+    if appended_to != partition:  # a retry the broker routed elsewhere this time: the first append counts
+        partition, replica = appended_to, broker.replica(defn.name, appended_to)
     await wait_ack(broker, replica, "all", end, replica.isr)
     return ok_text(("transactional_id", entry.transactional_id), ("appended", True), ("topic", defn.name),
                    ("partition", partition), ("state", "open"))
