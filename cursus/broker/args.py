@@ -243,9 +243,10 @@ class FindCoordinatorArgs(Args):
 
 
 def transactional_id(raw: str, command: str) -> str:
-    """`invalid_transactional_id` unless 1-249 printable characters without whitespace"""
+    """`invalid_payload field=transactional_id` unless 1-249 printable characters without whitespace"""
     if len(raw) > 249 or any(c.isspace() or not c.isprintable() for c in raw):
-        raise BrokerError.of("invalid_transactional_id", command=command, reason="1-249 printable characters")
+        raise BrokerError.of("invalid_payload", command=command, field="transactional_id",
+                             reason="1-249 printable characters without whitespace")
     return raw
 
 

@@ -152,6 +152,10 @@ async def wait_ack(broker: Broker, replica: Replica, mode: str, end: int, isr: t
                              outcome="unknown") from None
 
 
+#: The earlier private name (tests and other callers import it).
+_wait_ack = wait_ack
+
+
 async def _publish_batch(broker: Broker, req: Request, view: BatchView) -> Reply | NoReply | bytes:
     """A CBV2 batch naming one partition (facts decision 12)."""
     mode = parse_acks(view.acks)
