@@ -7,7 +7,7 @@ import time
 
 import pytest
 
-from cursus.wire import TXN_CONTROL_MARKER_PAYLOAD
+from cursus.wire import TXN_CONTROL_MARKER_PAYLOAD, decode_batch
 from tests.integration.conftest import connect
 from tests.integration.helpers import create_topic, error_of, ok_fields
 from tests.integration.txnsupport import Session, payloads, read, read_all
@@ -161,3 +161,32 @@ def test_timeout_aborts(broker_factory, topic_name):
         assert s.end_error("commit") == "transaction_aborted"
         assert read_all(conn, topic_name, 0) == []
         assert len(read_all(conn, topic_name, 0, isolation="read_uncommitted")) == 2
+
+
+def test_stream_read_committed_waits_for_the_decision(shared_broker, topic_name):
+    from tests.integration.test_stream import frames_until_data, open_stream
+
+    with connect(shared_broker) as conn, connect(shared_broker) as streamer:
+        create_topic(conn, topic_name, partitions=1)
+        s = Session(conn, f"{topic_name}-tx")
+        s.init()
+        s.begin()
+        s.publish(topic_name, "t0", partition=0)
+        s.publish(topic_name, "t1", partition=0)
+        rid = open_stream(streamer, f"STREAM topic={topic_name} partition=0 group=sg member=m isolation=read_committed")
+        started = time.monotonic()
+        s.end("commit")
+        frame = frames_until_data(streamer, rid)
+        records = [r for r in decode_batch(frame.payload).records if r.payload != TXN_CONTROL_MARKER_PAYLOAD]
+        assert [r.payload for r in records] == [b"t0", b"t1"]
+        assert time.monotonic() - started < 5
+        s.init()
+        s.begin()
+        s.publish(topic_name, "gone", partition=0)
+        s.end("abort")
+        conn.command(f"PUBLISH topic={topic_name} producerId=plain acks=1 message=after")
+        seen: list[bytes] = []
+        while b"after" not in seen:
+            frame = frames_until_data(streamer, rid)
+            seen += [r.payload for r in decode_batch(frame.payload).records]
+        assert b"gone" not in seen
