@@ -83,6 +83,10 @@ class TransactionCoordinator:
     def _timeout_ms(self) -> int:
         return int(self.broker.config.transaction_timeout_ms)
 
+    @property
+    def _expiration_ms(self) -> int:
+        return int(self.broker.config.transactional_id_expiration_ms)
+
     def _now(self) -> int:
         return int(self.broker.clock.wall_ms())
 
@@ -348,6 +352,7 @@ class TransactionCoordinator:
             _crash_point("after_commit_decision")
             await self._materialize(final)
         self._published.pop(entry.transactional_id, None)
+        self._arm_timer()  # its tombstone is due after transactional_id_expiration_ms
         return final
 
     async def _write_markers(self, partitions: list[TopicPartition], tid: str, producer_id: str, epoch: int, *,
@@ -473,6 +478,9 @@ class TransactionCoordinator:
         if self._closed:
             return
         deadline = st.oldest_open(self.entries.values())
+        tombstone_at = st.next_tombstone_ms(self.entries.values(), self._expiration_ms)
+        if tombstone_at is not None:
+            deadline = tombstone_at if deadline is None else min(deadline, tombstone_at)
         if self._timer is not None:
             self._timer.cancel()
             self._timer = None
@@ -500,6 +508,14 @@ class TransactionCoordinator:
                 await self._persist(expired)
                 await self._finish(expired)
                 self.expired_total += 1
+        for tid, entry in list(self.entries.items()):
+            if st.tombstone(entry, now, self._expiration_ms) is None:
+                continue
+            async with self._lock(tid):
+                current = self.entries.get(tid)
+                compact = st.tombstone(current, self._now(), self._expiration_ms) if current is not None else None
+                if compact is not None:
+                    await self._persist(compact)
         self._arm_timer()
 
     # ----------------------------------------------------------------------------------- metrics

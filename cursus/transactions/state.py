@@ -325,6 +325,24 @@ def forget_topic(entry: TxnEntry, topic: str) -> TxnEntry:
                                offsets=tuple(o for o in entry.offsets if o[0] != topic))
 
 
+def tombstone(entry: TxnEntry, now_ms: int, expiration_ms: int) -> TxnEntry | None:
+    """After ``transactional_id_expiration_ms`` a final entry drops its operation payloads (partitions,
+    offsets, group session) and keeps a compact epoch tombstone (id, producer id, epoch, state), so a later
+    INIT_PRODUCER_ID still gets epoch + 1. None when not due or already compact."""
+    if entry.state not in TERMINAL or now_ms < entry.updated_ms + expiration_ms:
+        return None
+    if not entry.partitions and not entry.offsets and entry.group is None:
+        return None
+    return dataclasses.replace(entry, partitions=(), offsets=(), group=None, member=None, generation=None)
+
+
+def next_tombstone_ms(entries: Iterable[TxnEntry], expiration_ms: int) -> int | None:
+    """When the next final entry becomes due for :func:`tombstone` (None: none)."""
+    due = [e.updated_ms + expiration_ms for e in entries
+           if e.state in TERMINAL and (e.partitions or e.offsets or e.group is not None)]
+    return min(due) if due else None
+
+
 def marker_partitions(entry: TxnEntry) -> tuple[TopicPartition, ...]:
     """Every partition that takes a marker when ``entry`` ends: the output partitions."""
     return entry.partitions

@@ -190,3 +190,23 @@ def test_stream_read_committed_waits_for_the_decision(shared_broker, topic_name)
             frame = frames_until_data(streamer, rid)
             seen += [r.payload for r in decode_batch(frame.payload).records]
         assert b"gone" not in seen
+
+
+def test_expired_ids_keep_an_epoch_tombstone(broker_factory, topic_name):
+    broker = broker_factory(settings={"transactional_id_expiration_ms": 200}).start()
+    with connect(broker) as conn:
+        create_topic(conn, topic_name, partitions=1)
+        s = Session(conn, "expiring")
+        s.init()
+        s.begin()
+        s.publish(topic_name, "kept", partition=0)
+        s.end("commit")
+        deadline = time.monotonic() + 10
+        while s.status()["participants"] != "0":
+            assert time.monotonic() < deadline
+            time.sleep(0.05)
+        assert s.status()["state"] == "committed"
+        epoch = s.epoch
+        s.init()
+        assert s.epoch == epoch + 1
+        assert payloads(read_all(conn, topic_name, 0)) == [b"kept"]
