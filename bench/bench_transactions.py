@@ -2,7 +2,8 @@
 
 1. ``txn_commit``: ``CURSUS_BENCH_TXNS`` (default 200) transactions of 10 TXN_PUBLISH records each over one
    connection against a standalone broker process (INIT_PRODUCER_ID, BEGIN_TXN, 10 x TXN_PUBLISH over two
-   partitions, END_TXN commit): transactions/s and END_TXN latency p50/p99 (ms).
+   partitions, END_TXN commit): transactions/s and END_TXN latency p50/p99 (ms); ``txn_commit_concurrent``: the
+   same over 4 connections with their own ids (journal group commit shares fsyncs).
 2. ``txn_read``: a topic holding ``CURSUS_BENCH_READ_TXNS`` (default 300) transactions of 10 records, 10%
    aborted, and a plain topic with as many plain records: CONSUME throughput (records/s delivered, whole
    partition from offset 0, batch 8192) with read_committed and read_uncommitted on both. On the plain topic
@@ -73,6 +74,33 @@ def _read_rate(conn: Connection, topic: str, isolation: str, rounds: int = 3) ->
     return best, delivered
 
 
+def _concurrent(port: int, producers: int = 4) -> dict[str, object]:
+    """``producers`` connections, each its own transactional id, TXNS // producers transactions each."""
+    import threading
+
+    per = max(1, TXNS // producers)
+    latencies: list[float] = []
+    lock = threading.Lock()
+
+    def work(n: int) -> None:
+        with Connection("127.0.0.1", port, timeout_s=60) as conn:
+            mine = [_transaction(conn, f"conc-{n}", "bench-out", 2) for _ in range(per)]
+        with lock:
+            latencies.extend(mine)
+
+    threads = [threading.Thread(target=work, args=(n,)) for n in range(producers)]
+    started = time.perf_counter()
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    elapsed = time.perf_counter() - started
+    ms = [s * 1000 for s in latencies]
+    return {"bench": "txn_commit_concurrent", "producers": producers, "transactions": per * producers,
+            "records_per_txn": RECORDS_PER_TXN, "txn_per_s": round(per * producers / elapsed, 1),
+            "commit_p50_ms": round(_pct(ms, 0.5), 2), "commit_p99_ms": round(_pct(ms, 0.99), 2)}
+
+
 def _plain_reads(conn: Connection) -> dict[str, object]:
     _ok(conn.command("CREATE topic=bench-plain partitions=1"))
     for i in range(READ_TXNS * RECORDS_PER_TXN):
@@ -105,6 +133,7 @@ def _bench_broker() -> list[dict]:
                 results.append({"bench": "txn_commit", "transactions": TXNS, "records_per_txn": RECORDS_PER_TXN,
                                 "txn_per_s": round(TXNS / elapsed, 1), "commit_p50_ms": round(_pct(ms, 0.5), 2),
                                 "commit_p99_ms": round(_pct(ms, 0.99), 2)})
+                results.append(_concurrent(broker.port))
 
                 _ok(conn.command("CREATE topic=bench-txn partitions=1"))
                 _ok(conn.command("CREATE topic=bench-plain partitions=1"))

@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import logging
 import os
 import time
@@ -68,6 +69,8 @@ class TransactionCoordinator:
         self.indexes: dict[TopicPartition, PartitionTxnIndex] = {}
         self._locks: dict[str, asyncio.Lock] = {}
         self._journal_lock = asyncio.Lock()
+        self._pending_writes: list[tuple[list[dict[str, Any]], asyncio.Future[None]]] = []
+        self._flusher: asyncio.Future[None] | None = None
         #: (transactional id, epoch) -> {(topic, seqNum): (partition, offset)}: TXN_PUBLISH retries
         self._published: dict[str, dict[tuple[str, int], tuple[int, int]]] = {}
         self._timer: asyncio.TimerHandle | None = None
@@ -191,25 +194,53 @@ class TransactionCoordinator:
 
     async def _persist(self, entry: TxnEntry, *, touched: list[TopicPartition] | None = None,
                        next_producer_id: int | None = None) -> None:
-        """Journal ``entry`` (fsynced) then publish it. Raises ``transaction_sync_failed`` (retryable)."""
-        async with self._journal_lock:
-            journal = self.journal
-            if journal is None:
-                raise BrokerError.of("transaction_manager_not_available", reason="coordinator closed")
-            records: list[dict[str, Any]] = []
-            if next_producer_id is not None:
-                journal.state.next_producer_id = max(journal.state.next_producer_id, next_producer_id)
-            new = [tp for tp in (touched or []) if tp not in journal.state.touched]
-            if new:
-                records.append({"kind": "touched", "partitions": [list(tp) for tp in new]})
-            records.append({"kind": "entry", "entry": entry.to_json()})
-            try:
-                await self.broker.run_blocking(lambda: journal.append(records))
-            except OSError as exc:
-                log.error("transaction journal write failed: %s", exc)
-                raise BrokerError.of("transaction_sync_failed", transactional_id=entry.transactional_id,
-                                     reason=str(exc)) from None
+        """Journal ``entry`` (fsynced) then publish it. Transitions of different ids submitted meanwhile share
+        one write and one fsync (group commit). Raises ``transaction_sync_failed`` (retryable; nothing of
+        that write is published) or ``transaction_manager_not_available`` (closed)."""
+        journal = self.journal
+        if journal is None:
+            raise BrokerError.of("transaction_manager_not_available", reason="coordinator closed")
+        if next_producer_id is not None:
+            journal.state.next_producer_id = max(journal.state.next_producer_id, next_producer_id)
+        records: list[dict[str, Any]] = []
+        new = [tp for tp in (touched or []) if tp not in journal.state.touched]
+        if new:
+            records.append({"kind": "touched", "partitions": [list(tp) for tp in new]})
+        records.append({"kind": "entry", "entry": entry.to_json()})
+        done: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self._pending_writes.append((records, done))
+        if self._flusher is None or self._flusher.done():
+            self._flusher = asyncio.ensure_future(self._flush())
+        try:
+            await done
+        except OSError as exc:
+            log.error("transaction journal write failed: %s", exc)
+            raise BrokerError.of("transaction_sync_failed", transactional_id=entry.transactional_id,
+                                 reason=str(exc)) from None
         self.entries[entry.transactional_id] = entry
+
+    async def _flush(self) -> None:
+        """Write everything queued, one append (one fsync) per round, until the queue is empty."""
+        async with self._journal_lock:
+            while self._pending_writes:
+                batch, self._pending_writes = self._pending_writes, []
+                journal = self.journal
+                records = [r for recs, _ in batch for r in recs]
+                error: BaseException | None = None
+                if journal is None:
+                    error = BrokerError.of("transaction_manager_not_available", reason="coordinator closed")
+                else:
+                    try:
+                        await self.broker.run_blocking(functools.partial(journal.append, records))
+                    except Exception as exc:
+                        error = exc
+                for _, done in batch:
+                    if done.done():
+                        continue
+                    if error is None:
+                        done.set_result(None)
+                    else:
+                        done.set_exception(error)
 
     # ------------------------------------------------------------------------------------- commands
 
