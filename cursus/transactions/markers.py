@@ -13,7 +13,13 @@ from __future__ import annotations
 import struct
 from dataclasses import dataclass
 
-from cursus.wire import TXN_CONTROL_MARKER_PAYLOAD, Record, decode_record, encode_record
+from cursus.wire import (
+    TRANSACTIONAL_PRESENCE_MASK,
+    TXN_CONTROL_MARKER_PAYLOAD,
+    Record,
+    decode_record,
+    encode_record,
+)
 
 CONTROL_TYPE = "transaction"
 CONTROL_VERSION = 2
@@ -23,6 +29,7 @@ MARKER_ABORT = 0
 MARKER_COMMIT = 1
 _KEY = struct.Struct(">hh")
 _VALUE = struct.Struct(">hi")
+_PRESENCE = struct.Struct(">Q")
 
 
 def control_key(commit: bool) -> bytes:
@@ -73,8 +80,11 @@ def txn_info(record_bytes: bytes | memoryview) -> TxnRecordInfo | None:
     """Decode one stored record; its transaction facts, or None for a non-transactional record.
 
     A marker whose control bytes disagree with its ``transaction_marker`` is ignored (None): it cannot
-    authorize visibility. Raises the decoder's errors for bytes that are not a valid record.
+    authorize visibility. A record without transaction fields is recognised from its presence bitmap alone
+    (no decode). Raises the decoder's errors for bytes that are not a valid record.
     """
+    if len(record_bytes) >= 10 and not _PRESENCE.unpack_from(record_bytes, 2)[0] & TRANSACTIONAL_PRESENCE_MASK:
+        return None
     r = decode_record(record_bytes)
     if r.transactional_id is None or r.producer_id is None:
         return None
