@@ -1,8 +1,9 @@
 """Transaction commands (spec "Transaction Coordinator"; facts A6 "Transactions", B5): INIT_PRODUCER_ID,
 BEGIN_TXN, TXN_PUBLISH, SEND_OFFSETS_TO_TXN, END_TXN, TXN_STATUS.
 
-Standalone only for now: in a cluster every transaction command answers ``UNSUPPORTED_FEATURE`` (decision 1;
-the coordinator shards of the metadata FSM are not wired yet). The work happens in
+Standalone only for now. In a cluster a command reaching a broker that does not own the id's coordinator
+shard answers ``NOT_COORDINATOR host= port=`` (the owner from the metadata FSM's shard table), and the owner
+answers ``UNSUPPORTED_FEATURE`` (decision 1: transaction state is not replicated through the FSM yet). The work happens in
 :class:`cursus.transactions.coordinator.TransactionCoordinator` (``broker.transactions``).
 """
 
@@ -15,6 +16,7 @@ from cursus.broker.core import Broker
 from cursus.broker.handlers.common import partition_of
 from cursus.broker.handlers.produce import choose_partition, target_topic, wait_ack
 from cursus.broker.request import Request
+from cursus.metadata.state import transaction_coordinator
 from cursus.transactions.coordinator import TransactionCoordinator
 from cursus.transactions.state import TxnEntry
 from cursus.wire.errors import BrokerError
@@ -24,8 +26,26 @@ MAX_TXN_OFFSETS = 1024
 _ENTRY = re.compile(r"P([0-9]{1,10}):([0-9]{1,19})")
 
 
-def _coordinator(broker: Broker, command: str) -> TransactionCoordinator:
+def _coordinator(broker: Broker, command: str, transactional_id: str) -> TransactionCoordinator:
+    """This broker's coordinator, when it coordinates ``transactional_id``.
+
+    Raises:
+        BrokerError: in a cluster ``NOT_COORDINATOR host= port=`` (retryable) when another broker owns the id's
+            shard, ``coordinator_not_available`` when no broker does, else ``UNSUPPORTED_FEATURE`` (the
+            cluster's coordinator is not built yet).
+    """
     if broker.config.enabled_distribution:
+        state = broker.metadata.state
+        owner = transaction_coordinator(state, transactional_id)
+        if owner is None:
+            raise BrokerError.of("coordinator_not_available", command=command, coordinator_type="transaction",
+                                 reason="no broker owns this transactional id's shard right now; retry")
+        if owner != broker.broker_id:
+            host, _, port = broker.broker_address(owner).rpartition(":")
+            if host:
+                raise BrokerError.of("NOT_COORDINATOR", host=host, port=port)
+            raise BrokerError.of("coordinator_not_available", command=command, coordinator_type="transaction",
+                                 reason="the shard owner has no registered address")
         raise BrokerError.of("UNSUPPORTED_FEATURE", command=command,
                              reason="transactions are not available in a cluster yet")
     return broker.transactions
@@ -59,13 +79,15 @@ def _session(entry: TxnEntry) -> tuple[tuple[str, object], ...]:
 
 async def handle_init_producer_id(broker: Broker, req: Request, args: InitProducerIdArgs) -> bytes:
     """INIT_PRODUCER_ID transactional_id= -> ``OK transactional_id= producerId= epoch=``."""
-    entry = await _coordinator(broker, "INIT_PRODUCER_ID").init_producer(args.transactional_id)
+    coordinator = _coordinator(broker, "INIT_PRODUCER_ID", args.transactional_id)
+    entry = await coordinator.init_producer(args.transactional_id)
     return ok_text(*_session(entry))
 
 
 async def handle_begin_txn(broker: Broker, req: Request, args: TxnSessionArgs) -> bytes:
     """BEGIN_TXN -> ``OK transactional_id= state=open producerId= epoch=``."""
-    entry = await _coordinator(broker, "BEGIN_TXN").begin(args.transactional_id, args.producer_id, args.epoch)
+    coordinator = _coordinator(broker, "BEGIN_TXN", args.transactional_id)
+    entry = await coordinator.begin(args.transactional_id, args.producer_id, args.epoch)
     return ok_text(("transactional_id", entry.transactional_id), ("state", entry.state),
                    ("producerId", entry.producer_id), ("epoch", entry.epoch))
 
@@ -73,7 +95,7 @@ async def handle_begin_txn(broker: Broker, req: Request, args: TxnSessionArgs) -
 async def handle_txn_publish(broker: Broker, req: Request, args: TxnPublishArgs) -> bytes:
     """TXN_PUBLISH -> ``OK transactional_id= appended=true topic= partition= state=open`` once the record is
     committed (acks=all semantics: durable on the ISR, below the HWM)."""
-    coordinator = _coordinator(broker, "TXN_PUBLISH")
+    coordinator = _coordinator(broker, "TXN_PUBLISH", args.transactional_id)
     defn = target_topic(broker, args.topic, "TXN_PUBLISH")
     partition = args.partition if args.partition != -1 else choose_partition(broker, defn, args.key)
     replica = partition_of(broker, defn, partition)
@@ -89,7 +111,7 @@ async def handle_txn_publish(broker: Broker, req: Request, args: TxnPublishArgs)
 
 async def handle_send_offsets(broker: Broker, req: Request, args: SendOffsetsArgs) -> bytes:
     """SEND_OFFSETS_TO_TXN -> ``OK transactional_id= staged_offsets=N`` (N = all staged partitions)."""
-    coordinator = _coordinator(broker, "SEND_OFFSETS_TO_TXN")
+    coordinator = _coordinator(broker, "SEND_OFFSETS_TO_TXN", args.transactional_id)
     offsets = parse_txn_offsets(args)
     await broker.route_group()
     entry = await coordinator.stage_offsets(args.transactional_id, args.producer_id, args.epoch, group=args.group,
@@ -100,8 +122,8 @@ async def handle_send_offsets(broker: Broker, req: Request, args: SendOffsetsArg
 
 async def handle_end_txn(broker: Broker, req: Request, args: EndTxnArgs) -> bytes:
     """END_TXN result=commit|abort -> ``OK transactional_id= state=committed|aborted messages=N offsets=N``."""
-    entry = await _coordinator(broker, "END_TXN").end(args.transactional_id, args.producer_id, args.epoch,
-                                                      args.result)
+    coordinator = _coordinator(broker, "END_TXN", args.transactional_id)
+    entry = await coordinator.end(args.transactional_id, args.producer_id, args.epoch, args.result)
     return ok_text(("transactional_id", entry.transactional_id), ("state", entry.state),
                    ("messages", entry.messages), ("offsets", len(entry.offsets)))
 
@@ -109,7 +131,7 @@ async def handle_end_txn(broker: Broker, req: Request, args: EndTxnArgs) -> byte
 async def handle_txn_status(broker: Broker, req: Request, args: InitProducerIdArgs) -> bytes:
     """TXN_STATUS -> ``OK transactional_id= mode=exactly_once state= messages= participants= offsets=
     producerId= epoch=``."""
-    entry = _coordinator(broker, "TXN_STATUS").status(args.transactional_id)
+    entry = _coordinator(broker, "TXN_STATUS", args.transactional_id).status(args.transactional_id)
     return ok_text(("transactional_id", entry.transactional_id), ("mode", "exactly_once"), ("state", entry.state),
                    ("messages", entry.messages), ("participants", len(entry.partitions)),
                    ("offsets", len(entry.offsets)), ("producerId", entry.producer_id), ("epoch", entry.epoch))
