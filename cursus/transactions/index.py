@@ -187,24 +187,30 @@ def filter_records(records: bytes, first_offset: int, count: int, hidden: tuple[
     i = bisect.bisect_left(markers, last)
     keep_last = i < len(markers) and markers[i] == last
     view = memoryview(records)
+    unpack = _U32.unpack_from
+    # the byte position of every record (one tight walk), then whole runs between hidden ranges
+    starts = [0] * (count + 1)
+    pos = 0
+    for n in range(count):
+        starts[n] = pos
+        pos += 4 + unpack(view, pos)[0]
+    starts[count] = pos
     parts: list[memoryview] = []
-    kept = pos = run_start = 0
-    h = 0
-    for i in range(count):
-        offset = first_offset + i
-        length = _U32.unpack_from(view, pos)[0]
-        nxt = pos + 4 + length
-        while h < len(hidden) and hidden[h][1] <= offset:
-            h += 1
-        if h < len(hidden) and hidden[h][0] <= offset and not (keep_last and offset == last):
-            if pos > run_start:
-                parts.append(view[run_start:pos])
-            run_start = nxt
-        else:
-            kept += 1
-        pos = nxt
+    kept = 0
+    cursor = 0  # index of the first record not yet emitted or dropped
+    for start, end in hidden:
+        lo, hi = max(start - first_offset, 0), min(end - first_offset, count)
+        if hi <= lo:
+            continue
+        if keep_last and hi == count:
+            hi -= 1  # the final marker stays
+        if lo > cursor:
+            parts.append(view[starts[cursor]:starts[lo]])
+            kept += lo - cursor
+        cursor = max(cursor, hi)
+    if cursor < count:
+        parts.append(view[starts[cursor]:starts[count]])
+        kept += count - cursor
     if kept == count:
         return records, count
-    if pos > run_start:
-        parts.append(view[run_start:pos])
     return b"".join(parts), kept

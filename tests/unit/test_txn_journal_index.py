@@ -79,9 +79,10 @@ def _section(n: int) -> bytes:
     return b"".join(struct.pack(">I", 3) + bytes([i % 256]) * 3 for i in range(n))
 
 
-@settings(max_examples=200, deadline=None)
-@given(n=stn.integers(0, 40), cuts=stn.lists(stn.tuples(stn.integers(0, 45), stn.integers(1, 5)), max_size=6))
-def test_filter_matches_a_naive_model(n, cuts):
+@settings(max_examples=300, deadline=None)
+@given(n=stn.integers(0, 40), cuts=stn.lists(stn.tuples(stn.integers(0, 45), stn.integers(1, 5)), max_size=6),
+       marker_picks=stn.sets(stn.integers(0, 50), max_size=8))
+def test_filter_matches_a_naive_model(n, cuts, marker_picks):
     index = PartitionTxnIndex()
     hidden = set()
     for start, length in cuts:
@@ -90,9 +91,11 @@ def test_filter_matches_a_naive_model(n, cuts):
                 index._hide(o, o + 1)
                 hidden.add(o)
     first = 3
+    markers = tuple(sorted(o for o in marker_picks if o in hidden))
     ranges = index.hidden_slice(first, first + n)
-    out, kept = filter_records(_section(n), first, n, ranges)
-    expected = [i for i in range(n) if first + i not in hidden]
+    out, kept = filter_records(_section(n), first, n, ranges, markers)
+    last = first + n - 1
+    expected = [i for i in range(n) if first + i not in hidden or (first + i == last and last in markers)]
     assert kept == len(expected)
     assert out == b"".join(struct.pack(">I", 3) + bytes([i % 256]) * 3 for i in expected)
 
