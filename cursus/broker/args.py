@@ -10,6 +10,7 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Mapping
 from dataclasses import dataclass
+from typing import Any
 
 from cursus.coordinator.groups import validate_group_name, validate_member_id
 from cursus.metadata.topics import TopicSpec, min_isr_value, topic_name, validate_topic_name
@@ -239,6 +240,97 @@ class FindCoordinatorArgs(Args):
     transactional_id: str | None = param(aliases=("txn", "transaction"))
 
 
+# ------------------------------------------------------------------------------------- transaction commands
+
+
+def transactional_id(raw: str, command: str) -> str:
+    """`invalid_payload field=transactional_id` unless 1-249 printable characters without whitespace"""
+    if len(raw) > 249 or any(c.isspace() or not c.isprintable() for c in raw):
+        raise BrokerError.of("invalid_payload", command=command, field="transactional_id",
+                             reason="1-249 printable characters without whitespace")
+    return raw
+
+
+def txn_result(raw: str, command: str) -> str:
+    """`invalid_transaction_result` unless commit or abort"""
+    if raw not in ("commit", "abort"):
+        raise BrokerError.of("invalid_transaction_result", command=command, value=raw)
+    return raw
+
+
+def _txn_id_param() -> Any:
+    return param(kind="custom", convert=transactional_id, required=True, missing="missing_transactional_id",
+                 default="")
+
+
+@dataclass(frozen=True)
+class InitProducerIdArgs(Args):
+    """INIT_PRODUCER_ID transactional_id= / TXN_STATUS transactional_id=."""
+
+    transactional_id: str = _txn_id_param()
+
+
+@dataclass(frozen=True)
+class TxnSessionArgs(Args):
+    """BEGIN_TXN transactional_id= producerId= epoch=."""
+
+    transactional_id: str = _txn_id_param()
+    producer_id: str = param("producerId", aliases=("producer_id",), required=True, missing="missing_producer_id",
+                             default="")
+    epoch: int = param(kind="int", required=True, minimum=0, invalid="invalid_epoch", missing="invalid_epoch",
+                       default=0)
+
+
+@dataclass(frozen=True)
+class TxnPublishArgs(Args):
+    """TXN_PUBLISH transactional_id= topic= [partition=] producerId= seqNum= epoch= [key=] message=."""
+
+    transactional_id: str = _txn_id_param()
+    topic: str = param(kind="custom", convert=topic_name, required=True, default="")
+    partition: int = param(kind="int", default=-1, minimum=-1, maximum=I32_MAX, invalid="invalid_partition",
+                           doc="-1 or omitted: the broker chooses")
+    producer_id: str = param("producerId", aliases=("producer_id",), required=True, missing="missing_producer_id",
+                             default="")
+    seq_num: int = param("seqNum", aliases=("seq_num",), kind="int", required=True, minimum=1, maximum=U64_MAX,
+                         invalid="invalid_seq_num", missing="invalid_seq_num", default=0,
+                         doc="> 0; a retry with the same topic and seqNum appends nothing")
+    epoch: int = param(kind="int", required=True, minimum=0, invalid="invalid_epoch", missing="invalid_epoch",
+                       default=0)
+    key: str | None = param(empty_ok=True)
+    message: str = param(required=True, empty_ok=True, missing="missing_message", default="")
+
+
+@dataclass(frozen=True)
+class SendOffsetsArgs(Args):
+    """SEND_OFFSETS_TO_TXN transactional_id= producerId= epoch= topic= group= member= generation=
+    offsets=P<p>:<next>,..."""
+
+    transactional_id: str = _txn_id_param()
+    producer_id: str = param("producerId", aliases=("producer_id",), required=True, missing="missing_producer_id",
+                             default="")
+    epoch: int = param(kind="int", required=True, minimum=0, invalid="invalid_epoch", missing="invalid_epoch",
+                       default=0)
+    topic: str = param(kind="custom", convert=topic_name, required=True, default="")
+    group: str = param(kind="custom", convert=group_name, required=True, default="")
+    member: str = param(kind="custom", convert=member_id, required=True, default="")
+    generation: int = param(kind="int", required=True, minimum=0, invalid="invalid_generation", default=0)
+    offsets: str | None = param(empty_ok=True, doc="P<partition>:<next offset>,...")
+    positionals: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class EndTxnArgs(Args):
+    """END_TXN transactional_id= producerId= epoch= result=commit|abort."""
+
+    transactional_id: str = _txn_id_param()
+    producer_id: str = param("producerId", aliases=("producer_id",), required=True, missing="missing_producer_id",
+                             default="")
+    epoch: int = param(kind="int", required=True, minimum=0, invalid="invalid_epoch", missing="invalid_epoch",
+                       default=0)
+    result: str = param(kind="custom", convert=txn_result, required=True, missing="invalid_transaction_result",
+                        default="")
+
+
 @dataclass(frozen=True)
 class ElectLeaderArgs(Args):
     """ELECT_LEADER topic= partition= broker=<broker-id>."""
@@ -275,6 +367,12 @@ ARGS: Mapping[Command, type[Args]] = {
     Command.FIND_COORDINATOR: FindCoordinatorArgs,
     Command.CLUSTER_STATUS: NoArgs,
     Command.ELECT_LEADER: ElectLeaderArgs,
+    Command.INIT_PRODUCER_ID: InitProducerIdArgs,
+    Command.BEGIN_TXN: TxnSessionArgs,
+    Command.TXN_PUBLISH: TxnPublishArgs,
+    Command.SEND_OFFSETS_TO_TXN: SendOffsetsArgs,
+    Command.END_TXN: EndTxnArgs,
+    Command.TXN_STATUS: InitProducerIdArgs,
 }
 
 

@@ -48,6 +48,7 @@ from cursus.storage import (
     PartitionLog,
     open_log_dir,
 )
+from cursus.transactions.coordinator import TransactionCoordinator
 from cursus.wire.errors import BrokerError
 
 log = logging.getLogger("cursus.broker")
@@ -155,6 +156,8 @@ class Broker:
             report=self._report_coordinator,
             call_later=self.loop.call_later, clock_ms=self.clock.monotonic_ms, wall_ms=self.clock.wall_ms,
             session_timeout_ms=config.consumer_session_timeout_ms)
+        #: Transactions (standalone): coordinator state, journal, per-partition transaction indexes.
+        self.transactions = TransactionCoordinator(self)
         #: Active STREAM requests; each has ``stop(reason)`` (see cursus.broker.handlers.stream).
         self.streams: set[Any] = set()
         #: Is the client connection ``host:port`` still open? The server installs its answer; until then
@@ -248,7 +251,12 @@ class Broker:
             if broker.replication is not None:
                 await broker.replication.start()
             await broker._open_coordinator()
+            if not config.enabled_distribution:
+                broker.not_ready_reasons["transactions"] = "recovering"
+                await broker.transactions.open()
+                broker.not_ready_reasons.pop("transactions", None)
         except BaseException:
+            await broker.transactions.close()
             if broker.replication is not None:
                 await broker.replication.close()
             await broker.metadata.stop()
@@ -459,6 +467,7 @@ class Broker:
         for task in list(self._group_tasks):
             task.cancel()
         await asyncio.gather(*self._group_tasks, return_exceptions=True)
+        await self.transactions.close()
         await self.coordinator.close()
         await self.hwm_committer.close()
         await self.reconciler.close()
@@ -629,6 +638,7 @@ class Broker:
                 subscribes to the topic (checked before anything changes); after the commit inactive groups
                 lose the topic (one-topic groups get a tombstone, their offsets go).
         """
+        self.transactions.check_topic_deletable(name)
         self.coordinator.check_topic_deletable(name)
         try:
             await self.metadata.submit(DeleteTopic(uuid.uuid4().hex, name))
@@ -640,6 +650,10 @@ class Broker:
                 await self.coordinator.on_topic_deleted(name)
         except BrokerError as exc:
             log.warning("group cleanup of deleted topic %s pending: %s", name, exc.error.code)
+        try:
+            await self.transactions.on_topic_deleted(name)
+        except BrokerError as exc:
+            log.warning("transaction cleanup of deleted topic %s pending: %s", name, exc.error.code)
         try:
             return await self.reconciler.removal(name)
         finally:

@@ -307,3 +307,38 @@ class ReplicationCollector:
         for reason, count in self._refusals():
             refused.add_metric([reason], count)
         yield refused
+
+
+class TransactionCollector:
+    """The Transactions group of facts B9 plus the LSO lag per transactional partition, at scrape time.
+
+    ``snapshot()`` returns ``{"ready": bool, "states": {state: count}, "expired": int, "oldest_active_seconds":
+    float, "lso_lag": {(topic, partition): hwm - lso}}`` (computed on the event loop by the caller).
+    """
+
+    def __init__(self, snapshot: Callable[[], dict[str, Any]]) -> None:
+        self._snapshot = snapshot
+
+    def describe(self) -> list[Metric]:
+        return []
+
+    def collect(self) -> Iterator[Metric]:
+        try:
+            snap = self._snapshot()
+        except Exception:  # the loop is busy or shutting down: skip this scrape
+            return
+        yield GaugeMetricFamily("cursus_transaction_recovery_ready", "1 once transaction recovery finished.",
+                                value=1 if snap["ready"] else 0)
+        states = GaugeMetricFamily("cursus_transactions", "Transactional ids by state.", labels=["state"])
+        for state, count in sorted(snap["states"].items()):
+            states.add_metric([state], count)
+        yield states
+        yield GaugeMetricFamily("cursus_transactions_expired", "Transactions aborted by the coordinator timeout.",
+                                value=snap["expired"])
+        yield GaugeMetricFamily("cursus_transaction_oldest_active_seconds", "Age of the oldest open transaction.",
+                                value=snap["oldest_active_seconds"])
+        lag = GaugeMetricFamily("cursus_partition_last_stable_offset_lag", "HWM minus last stable offset.",
+                                labels=["topic", "partition"])
+        for (topic, partition), value in sorted(snap["lso_lag"].items()):
+            lag.add_metric([topic, str(partition)], value)
+        yield lag

@@ -18,7 +18,13 @@ from prometheus_client import start_http_server
 from cursus.broker.config import BrokerConfig
 from cursus.broker.core import Broker
 from cursus.broker.health import serve_health
-from cursus.broker.metrics import BrokerMetrics, ClusterCollector, GroupStateCollector, ReplicationCollector
+from cursus.broker.metrics import (
+    BrokerMetrics,
+    ClusterCollector,
+    GroupStateCollector,
+    ReplicationCollector,
+    TransactionCollector,
+)
 from cursus.broker.session import ByteBudget, Session
 from cursus.broker.tls import server_context
 
@@ -85,6 +91,7 @@ class BrokerServer:
             replication = broker.replication
             self.metrics.registry.register(ReplicationCollector(lambda: replication.lag_snapshot,
                                                                 lambda: replication.refusal_snapshot))
+        self.metrics.registry.register(TransactionCollector(self._txn_snapshot))
         self.metrics.topics.set(len(broker.metadata.names()))
         self.metrics.partitions.set(len(broker.replicas))
         self.metrics.ready.set(1)
@@ -93,6 +100,16 @@ class BrokerServer:
                  broker.client_port, "on" if ssl_context else "off", self._port_text(self._health_server),
                  self._metrics_port_text(), broker.leader_address(), broker.broker_id)
         log.info("ready")
+
+    def _txn_snapshot(self) -> dict[str, Any]:
+        """Transaction gauges for the metrics thread, computed on the event loop."""
+        broker, loop = self.broker, self._loop
+        assert broker is not None and loop is not None
+
+        async def snapshot() -> dict[str, Any]:
+            return broker.transactions.metrics_snapshot()
+
+        return asyncio.run_coroutine_threadsafe(snapshot(), loop).result(timeout=2)
 
     def _group_snapshot(self) -> tuple[list[dict[str, Any]], int]:
         """Group status for the metrics thread, computed on the event loop (see GroupStateCollector)."""

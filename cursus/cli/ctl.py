@@ -294,6 +294,12 @@ def build_parser() -> argparse.ArgumentParser:
                                               help="committed offset, log end (HWM), lag and owner per partition")
     group_offsets.add_argument("group")
 
+    txn = commands.add_parser("txn", help="transaction coordinator state")
+    txn_commands = txn.add_subparsers(dest="txn_command", required=True, metavar="ACTION")
+    txn_status = txn_commands.add_parser("status", parents=[common],
+                                         help="state, epoch, messages, participants, offsets of a transactional id")
+    txn_status.add_argument("transactional_id", metavar="ID")
+
     offsets = commands.add_parser("offsets", parents=[common], help="earliest/latest/LEO/HWM per partition")
     offsets.add_argument("topic")
     offsets.add_argument("--partition", type=_non_negative)
@@ -856,6 +862,24 @@ def cmd_group(args: argparse.Namespace, options: ConnectionOptions, out: Output)
     return EXIT_OK
 
 
+def cmd_txn(args: argparse.Namespace, options: ConnectionOptions, out: Output) -> int:
+    """``txn status ID``: TXN_STATUS on the id's coordinator (FIND_COORDINATOR, redirects followed)."""
+    with Client(args.broker, options) as client:
+        address = None
+        try:
+            found = ok_fields(client.call(Command.FIND_COORDINATOR, {"transactional_id": args.transactional_id}))
+            address = (found["host"], int(found["port"]))
+        except (CursusError, KeyError, ValueError):
+            address = None  # tolerated: ask the broker given
+        fields = ok_fields(client.call(Command.TXN_STATUS, {"transactional_id": args.transactional_id},
+                                       address=address))
+    if out.json_mode:
+        out.json(fields)
+    else:
+        out.fields(f"transaction {args.transactional_id}", fields)
+    return EXIT_OK
+
+
 def cmd_offsets(args: argparse.Namespace, options: ConnectionOptions, out: Output) -> int:
     """``offsets TOPIC``: earliest/latest/LEO/HWM per partition."""
     with Admin(args.broker, options=options) as admin:
@@ -1050,7 +1074,7 @@ def cmd_cluster_status(args: argparse.Namespace, options: ConnectionOptions, out
 
 
 _HANDLERS = {"cluster-status": cmd_cluster_status, "topic": cmd_topic, "produce": cmd_produce, "consume": cmd_consume, "group": cmd_group,
-             "offsets": cmd_offsets, "metadata": cmd_metadata, "raw": cmd_raw, "certs": cmd_certs}
+             "offsets": cmd_offsets, "metadata": cmd_metadata, "raw": cmd_raw, "certs": cmd_certs, "txn": cmd_txn}
 
 
 def main(argv: Sequence[str] | None = None) -> int:

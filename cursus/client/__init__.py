@@ -22,7 +22,7 @@ Consumer groups (committed offsets, rebalancing, at-least-once delivery)::
 
 See ``docs/sdk.md`` for the full guide and ``docs/groups.md`` for groups. Layers: :mod:`.connection` /
 :mod:`.aio` (transport, retries, redirects), :mod:`.producer`, :mod:`.consumer`, :mod:`.group`,
-:mod:`.admin`, :mod:`.records`, :mod:`.errors`.
+:mod:`.admin`, :mod:`.transactions` (transactional producers), :mod:`.records`, :mod:`.errors`.
 """
 
 from __future__ import annotations
@@ -80,6 +80,7 @@ from cursus.client.errors import (
 from cursus.client.group import AsyncGroupConsumer, GroupConsumer, GroupMembership
 from cursus.client.producer import AsyncProducer, Producer
 from cursus.client.records import ConsumerRecord, RecordMetadata
+from cursus.client.transactions import AsyncTransactionalProducer, TransactionalProducer
 from cursus.wire import Compression
 
 __all__ = [
@@ -91,6 +92,7 @@ __all__ = [
     "AsyncConsumer",
     "AsyncGroupConsumer",
     "AsyncProducer",
+    "AsyncTransactionalProducer",
     "AuthenticationError",
     "AuthorizationError",
     "AvailabilityError",
@@ -132,6 +134,7 @@ __all__ = [
     "TopicDescription",
     "TopicMetadata",
     "TopicNotFoundError",
+    "TransactionalProducer",
     "UnsupportedFeatureError",
     "ValidationError",
     "error_from_frame",

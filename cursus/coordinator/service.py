@@ -446,6 +446,26 @@ class GroupCoordinator:
             await self._settle(name)
         return len(offsets)
 
+    async def materialize(self, name: str, topic: str, offsets: dict[int, int]) -> int:
+        """Store the offsets of a committed transaction (its decision is durable, its fence was checked
+        before the commit): no membership check, each partition only moves forward. Returns how many
+        partitions changed; returns 0 when the group or topic is gone (nothing left to move).
+
+        Raises ``storage_unavailable`` (the offsets stay as they were; the caller retries).
+        """
+        self.check_ready()
+        group = self.table.groups.get(name)
+        if group is None or topic not in group.partitions:
+            return 0
+        changed = {p: o for p, o in offsets.items()
+                   if 0 <= p < group.partitions[topic] and o > group.offsets.get((topic, p), -1)}
+        if not changed:
+            await self._settle(name)
+            return 0
+        self.table.apply_commit(group, topic, changed, self._clock())
+        await self._persist(name, [self._offsets(group, topic)])
+        return len(changed)
+
     # -------------------------------------------------------------------------------------- reads (durable)
 
     def fetch_offset(self, name: str, topic: str, partition: int) -> int:

@@ -39,6 +39,7 @@ from cursus.metadata.state import (
     MetadataState,
     PartitionAssignment,
     PartitionKey,
+    derive_txn_shards,
     place,
 )
 from cursus.metadata.topics import TopicDefinition, apply_create
@@ -107,6 +108,9 @@ def apply(state: MetadataState, command: Command) -> tuple[MetadataState, ApplyR
         new, result = _put(state, command)
     if not result.changed:
         return state, result
+    if new.coordinator_shards and (new.coordinator_shards != state.coordinator_shards
+                                   or new.active_brokers() != state.active_brokers()):
+        new = dataclasses.replace(new, txn_shards=derive_txn_shards(new))
     applied = dict(new.applied)
     applied[command.request_id] = result
     while len(applied) > APPLIED_REQUESTS_KEPT:

@@ -15,7 +15,13 @@ from collections.abc import Mapping
 from typing import Any
 
 from cursus.metadata.apply import ApplyResult
-from cursus.metadata.state import COMMITTED_HWM_VERSION, BrokerInfo, MetadataState, PartitionAssignment
+from cursus.metadata.state import (
+    COMMITTED_HWM_VERSION,
+    BrokerInfo,
+    MetadataState,
+    PartitionAssignment,
+    ShardOwner,
+)
 from cursus.metadata.topics import TopicDefinition
 
 STATE_VERSION = 1
@@ -86,6 +92,9 @@ def encode_state(state: MetadataState) -> bytes:
         "brokers": [state.brokers[b].to_dict() for b in sorted(state.brokers)],
         "applied": [[rid, result_to_dict(r)] for rid, r in state.applied.items()],
     }
+    if state.txn_shards:  # absent in states that never had a shard table (their bytes stay as they were)
+        doc["txn_shards"] = [[shard, state.txn_shards[shard].owner, state.txn_shards[shard].epoch]
+                             for shard in sorted(state.txn_shards)]
     return json.dumps(doc, sort_keys=True, separators=(",", ":"), ensure_ascii=False).encode("utf-8")
 
 
@@ -106,10 +115,13 @@ def decode_state(data: bytes) -> MetadataState:
         assignments = dict(_assignment(row) for row in doc["partitions"])
         brokers = {d["id"]: BrokerInfo.from_dict(d) for d in doc["brokers"]}
         applied = {str(rid): result_from_dict(r) for rid, r in doc["applied"]}
+        shards = {int(shard): ShardOwner(None if owner is None else str(owner), int(epoch))
+                  for shard, owner, epoch in doc.get("txn_shards", ())}
         return MetadataState(revision=int(doc["revision"]), topics=topics, assignments=assignments,
                              brokers=brokers, applied=applied, initial_leader_epoch=int(doc["initial_leader_epoch"]),
-                             cluster=bool(doc["cluster"]), coordinator_shards=int(doc["coordinator_shards"]))
+                             cluster=bool(doc["cluster"]), coordinator_shards=int(doc["coordinator_shards"]),
+                             txn_shards=shards)
     except MissingProvenance:
         raise
-    except (KeyError, TypeError, AttributeError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+    except (KeyError, TypeError, AttributeError, UnicodeDecodeError, json.JSONDecodeError, ValueError) as exc:
         raise ValueError(f"bad metadata state: {exc!r}") from None

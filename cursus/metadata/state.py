@@ -100,6 +100,14 @@ PartitionKey = tuple[str, int]
 
 
 @dataclass(frozen=True, slots=True)
+class ShardOwner:
+    """The owner of one transaction-coordinator shard and its coordinator epoch (bumped per owner change)."""
+
+    owner: str | None
+    epoch: int
+
+
+@dataclass(frozen=True, slots=True)
 class MetadataState:
     """One immutable version of all authoritative metadata.
 
@@ -117,6 +125,9 @@ class MetadataState:
             accepts ``CommitHwm`` (standalone commits its HWM locally and keeps ``committed_hwm`` 0).
         coordinator_shards: the cluster's ``transaction_coordinator_shards`` (0 until the first broker
             heartbeat fixes it; immutable after).
+        txn_shards: per transaction-coordinator shard its owner (None: no active broker) and its
+            coordinator epoch (facts B7): derived by ``apply`` whenever the active brokers change, the epoch
+            bumped on every change of owner; the epoch goes into the shard's transaction markers.
     """
 
     revision: int = 0
@@ -127,6 +138,7 @@ class MetadataState:
     initial_leader_epoch: int = FIRST_LEADER_EPOCH
     cluster: bool = False
     coordinator_shards: int = 0
+    txn_shards: Mapping[int, ShardOwner] = field(default_factory=dict)
 
     def topic(self, name: str) -> TopicDefinition | None:
         return self.topics.get(name)
@@ -175,14 +187,50 @@ def transaction_shard(transactional_id: str, shards: int) -> int:
     return int.from_bytes(hashlib.sha256(transactional_id.encode()).digest()[:8], "big") % shards
 
 
+def shard_ring_owner(active: list[str], shard: int) -> str | None:
+    """The ring owner of ``shard``: ``__transaction_coordinator-<shard>`` over the active brokers (facts B7)."""
+    owners = ring_replicas(active, f"__transaction_coordinator-{shard}", 1)
+    return owners[0] if owners else None
+
+
+def derive_txn_shards(state: MetadataState) -> Mapping[int, ShardOwner]:
+    """Shard owners for ``state``'s active brokers, keeping each shard's epoch while its owner stays and
+    bumping it when the owner changes (a shard seen for the first time starts at epoch 1)."""
+    if not state.coordinator_shards:
+        return state.txn_shards
+    active = state.active_brokers()
+    out: dict[int, ShardOwner] = {}
+    for shard in range(state.coordinator_shards):
+        owner = shard_ring_owner(active, shard)
+        previous = state.txn_shards.get(shard)
+        if previous is None:
+            out[shard] = ShardOwner(owner, 1)
+        elif previous.owner != owner:
+            out[shard] = ShardOwner(owner, previous.epoch + 1)
+        else:
+            out[shard] = previous
+    return out
+
+
 def transaction_coordinator(state: MetadataState, transactional_id: str) -> str | None:
-    """The owner of ``transactional_id``'s shard: ``__transaction_coordinator-<shard>`` on the ring of
-    active brokers (facts B7); None when no shard count is fixed yet or no broker is active."""
+    """The owner of ``transactional_id``'s shard (the FSM's shard table; the active ring when the table is
+    empty, e.g. restored from an older snapshot); None when no shard count is fixed yet or no broker is
+    active."""
     if not state.coordinator_shards:
         return None
     shard = transaction_shard(transactional_id, state.coordinator_shards)
-    owners = ring_replicas(state.active_brokers(), f"__transaction_coordinator-{shard}", 1)
-    return owners[0] if owners else None
+    found = state.txn_shards.get(shard)
+    if found is not None:
+        return found.owner
+    return shard_ring_owner(state.active_brokers(), shard)
+
+
+def transaction_coordinator_epoch(state: MetadataState, transactional_id: str) -> int:
+    """The coordinator epoch of ``transactional_id``'s shard (0 standalone or before the table exists)."""
+    if not state.coordinator_shards:
+        return 0
+    found = state.txn_shards.get(transaction_shard(transactional_id, state.coordinator_shards))
+    return found.epoch if found is not None else 0
 
 
 def place(topic: TopicDefinition, partition: int, active: list[str], leader_epoch: int,

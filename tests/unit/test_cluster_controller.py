@@ -328,3 +328,30 @@ def test_transaction_coordinator_is_the_shard_owner_on_the_active_ring() -> None
     assert owner == ring_replicas(["a", "b", "c"], f"__transaction_coordinator-{shard}", 1)[0]
     state, _ = apply(state, FenceBroker("f", owner))
     assert transaction_coordinator(state, "payments-1") not in (None, owner)
+
+
+def test_shard_owners_and_coordinator_epochs_live_in_the_state() -> None:
+    from cursus.metadata.snapshot import decode_state, encode_state
+    from cursus.metadata.state import (
+        transaction_coordinator,
+        transaction_coordinator_epoch,
+        transaction_shard,
+    )
+
+    state = MetadataState(cluster=True)
+    state, _ = apply(state, BrokerHeartbeat("ha", BrokerInfo("a", "a:1"), 8))
+    assert len(state.txn_shards) == 8 and {s.owner for s in state.txn_shards.values()} == {"a"}
+    assert {s.epoch for s in state.txn_shards.values()} == {1}
+    for b in ("b", "c"):
+        state, _ = apply(state, BrokerHeartbeat(f"h{b}", BrokerInfo(b, f"{b}:1"), 8))
+    moved = {shard for shard, s in state.txn_shards.items() if s.owner != "a"}
+    assert moved and all(state.txn_shards[shard].epoch >= 2 for shard in moved)  # one bump per owner change
+    assert all(s.epoch == 1 for shard, s in state.txn_shards.items() if shard not in moved)
+    tid = next(f"id-{i}" for i in range(1000) if transaction_shard(f"id-{i}", 8) in moved)
+    owner, epoch = transaction_coordinator(state, tid), transaction_coordinator_epoch(state, tid)
+    again, _ = apply(state, BrokerHeartbeat("hb2", BrokerInfo("b", "b:1"), 8))  # no change of owners
+    assert transaction_coordinator_epoch(again, tid) == epoch
+    state, _ = apply(state, FenceBroker("f", owner))
+    assert transaction_coordinator(state, tid) not in (None, owner)
+    assert transaction_coordinator_epoch(state, tid) == epoch + 1  # the new owner's markers outrank the old
+    assert decode_state(encode_state(state)) == state

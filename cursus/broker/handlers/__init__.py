@@ -13,7 +13,7 @@ from collections.abc import Awaitable, Callable, Mapping
 from typing import Any
 
 from cursus.broker.args import ARGS
-from cursus.broker.handlers import admin, cluster, fetch, groups, produce, session_cmds, stream, topics
+from cursus.broker.handlers import admin, cluster, fetch, groups, produce, session_cmds, stream, topics, txn
 from cursus.broker.handlers.access import guarded
 from cursus.broker.request import Answer, Handler, Request
 from cursus.params import Args, parse_args
@@ -60,6 +60,12 @@ _TYPED: Mapping[Command, TypedHandler] = {
     Command.STREAM: stream.handle_stream,
     Command.CLUSTER_STATUS: cluster.handle_cluster_status,
     Command.ELECT_LEADER: cluster.handle_elect_leader,
+    Command.INIT_PRODUCER_ID: txn.handle_init_producer_id,
+    Command.BEGIN_TXN: txn.handle_begin_txn,
+    Command.TXN_PUBLISH: txn.handle_txn_publish,
+    Command.SEND_OFFSETS_TO_TXN: txn.handle_send_offsets,
+    Command.END_TXN: txn.handle_end_txn,
+    Command.TXN_STATUS: txn.handle_txn_status,
 }
 
 _UNGUARDED: Mapping[Command, Handler] = {

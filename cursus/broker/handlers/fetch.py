@@ -20,6 +20,7 @@ from cursus.broker.replica import Replica
 from cursus.broker.request import Parts, Request, SessionInfo
 from cursus.storage import CorruptLogError, OffsetOutOfRange, PartitionLog
 from cursus.storage.producer_state import record_producer
+from cursus.transactions.index import filter_records
 from cursus.wire import MAX_RECORDS_PER_BATCH, encode_batch_header
 from cursus.wire.errors import BrokerError
 
@@ -41,6 +42,8 @@ class ReadTarget:
 
     topic: str
     replica: Replica
+    #: ``read_committed`` (stops at the LSO, hides aborted records and markers) or ``read_uncommitted``
+    isolation: str
     max_records: int
     max_bytes: int
     #: Decision 14: max(requested offset, the group's committed offset); without ``offset=``, the committed
@@ -58,7 +61,6 @@ def read_target(broker: Broker, args: ReadArgs, *, default_batch: int, session: 
     defn = broker.topic(args.topic)
     check_topic_access(defn, "read", session)
     replica = partition_of(broker, defn, args.partition)
-    # without transactions both isolation levels read up to the HWM
     max_records = min(args.batch or default_batch, MAX_RECORDS_PER_BATCH)
     max_bytes = min(args.max_bytes or broker.config.consume_default_max_bytes, broker.config.consume_max_bytes_limit)
     committed = broker.coordinator.committed(args.group, defn.name, replica.partition)
@@ -69,7 +71,7 @@ def read_target(broker: Broker, args: ReadArgs, *, default_batch: int, session: 
         start = committed if committed is not None else start
     else:
         start = max(args.offset, committed) if committed is not None else args.offset
-    return ReadTarget(defn.name, replica, max_records, max_bytes, start)
+    return ReadTarget(defn.name, replica, args.isolation, max_records, max_bytes, start)
 
 
 async def handle_consume(broker: Broker, req: Request, args: ReadArgs) -> Parts:
@@ -79,18 +81,23 @@ async def handle_consume(broker: Broker, req: Request, args: ReadArgs) -> Parts:
     wait_ms = min(args.wait_ms, MAX_WAIT_MS)
     if offset < replica.log_start_offset or offset > replica.leo:
         raise _out_of_range(replica, offset)
-    if offset >= replica.hwm and wait_ms > 0:
-        await replica.wait_for_data(offset, wait_ms / 1000.0)
+    if offset >= broker.transactions.readable_end(replica, target.isolation) and wait_ms > 0:
+        await broker.transactions.wait_readable(replica, offset, wait_ms / 1000.0, target.isolation)
         if replica.deleted:
             raise BrokerError.of("topic_not_found", topic=target.topic)
         if offset < replica.log_start_offset:
             raise _out_of_range(replica, offset)
-    return (await read_batch(broker, replica, target.topic, offset, target.max_records, target.max_bytes))[0]
+    return (await read_batch(broker, replica, target.topic, offset, target.max_records, target.max_bytes,
+                             target.isolation))[0]
 
 
 async def read_batch(broker: Broker, replica: Replica, topic: str, offset: int, max_records: int,
-                     max_bytes: int) -> tuple[Parts, int]:
+                     max_bytes: int, isolation: str = "read_uncommitted") -> tuple[Parts, int]:
     """One CBV2 reply batch of ``replica`` from ``offset`` up to the HWM (CONSUME and STREAM).
+
+    ``read_committed`` on a partition that holds transactional records reads up to its last stable offset
+    and drops aborted records and markers (the ranges are taken on the loop, filtered with the read); a
+    partition without transactional records takes exactly the plain path.
 
     Returns (the batch as parts: batch header, records section; next offset); the batch holds zero records
     when ``offset`` is at or past the HWM. A read expected to reach ``offload_threshold_bytes`` (records
@@ -103,9 +110,17 @@ async def read_batch(broker: Broker, replica: Replica, topic: str, offset: int, 
             checksum (never serve wrong bytes).
     """
     hwm = replica.hwm
+    index = broker.transactions.read_index(topic, replica.partition) if isolation == "read_committed" else None
+    hidden: tuple[tuple[int, int], ...] = ()
+    markers: tuple[int, ...] = ()
+    if index is not None:
+        hwm = index.lso(hwm)
+        hidden = index.hidden_slice(offset, hwm)
+        markers = index.markers_slice(offset, hwm)
     if offset >= hwm:
         return [encode_batch_header(topic, replica.partition, acks="1", record_count=0)], offset
-    read = functools.partial(_read_reply, replica.log, topic, replica.partition, offset, hwm, max_records, max_bytes)
+    read = functools.partial(_read_reply, replica.log, topic, replica.partition, offset, hwm, max_records, max_bytes,
+                             hidden, markers)
     try:
         parts, next_offset = await broker.offload.run(
             _expected_bytes(replica.log, offset, hwm, max_records, max_bytes), read)
@@ -136,13 +151,26 @@ def _expected_bytes(partition_log: PartitionLog, offset: int, hwm: int, max_reco
 
 
 def _read_reply(partition_log: PartitionLog, topic: str, partition: int, offset: int, hwm: int, max_records: int,
-                max_bytes: int) -> tuple[Parts, int]:
-    """Read, check and frame one reply batch (pure apart from the thread-safe log read; any thread)."""
+                max_bytes: int, hidden: tuple[tuple[int, int], ...] = (), markers: tuple[int, ...] = ()
+                ) -> tuple[Parts, int]:
+    """Read, check and frame one reply batch (pure apart from the thread-safe log read; any thread).
+
+    With ``hidden`` ranges (read_committed) the hidden records are dropped (a reply ending on a marker keeps
+    that marker, see :func:`filter_records`); a read that kept nothing reads on (up to ``hwm``), so a run of
+    aborted records never stalls a consumer below the next visible one."""
     result = partition_log.read(offset, max_offset=hwm, max_records=max_records, max_bytes=max_bytes)
-    seq_start, seq_end = _seq_span(result.records, result.record_count)
+    records, count = result.records, result.record_count
+    if hidden:
+        records, count = filter_records(records, result.first_offset, count, hidden, markers)
+        while count == 0 and result.next_offset < hwm and result.record_count > 0:
+            result = partition_log.read(result.next_offset, max_offset=hwm, max_records=max_records,
+                                        max_bytes=max_bytes)
+            records, count = filter_records(result.records, result.first_offset, result.record_count, hidden,
+                                            markers)
+    seq_start, seq_end = _seq_span(records, count)
     header = encode_batch_header(topic, partition, acks="1", seq_start=seq_start, seq_end=seq_end,
-                                 record_count=result.record_count)
-    return [header, result.records], result.next_offset
+                                 record_count=count)
+    return [header, records], result.next_offset
 
 
 def _seq_span(records: bytes, count: int) -> tuple[int, int]:

@@ -70,8 +70,10 @@ async def handle_publish(broker: Broker, req: Request) -> Reply | NoReply | byte
         return NO_REPLY
 
 
-def _target(broker: Broker, topic: str, req: Request) -> TopicDefinition:
-    name = validate_topic_name(topic, command="PUBLISH")
+def target_topic(broker: Broker, topic: str, req: Request, command: str = "PUBLISH") -> TopicDefinition:
+    """The writable topic ``topic`` (PUBLISH, TXN_PUBLISH) for ``req``'s connection. Raises
+    ``invalid_topic_name``, ``topic_not_found``, ``internal_topic_write_forbidden``, ``NOT_AUTHORIZED_FOR_TOPIC``."""
+    name = validate_topic_name(topic, command=command)
     defn = broker.topic(name)
     if is_internal_topic(name):
         raise BrokerError.of("internal_topic_write_forbidden", topic=name)
@@ -105,7 +107,7 @@ async def _append_and_ack(
         if dup is not None:
             end = dup.first_offset + record_count
             # the original may still be in flight: never ack before it is as safe as its mode promises
-            await _wait_ack(broker, replica, mode, end, replica.isr)
+            await wait_ack(broker, replica, mode, end, replica.isr)
             broker.metrics.child(broker.metrics.publish_acks_total, mode, "duplicate").inc()
             return _ack(end - 1, producer_id, epoch, first_seq, last_seq)
     replica.check_writable()
@@ -120,12 +122,12 @@ async def _append_and_ack(
     if mode == "none":
         broker.metrics.child(broker.metrics.publish_acks_total, "none", "ok").inc()
         return NoReply(written=replica.wait_durable(end))
-    await _wait_ack(broker, replica, mode, end, isr)
+    await wait_ack(broker, replica, mode, end, isr)
     broker.metrics.child(broker.metrics.publish_acks_total, mode, "ok").inc()
     return _ack(end - 1, producer_id, epoch, first_seq, last_seq)
 
 
-async def _wait_ack(broker: Broker, replica: Replica, mode: str, end: int, isr: tuple[str, ...]) -> None:
+async def wait_ack(broker: Broker, replica: Replica, mode: str, end: int, isr: tuple[str, ...]) -> None:
     """Wait until records below ``end`` are as safe as ``mode`` promises (see the module docstring).
 
     Raises:
@@ -151,10 +153,14 @@ async def _wait_ack(broker: Broker, replica: Replica, mode: str, end: int, isr: 
                              outcome="unknown") from None
 
 
+#: The earlier private name (tests and other callers import it).
+_wait_ack = wait_ack
+
+
 async def _publish_batch(broker: Broker, req: Request, view: BatchView) -> Reply | NoReply | bytes:
     """A CBV2 batch naming one partition (facts decision 12)."""
     mode = parse_acks(view.acks)
-    defn = _target(broker, view.topic, req)
+    defn = target_topic(broker, view.topic, req)
     replica = partition_of(broker, defn, view.partition)
     if view.record_count == 0:
         raise BrokerError.of("empty_messages", command="PUBLISH")
@@ -190,14 +196,14 @@ async def _publish_text(broker: Broker, req: Request) -> Reply | NoReply | bytes
             raise BrokerError.of("transaction_metadata_forbidden", command="PUBLISH", field=name)
     args = parse_args(PublishArgs, req.fields, "PUBLISH")
     mode = args.acks
-    defn = _target(broker, args.topic, req)
+    defn = target_topic(broker, args.topic, req)
     if args.idempotent and mode != "all":
         raise BrokerError.of("invalid_acks", value=req.get("acks"), reason="idempotent producers need acks=all")
     if args.idempotent and args.seq_num < 1:
         raise BrokerError.of("invalid_seq_num", producer=args.producer_id, value=args.seq_num)
     partition = args.partition
     if partition == -1:
-        partition = _choose_partition(broker, defn, args.key)
+        partition = choose_partition(broker, defn, args.key)
     replica = partition_of(broker, defn, partition)
     record = Record(topic=defn.name, partition=partition, payload=args.message.encode("utf-8"),
                     producer_id=args.producer_id, seq_num=args.seq_num, producer_epoch=args.epoch, key=args.key)
@@ -213,7 +219,7 @@ async def _publish_text(broker: Broker, req: Request) -> Reply | NoReply | bytes
                                  producer=producer, idempotent=args.idempotent)
 
 
-def _choose_partition(broker: Broker, defn: TopicDefinition, key: str | None) -> int:
+def choose_partition(broker: Broker, defn: TopicDefinition, key: str | None) -> int:
     """Broker-side partition choice: FNV-1a 64 of the key on hash_key topics, else round-robin."""
     if key and defn.policy.partitioner == "hash_key":
         return partition_for_key(key, defn.partitions)

@@ -56,7 +56,7 @@ async def handle_stream(broker: Broker, req: Request, args: ReadArgs) -> StreamR
         raise BrokerError.of("too_many_connections", command="STREAM", limit=limit,
                              reason="max_stream_connections_reached")
     return PartitionStream(broker, replica, start, group=group, member=member, batch=target.max_records,
-                           max_bytes=target.max_bytes)
+                           max_bytes=target.max_bytes, isolation=target.isolation)
 
 
 class PartitionStream(StreamReply):
@@ -71,8 +71,9 @@ class PartitionStream(StreamReply):
     """
 
     def __init__(self, broker: Broker, replica: Replica, offset: int, *, group: str | None, member: str | None,
-                 batch: int, max_bytes: int) -> None:
+                 batch: int, max_bytes: int, isolation: str = "read_uncommitted") -> None:
         cfg = broker.config
+        self.isolation = isolation
         self.broker = broker
         self.replica = replica
         self.topic = replica.topic
@@ -128,7 +129,8 @@ class PartitionStream(StreamReply):
 
     async def _wait_for_data(self, offset: int, timeout_s: float) -> None:
         """Sleep until the HWM passes ``offset``, ``timeout_s`` passes, or :meth:`stop` is called."""
-        self._waiter = asyncio.ensure_future(self.replica.wait_for_data(offset, timeout_s))
+        self._waiter = asyncio.ensure_future(
+            self.broker.transactions.wait_readable(self.replica, offset, timeout_s, self.isolation))
         try:
             await self._waiter
         except asyncio.CancelledError:
@@ -169,15 +171,16 @@ class PartitionStream(StreamReply):
                     await self._close(reason)
                     return
                 replica = self.replica
-                if self.offset < replica.hwm:
-                    if woken and self.batch_wait_s > 0 and replica.hwm - self.offset < self.batch:
+                readable = self.broker.transactions.readable_end(replica, self.isolation)
+                if self.offset < readable:
+                    if woken and self.batch_wait_s > 0 and readable - self.offset < self.batch:
                         await self._wait_for_data(self.offset + self.batch - 1, self.batch_wait_s)
                         woken = False
                         continue
                     woken = False
                     try:
                         payload, next_offset = await read_batch(self.broker, replica, self.topic, self.offset,
-                                                                self.batch, self.max_bytes)
+                                                                self.batch, self.max_bytes, self.isolation)
                     except BrokerError:
                         continue  # fell below the log start: _ended() closes with offset_out_of_range
                     except Exception:

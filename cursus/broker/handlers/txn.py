@@ -1,0 +1,137 @@
+"""Transaction commands (spec "Transaction Coordinator"; facts A6 "Transactions", B5): INIT_PRODUCER_ID,
+BEGIN_TXN, TXN_PUBLISH, SEND_OFFSETS_TO_TXN, END_TXN, TXN_STATUS.
+
+Standalone only for now. In a cluster a command reaching a broker that does not own the id's coordinator
+shard answers ``NOT_COORDINATOR host= port=`` (the owner from the metadata FSM's shard table), and the owner
+answers ``UNSUPPORTED_FEATURE`` (decision 1: transaction state is not replicated through the FSM yet). The work happens in
+:class:`cursus.transactions.coordinator.TransactionCoordinator` (``broker.transactions``).
+"""
+
+from __future__ import annotations
+
+import re
+
+from cursus.broker.args import EndTxnArgs, InitProducerIdArgs, SendOffsetsArgs, TxnPublishArgs, TxnSessionArgs
+from cursus.broker.core import Broker
+from cursus.broker.handlers.common import partition_of
+from cursus.broker.handlers.produce import choose_partition, target_topic, wait_ack
+from cursus.broker.request import Request
+from cursus.metadata.state import transaction_coordinator
+from cursus.transactions.coordinator import TransactionCoordinator
+from cursus.transactions.state import TxnEntry
+from cursus.wire.errors import BrokerError
+from cursus.wire.responses import ok_text
+
+MAX_TXN_OFFSETS = 1024
+_ENTRY = re.compile(r"P([0-9]{1,10}):([0-9]{1,19})")
+
+
+def _coordinator(broker: Broker, command: str, transactional_id: str) -> TransactionCoordinator:
+    """This broker's coordinator, when it coordinates ``transactional_id``.
+
+    Raises:
+        BrokerError: in a cluster ``NOT_COORDINATOR host= port=`` (retryable) when another broker owns the id's
+            shard, ``coordinator_not_available`` when no broker does, else ``UNSUPPORTED_FEATURE`` (the
+            cluster's coordinator is not built yet).
+    """
+    if broker.config.enabled_distribution:
+        state = broker.metadata.state
+        owner = transaction_coordinator(state, transactional_id)
+        if owner is None:
+            raise BrokerError.of("coordinator_not_available", command=command, coordinator_type="transaction",
+                                 reason="no broker owns this transactional id's shard right now; retry")
+        if owner != broker.broker_id:
+            host, _, port = broker.broker_address(owner).rpartition(":")
+            if host:
+                raise BrokerError.of("NOT_COORDINATOR", host=host, port=port)
+            raise BrokerError.of("coordinator_not_available", command=command, coordinator_type="transaction",
+                                 reason="the shard owner has no registered address")
+        raise BrokerError.of("UNSUPPORTED_FEATURE", command=command,
+                             reason="transactions are not available in a cluster yet")
+    return broker.transactions
+
+
+def parse_txn_offsets(args: SendOffsetsArgs) -> dict[int, int]:
+    """``offsets=P<p>:<next>,...`` (or one positional list). Raises ``invalid_txn_offsets reason=``."""
+    raw = args.offsets if args.offsets is not None else (args.positionals[0] if len(args.positionals) == 1 else None)
+    if raw is None or not raw.strip():
+        raise BrokerError.of("invalid_txn_offsets", command="SEND_OFFSETS_TO_TXN", reason="missing_offsets")
+    offsets: dict[int, int] = {}
+    for entry in raw.split(","):
+        match = _ENTRY.fullmatch(entry.strip())
+        if match is None:
+            raise BrokerError.of("invalid_txn_offsets", command="SEND_OFFSETS_TO_TXN", reason="malformed_entry",
+                                 entry=re.sub(r"\s", "_", entry.strip())[:64] or "empty")
+        partition, offset = int(match.group(1)), int(match.group(2))
+        if partition in offsets:
+            raise BrokerError.of("duplicate_partition", partition=partition, group=args.group, topic=args.topic)
+        offsets[partition] = offset
+        if len(offsets) > MAX_TXN_OFFSETS:
+            raise BrokerError.of("invalid_txn_offsets", command="SEND_OFFSETS_TO_TXN", reason="too_many_partitions",
+                                 limit=MAX_TXN_OFFSETS)
+    return offsets
+
+
+def _session(entry: TxnEntry) -> tuple[tuple[str, object], ...]:
+    return (("transactional_id", entry.transactional_id), ("producerId", entry.producer_id),
+            ("epoch", entry.epoch))
+
+
+async def handle_init_producer_id(broker: Broker, req: Request, args: InitProducerIdArgs) -> bytes:
+    """INIT_PRODUCER_ID transactional_id= -> ``OK transactional_id= producerId= epoch=``."""
+    coordinator = _coordinator(broker, "INIT_PRODUCER_ID", args.transactional_id)
+    entry = await coordinator.init_producer(args.transactional_id)
+    return ok_text(*_session(entry))
+
+
+async def handle_begin_txn(broker: Broker, req: Request, args: TxnSessionArgs) -> bytes:
+    """BEGIN_TXN -> ``OK transactional_id= state=open producerId= epoch=``."""
+    coordinator = _coordinator(broker, "BEGIN_TXN", args.transactional_id)
+    entry = await coordinator.begin(args.transactional_id, args.producer_id, args.epoch)
+    return ok_text(("transactional_id", entry.transactional_id), ("state", entry.state),
+                   ("producerId", entry.producer_id), ("epoch", entry.epoch))
+
+
+async def handle_txn_publish(broker: Broker, req: Request, args: TxnPublishArgs) -> bytes:
+    """TXN_PUBLISH -> ``OK transactional_id= appended=true topic= partition= state=open`` once the record is
+    committed (acks=all semantics: durable on the ISR, below the HWM)."""
+    coordinator = _coordinator(broker, "TXN_PUBLISH", args.transactional_id)
+    defn = target_topic(broker, args.topic, req, "TXN_PUBLISH")
+    partition = args.partition if args.partition != -1 else choose_partition(broker, defn, args.key)
+    replica = partition_of(broker, defn, partition)
+    entry, appended_to, end = await coordinator.publish(
+        args.transactional_id, args.producer_id, args.epoch, replica, seq_num=args.seq_num, key=args.key,
+        payload=args.message.encode("utf-8"))
+    if appended_to != partition:  # a retry the broker routed elsewhere this time: the first append counts
+        partition, replica = appended_to, broker.replica(defn.name, appended_to)
+    await wait_ack(broker, replica, "all", end, replica.isr)
+    return ok_text(("transactional_id", entry.transactional_id), ("appended", True), ("topic", defn.name),
+                   ("partition", partition), ("state", "open"))
+
+
+async def handle_send_offsets(broker: Broker, req: Request, args: SendOffsetsArgs) -> bytes:
+    """SEND_OFFSETS_TO_TXN -> ``OK transactional_id= staged_offsets=N`` (N = all staged partitions)."""
+    coordinator = _coordinator(broker, "SEND_OFFSETS_TO_TXN", args.transactional_id)
+    offsets = parse_txn_offsets(args)
+    await broker.route_group()
+    entry = await coordinator.stage_offsets(args.transactional_id, args.producer_id, args.epoch, group=args.group,
+                                            member=args.member, generation=args.generation, topic=args.topic,
+                                            offsets=offsets)
+    return ok_text(("transactional_id", entry.transactional_id), ("staged_offsets", len(entry.offsets)))
+
+
+async def handle_end_txn(broker: Broker, req: Request, args: EndTxnArgs) -> bytes:
+    """END_TXN result=commit|abort -> ``OK transactional_id= state=committed|aborted messages=N offsets=N``."""
+    coordinator = _coordinator(broker, "END_TXN", args.transactional_id)
+    entry = await coordinator.end(args.transactional_id, args.producer_id, args.epoch, args.result)
+    return ok_text(("transactional_id", entry.transactional_id), ("state", entry.state),
+                   ("messages", entry.messages), ("offsets", len(entry.offsets)))
+
+
+async def handle_txn_status(broker: Broker, req: Request, args: InitProducerIdArgs) -> bytes:
+    """TXN_STATUS -> ``OK transactional_id= mode=exactly_once state= messages= participants= offsets=
+    producerId= epoch=``."""
+    entry = _coordinator(broker, "TXN_STATUS", args.transactional_id).status(args.transactional_id)
+    return ok_text(("transactional_id", entry.transactional_id), ("mode", "exactly_once"), ("state", entry.state),
+                   ("messages", entry.messages), ("participants", len(entry.partitions)),
+                   ("offsets", len(entry.offsets)), ("producerId", entry.producer_id), ("epoch", entry.epoch))
