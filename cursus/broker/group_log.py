@@ -2,7 +2,8 @@
 
 :class:`OffsetsTopicLog` implements :class:`cursus.coordinator.ports.GroupLog` (record shapes, placement,
 replay and compaction rules: :mod:`cursus.coordinator.offsets`, docs/groups.md). :func:`open_offsets_log`
-creates the internal topic at startup when it is missing and opens the log over its replicas.
+creates the internal topic at startup when it is missing and opens the log over its replicas. Standalone
+only: a cluster keeps its groups in the metadata log (:mod:`cursus.cluster.group_log`).
 """
 
 from __future__ import annotations
@@ -31,7 +32,6 @@ from cursus.coordinator.offsets import (
 from cursus.coordinator.ports import PartitionOffsets
 from cursus.metadata.topics import TopicDefinition, TopicPolicy
 from cursus.wire import Record, decode_record, encode_record, iter_record_slices
-from cursus.wire.errors import BrokerError
 
 if TYPE_CHECKING:
     from cursus.broker.core import Broker
@@ -227,34 +227,21 @@ def _chunk(partition: int, base_offset: int, entries: list[tuple[str, bytes]], s
 
 
 async def open_offsets_log(broker: Broker) -> OffsetsTopicLog:
-    """Create ``__consumer_offsets`` (``offsets_topic_num_partitions``, compact policy) if the metadata lacks it,
-    then open the log over its replicas (startup; the coordinator's ``open_log``)."""
+    """Create ``__consumer_offsets`` (``offsets_topic_num_partitions``, compact policy, one replica) if the
+    metadata lacks it, then open the log over its replicas (standalone startup; the coordinator's
+    ``open_log``). A cluster never calls this: its groups live in the metadata log
+    (:class:`cursus.cluster.group_log.RaftGroupLog`) and it has no ``__consumer_offsets`` topic."""
     defn = broker.metadata.get(OFFSETS_TOPIC)
     if defn is None:
-        defn = TopicDefinition(OFFSETS_TOPIC, broker.config.offsets_topic_num_partitions,
-                               replication_factor=offsets_replication_factor(broker),
+        defn = TopicDefinition(OFFSETS_TOPIC, broker.config.offsets_topic_num_partitions, replication_factor=1,
                                policy=TopicPolicy(cleanup_policy="compact"))
-        active = len(broker.metadata.state.active_brokers())
-        if active < defn.replication_factor:  # never place it on fewer brokers than it needs for good
-            raise BrokerError.of("coordinator_not_available", topic=OFFSETS_TOPIC,
-                                 reason=f"{defn.replication_factor} active brokers are needed, {active} are")
         await broker.apply_definition(defn)
     replicas = [broker.replica(OFFSETS_TOPIC, p) for p in range(defn.partitions)]
-    for replica in replicas:  # a new leader exposes its committed HWM only once it has prepared
+    for replica in replicas:
         await replica.wait_writable()
     return OffsetsTopicLog(replicas, broker.run_blocking,
                            compaction_min_records=broker.config.offsets_compaction_min_records,
                            wall_ms=broker.clock.wall_ms)
-
-
-def offsets_replication_factor(broker: Broker) -> int:
-    """Replicas of ``__consumer_offsets``: 1 standalone; in a cluster ``default_replication_factor`` capped
-    by the members (the topic is created only once that many brokers are active)."""
-    if not broker.metadata.state.cluster:
-        return 1
-    from cursus.broker.core import cluster_members
-
-    return max(1, min(broker.config.default_replication_factor, len(cluster_members(broker.config))))
 
 
 def partition_offsets(broker: Broker, topic: str, partition: int) -> PartitionOffsets | None:

@@ -20,6 +20,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from cursus.metadata.groups import GroupEntry, group_coordinator
 from cursus.metadata.topics import TopicDefinition
 
 #: Virtual nodes per broker on the placement ring (facts B7).
@@ -110,6 +111,9 @@ class MetadataState:
             accepts ``CommitHwm`` (standalone commits its HWM locally and keeps ``committed_hwm`` 0).
         coordinator_shards: the cluster's ``transaction_coordinator_shards`` (0 until the first broker
             heartbeat fixes it; immutable after).
+        groups: cluster only: consumer group name -> its compacted records (registration or tombstone,
+            membership, offset snapshots), see :mod:`cursus.metadata.groups`. Standalone keeps groups in
+            ``__consumer_offsets`` and this stays empty.
     """
 
     revision: int = 0
@@ -120,6 +124,7 @@ class MetadataState:
     initial_leader_epoch: int = FIRST_LEADER_EPOCH
     cluster: bool = False
     coordinator_shards: int = 0
+    groups: Mapping[str, GroupEntry] = field(default_factory=dict)
 
     def topic(self, name: str) -> TopicDefinition | None:
         return self.topics.get(name)
@@ -136,6 +141,11 @@ class MetadataState:
 
     def active_brokers(self) -> list[str]:
         return sorted(b.id for b in self.brokers.values() if b.status == "active")
+
+    def group_coordinator(self, group: str) -> str | None:
+        """The broker that coordinates ``group`` in this state: ``ring.Get(group)`` over the active brokers
+        (facts B7), None when no broker is active."""
+        return group_coordinator(self.active_brokers(), group)
 
 
 APPLIED_REQUESTS_KEPT = 1024
