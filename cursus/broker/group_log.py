@@ -244,13 +244,31 @@ async def open_offsets_log(broker: Broker) -> OffsetsTopicLog:
                            wall_ms=broker.clock.wall_ms)
 
 
+#: The LEO reported for a partition whose log end this broker cannot bound (no commit is refused for it).
+UNKNOWN_LEO = 2**63 - 1
+
+
 def partition_offsets(broker: Broker, topic: str, partition: int) -> PartitionOffsets | None:
-    """The coordinator's view of a local replica's offsets (None when there is none, or when another
-    broker leads the partition: a follower's log says nothing about the leader's)."""
+    """The coordinator's view of a partition's offsets (commit validation against the log end, GROUP_STATUS
+    lag), or None when this broker knows nothing about it.
+
+    The local leader answers with its own offsets. In a cluster the coordinator of a group often does not
+    lead the partition, and it does not ask the leader: HWM = the committed HWM of its applied metadata
+    (GROUP_STATUS lag), LEO = :data:`UNKNOWN_LEO`. Only the leader knows its LEO (an ``acks=1`` write may
+    be on no other broker yet), so a bound from the local follower or the committed HWM could refuse a
+    valid commit; an offset past the log end is accepted there instead (CONSUME ignores a committed offset
+    past the log end, docs/groups.md).
+    """
     replica = broker.replicas.get((topic, partition))
-    if replica is None or replica.leader_id != broker.broker_id:
+    if replica is not None and replica.leader_id == broker.broker_id:
+        return PartitionOffsets(replica.log_start_offset, replica.hwm, replica.leo)
+    state = broker.metadata.state
+    assignment = state.assignment(topic, partition) if state.cluster else None
+    if assignment is None:
         return None
-    return PartitionOffsets(replica.log_start_offset, replica.hwm, replica.leo)
+    hwm = assignment.committed_hwm
+    start = min(replica.log_start_offset, hwm) if replica is not None else 0
+    return PartitionOffsets(start, hwm, UNKNOWN_LEO)
 
 
 def readiness_reporter(reasons: dict[str, str], check: str) -> Callable[[str | None], None]:
