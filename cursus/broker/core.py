@@ -164,6 +164,7 @@ class Broker:
             owns=self._owns_group if self.raft_group_log is not None else None)
         if self.raft_group_log is not None and isinstance(self.metadata, RaftMetadata):
             self.raft_group_log.on_adopt = self.coordinator.adopt
+            self.raft_group_log.on_adopt_offsets = self.coordinator.adopt_offsets
             self.metadata.observe(self.raft_group_log.observe)
             self.metadata.subscribe(self._groups_follow_ownership)
         #: Active STREAM requests; each has ``stop(reason)`` (see cursus.broker.handlers.stream).

@@ -30,7 +30,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import uuid
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 
 from cursus.coordinator.groups import Group, GroupTable
@@ -71,6 +71,8 @@ MAX_GROUP_COMMAND_BYTES = 60 * 1024
 
 #: ``on_adopt(group, state or None, tombstone epoch or None)``.
 OnAdopt = Callable[[str, Group | None, int | None], None]
+#: ``on_adopt_offsets(group, epoch, topic, {partition: offset}) -> handled``: the offset-only fast path.
+OnAdoptOffsets = Callable[[str, int, str, Mapping[int, int]], bool]
 
 
 def record_slot(rec: GroupRecord) -> str:
@@ -156,8 +158,10 @@ class RaftGroupLog:
         self._staged: dict[str, _Staged] = {}
         self._pending: set[str] = set()
         self._tasks: set[asyncio.Task[None]] = set()
-        #: Set by the broker: the coordinator's :meth:`~cursus.coordinator.service.GroupCoordinator.adopt`.
+        #: Set by the broker: the coordinator's :meth:`~cursus.coordinator.service.GroupCoordinator.adopt`
+        #: and its offset-only fast path ``adopt_offsets`` (optional).
         self.on_adopt: OnAdopt | None = None
+        self.on_adopt_offsets: OnAdoptOffsets | None = None
         #: Commands submitted / refused by the FSM (tests, logs).
         self.submitted = 0
         self.refused = 0
@@ -203,7 +207,11 @@ class RaftGroupLog:
             if isinstance(rec, TombstoneRecord):  # the fold drops the group's other keys
                 revisions = {REGISTRATION_SLOT: revisions[REGISTRATION_SLOT]}
         command = GroupRecords(uuid.uuid4().hex, group, self.broker_id, staged.sequence + 1, tuple(payloads))
-        size = len(encode(command))
+        # Embedding a payload in the command's JSON at most doubles it (escaped quotes and backslashes), so
+        # the exact encoding is needed only near the cap.
+        size = 2 * sum(len(p.encode("utf-8")) for p in payloads) + 512
+        if size > self.max_command_bytes:
+            size = len(encode(command))
         if size > self.max_command_bytes:
             raise BrokerError.of("message_too_large", group=group, reason="group_records_over_raft_cap",
                                  bytes=size, limit=self.max_command_bytes)
@@ -277,7 +285,25 @@ class RaftGroupLog:
             return  # refused
         if command.request_id in self._pending:
             return  # our own: its future publishes the coordinator's staged copy
-        self._adopt(command.group, found)
+        if not self._adopt_offsets(command.group, found, command):
+            self._adopt(command.group, found)
+
+    def _adopt_offsets(self, name: str, entry: GroupEntry, command: GroupRecords) -> bool:
+        """Offset snapshots only (the common commit): hand over just the new offsets. False: adopt all."""
+        if self.on_adopt_offsets is None:
+            return False
+        snapshots = []
+        for payload in command.records:
+            if '"type":"offset_snapshot"' not in payload:
+                return False
+            try:
+                rec = decode_payload(None, payload.encode("utf-8"))
+            except RecordError:
+                return False
+            if not isinstance(rec, OffsetSnapshotRecord) or rec.group != name:
+                return False
+            snapshots.append(rec)
+        return all(self.on_adopt_offsets(name, rec.epoch, rec.topic, rec.offsets) for rec in snapshots)
 
     def _adopt(self, name: str, entry: GroupEntry) -> None:
         if self.on_adopt is None:

@@ -18,7 +18,8 @@ place (the coordinator) avoids moving its group model (``Selector``) under ``cur
 **Fold rules** (deterministic; any failure refuses the whole command, the state unchanged):
 
 * the command's ``origin`` must own the group in the state it is applied to: the first broker of
-  ``ring_replicas(active brokers, group, 1)`` (:func:`group_coordinator`, facts B7 ``ring.Get(group)``), else
+  ``ring_replicas(active brokers, group, 1)`` (:func:`cursus.metadata.state.group_coordinator`, facts B7
+  ``ring.Get(group)``), else
   ``NOT_COORDINATOR``. This fences a broker whose applied view of the membership is behind: two brokers may
   both *believe* they own a group for a moment, but only the one the log agrees with gets records in;
 * ``sequence`` must be the group's current sequence + 1 (commands of one group apply in the order their
@@ -151,14 +152,6 @@ def parse_record(group: str, payload: str) -> StoredGroupRecord:
         if not isinstance(topic, str) or not topic:
             raise ValueError("offset snapshot topic must be a non-empty string")
     return StoredGroupRecord(kind, epoch, revision, topic, payload)
-
-
-def group_coordinator(active_brokers: Iterable[str], group: str) -> str | None:
-    """The broker owning ``group``: ``ring.Get(group)`` over the active brokers (facts B7), or None."""
-    from cursus.metadata.state import ring_replicas
-
-    owners = ring_replicas(active_brokers, group, 1)
-    return owners[0] if owners else None
 
 
 def fold_records(entry: GroupEntry | None, group: str, records: Iterable[StoredGroupRecord]) -> dict[str,

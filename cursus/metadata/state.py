@@ -20,7 +20,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from cursus.metadata.groups import GroupEntry, group_coordinator
+from cursus.metadata.groups import GroupEntry
 from cursus.metadata.topics import TopicDefinition
 
 #: Virtual nodes per broker on the placement ring (facts B7).
@@ -170,6 +170,12 @@ def ring_replicas(brokers: Iterable[str], key: str, count: int) -> tuple[str, ..
             if len(chosen) == count:
                 break
     return tuple(chosen)
+
+
+def group_coordinator(active_brokers: Iterable[str], group: str) -> str | None:
+    """The broker owning ``group``: ``ring.Get(group)`` over the active brokers (facts B7), or None."""
+    owners = ring_replicas(active_brokers, group, 1)
+    return owners[0] if owners else None
 
 
 def transaction_shard(transactional_id: str, shards: int) -> int:

@@ -21,7 +21,7 @@ from pathlib import Path
 import pytest
 
 from cursus.client.connection import Connection
-from cursus.metadata.groups import group_coordinator
+from cursus.metadata.state import group_coordinator
 from cursus.wire import Command, Frame, Status
 from tests.brokerproc import BrokerProcess
 from tests.cluster.clustersupport import Cluster, wait_for

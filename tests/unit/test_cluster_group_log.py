@@ -79,6 +79,7 @@ class Node:
             call_later=self._call_later, clock_ms=lambda: self.mono, wall_ms=lambda: 1_767_225_600_000,
             session_timeout_ms=SESSION_MS, rng=random.Random(broker_id), owns=self.owns)
         self.group_log.on_adopt = self.coord.adopt
+        self.group_log.on_adopt_offsets = self.coord.adopt_offsets
         log.nodes[broker_id] = self
 
     async def _open(self) -> RaftGroupLog:
