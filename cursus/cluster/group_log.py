@@ -124,7 +124,8 @@ class _Staged:
     sequence: int
     revisions: dict[str, int]
     inflight: int = 0
-    requests: set[str] = field(default_factory=set)
+    #: request id -> future of every command in flight on this staged view, in submission order.
+    futures: dict[str, asyncio.Future[None]] = field(default_factory=dict)
 
 
 class RaftGroupLog:
@@ -221,6 +222,7 @@ class RaftGroupLog:
         self._staged[group] = staged
         self._pending.add(command.request_id)
         fut: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        staged.futures[command.request_id] = fut
         task = asyncio.get_running_loop().create_task(self._commit(command, staged, fut))
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
@@ -233,24 +235,34 @@ class RaftGroupLog:
             await self._submit(command)
         except BrokerError as exc:
             self.refused += 1
-            if self._staged.get(group) is staged:  # later appends restart from the applied state
-                del self._staged[group]
-            if not fut.done():
-                fut.set_exception(self._client_error(exc))
+            self._fail_from(staged, command.request_id, self._client_error(exc))
         except Exception as exc:  # never leave the coordinator waiting
-            if self._staged.get(group) is staged:
-                del self._staged[group]
-            if not fut.done():
-                fut.set_exception(BrokerError.of("coordinator_not_available", group=group,
-                                                 reason=f"group commit failed: {type(exc).__name__}"))
+            self._fail_from(staged, command.request_id, BrokerError.of(
+                "coordinator_not_available", group=group, reason=f"group commit failed: {type(exc).__name__}"))
         else:
             if not fut.done():
                 fut.set_result(None)
         finally:
             self._pending.discard(command.request_id)
+            staged.futures.pop(command.request_id, None)
             staged.inflight -= 1
             if staged.inflight == 0 and self._staged.get(group) is staged:
                 del self._staged[group]
+
+    def _fail_from(self, staged: _Staged, request_id: str, error: BrokerError) -> None:
+        """A command failed (refused, or its outcome is unknown): it and every later command of the group
+        in flight fail now, as the seam requires, and the next append restarts from the applied state. A
+        failed command that does commit after all is no longer pending, so :meth:`observe` adopts it."""
+        group = next((g for g, s in self._staged.items() if s is staged), None)
+        if group is not None:
+            del self._staged[group]
+        later = False
+        for rid, fut in list(staged.futures.items()):
+            later = later or rid == request_id
+            if later:
+                self._pending.discard(rid)
+                if not fut.done():
+                    fut.set_exception(error)
 
     def _client_error(self, exc: BrokerError) -> BrokerError:
         """``NOT_COORDINATOR`` from the FSM names no address: answer with the current owner's."""

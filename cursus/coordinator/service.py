@@ -125,6 +125,9 @@ class GroupCoordinator:
         self._timer_at_ms: int | None = None
         #: group -> the future of its latest appended records, until they are durable (or failed).
         self._pending: dict[str, asyncio.Future[None]] = {}
+        #: group -> how many times committed records were adopted (:meth:`adopt`): a copy staged before an
+        #: adoption is not published over it.
+        self._adopts: dict[str, int] = {}
         self._reason = "replay not started"
         report(self._reason)
 
@@ -166,6 +169,7 @@ class GroupCoordinator:
         this is a no-op (replay reads the same state)."""
         if not self.ready:
             return
+        self._adopts[name] = self._adopts.get(name, 0) + 1
         self.table.restore(name, group.copy() if group is not None else None, tombstone)
         if group is None:
             self.visible.pop(name, None)
@@ -188,6 +192,7 @@ class GroupCoordinator:
         staged, durable = self.table.groups.get(name), self.visible.get(name)
         if staged is None or durable is None or staged.epoch != epoch or durable.epoch != epoch:
             return False
+        self._adopts[name] = self._adopts.get(name, 0) + 1
         for group in (staged, durable):
             count = group.partitions.get(topic, 0)
             for key in [k for k in group.offsets if k[0] == topic]:
@@ -260,20 +265,22 @@ class GroupCoordinator:
             self._rollback(name)
             raise
         self._pending[name] = fut
-        settled = functools.partial(self._on_appended, name, published, tombstone)
+        settled = functools.partial(self._on_appended, name, published, tombstone, self._adopts.get(name, 0))
         if fut.done():
             settled(fut)  # publish now: awaiting a done future does not yield to its callbacks
         else:
             fut.add_done_callback(settled)
         return fut, published
 
-    def _on_appended(self, name: str, published: Group | None, tombstone: int | None,
+    def _on_appended(self, name: str, published: Group | None, tombstone: int | None, adopts: int,
                      fut: asyncio.Future[None]) -> None:
         if self._pending.get(name) is fut:
             del self._pending[name]
         if fut.cancelled() or fut.exception() is not None:
             self._rollback(name)
             return
+        if self._adopts.get(name, 0) != adopts:
+            return  # records committed after these were adopted meanwhile: that state is newer, keep it
         if published is None:
             self.visible.pop(name, None)
         else:

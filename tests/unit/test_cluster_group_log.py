@@ -11,6 +11,7 @@ does not wedge the group; oversize commands are refused before submission; repla
 from __future__ import annotations
 
 import asyncio
+import json
 import random
 from collections.abc import Callable
 
@@ -38,8 +39,11 @@ class SharedLog:
             self.truth, _ = apply(self.truth, BrokerHeartbeat(f"hb-{b}", BrokerInfo(b, f"{b}-host:9{ord(b)}"), 50))
         self.nodes: dict[str, Node] = {}
         self.drop_next = False
+        #: When set, a submit answers only once it is set (its command is applied and delivered at once).
+        self.gate: asyncio.Event | None = None
 
     async def submit(self, origin: str, command: Command) -> ApplyResult:
+        gate = self.gate
         await asyncio.sleep(0)  # a commit takes a loop turn, so appends pipeline
         if self.drop_next:  # the commit timed out and the command never made it into the log
             self.drop_next = False
@@ -52,6 +56,8 @@ class SharedLog:
             raise
         for node in self.nodes.values():
             node.deliver(self.truth, command)
+        if gate is not None:
+            await gate.wait()
         return result
 
     def run(self, command: Command) -> None:
@@ -204,3 +210,24 @@ async def test_replay_equals_adoption_and_oversize_is_refused() -> None:
     assert info.value.error.code == "message_too_large"
     assert log.truth.groups["g"].sequence == before and owner.coord.fetch_offset("g", "t", 0) == 3
     assert isinstance(GroupRecords, type)
+
+
+async def test_a_commit_answered_after_newer_records_were_adopted_does_not_regress_them() -> None:
+    log, nodes = await cluster()
+    owner = nodes[log.truth.group_coordinator("g")]
+    joined = await owner.coord.join("g", "c", topic="t", generation=None)
+    member, gen = joined.member_id, joined.group.generation
+    log.gate = gate = asyncio.Event()
+    task = asyncio.ensure_future(owner.coord.commit("g", "t", member, gen, {0: 20}))
+    for _ in range(5):
+        await asyncio.sleep(0)
+    assert json.loads(log.truth.groups["g"].records["offset/t"].payload)["offsets"][0]["offset"] == 20
+    log.gate = None
+    log.run(FenceBroker("fence", owner.id))  # the answer to that commit is still on its way to the owner
+    successor = nodes[log.truth.group_coordinator("g")]
+    await asyncio.sleep(0)
+    await successor.coord.commit("g", "t", member, gen, {0: 30})
+    assert owner.coord.fetch_offset("g", "t", 0) == 30
+    gate.set()
+    assert await task == 1
+    assert owner.coord.fetch_offset("g", "t", 0) == 30  # the late answer did not publish its older copy
