@@ -284,11 +284,12 @@ class RaftGroupLog:
     def observe(self, command: Command | None) -> None:
         """Metadata observer (event loop, commit order; the state is the one after ``command``): adopt the
         records of accepted GroupRecords this broker is not waiting for; after a snapshot restore
-        (``command`` None) adopt every group."""
+        (``command`` None) adopt every group without commands of ours in flight."""
         state = self._state()
         if command is None:
             for name, entry in state.groups.items():
-                self._adopt(name, entry)
+                if name not in self._staged:  # commands of ours in flight publish (or fail) themselves
+                    self._adopt(name, entry)
             return
         if not isinstance(command, GroupRecords):
             return
