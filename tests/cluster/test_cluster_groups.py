@@ -211,8 +211,8 @@ def test_coordinator_kill_keeps_offsets_and_members_on_the_new_owner(cluster: Cl
     beats: Heartbeats | None = None
     try:
         create_topic(routed, "grouped", 1)
-        for i in range(60):
-            assert routed.command(f"PUBLISH topic=grouped partition=0 acks=1 producerId=p message=m{i}").status \
+        for i in range(60):  # acks=all: committed before the kill (a new leader truncates above the committed HWM)
+            assert routed.command(f"PUBLISH topic=grouped partition=0 acks=all producerId=p message=m{i}").status \
                 == Status.OK
         group = "gk"
         joined = ok_fields(routed.command(f"JOIN_GROUP topic=grouped group={group} member=m"))
@@ -238,8 +238,12 @@ def test_coordinator_kill_keeps_offsets_and_members_on_the_new_owner(cluster: Cl
                  "the member served by the returned owner")
         _commit(routed, "grouped", group, member, generation, 55)
         # the partition leader (any broker) resumes the group at its committed offset
-        wait_for(lambda: [r.offset for r in consume(routed, "grouped", 0, 0, group=group)][:1] == [55], 10,
-                 "the committed offset at the partition leader")
+        seen: list[list[int]] = []
+        try:
+            wait_for(lambda: seen.append([r.offset for r in consume(routed, "grouped", 0, 0, group=group)][:1])
+                     or seen[-1] == [55], 10, "the committed offset at the partition leader")
+        except AssertionError as exc:
+            raise AssertionError(f"{exc}; consumed from {seen[-3:]}") from None
     finally:
         if beats is not None:
             beats.stop()
@@ -252,7 +256,7 @@ def test_groups_survive_a_full_restart_from_snapshot_and_journal(cluster: Cluste
         create_topic(routed, "restarted", 2)
         for p in range(2):
             for i in range(10):
-                frame = routed.command(f"PUBLISH topic=restarted partition={p} acks=1 producerId=r message=m{i}")
+                frame = routed.command(f"PUBLISH topic=restarted partition={p} acks=all producerId=r message=m{i}")
                 assert frame.status == Status.OK, render(frame)
         names = [f"rs-{i}" for i in range(6)]
         for i, name in enumerate(names):
