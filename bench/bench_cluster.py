@@ -98,9 +98,18 @@ def offset_commits(cluster: Cluster) -> list[dict]:
     group = "bench-single"
     address = _coordinator_address(cluster, group)
     member, generation = _join(address, topic, group)
+    coordinator = next(b for b in cluster.brokers if b.address[1] == address[1])
+    # the same broker's plain metadata commit, measured alongside (the machine's load moves both)
     latencies: list[float] = []
+    started = time.perf_counter()
+    _alter_loop(coordinator, topic, ROUNDS // 2, latencies)
+    results.append(_summary("reference_alter_topic_config_same_broker", latencies, time.perf_counter() - started,
+                            bench="cluster_offset_commit"))
+    latencies = []
     elapsed = _threads([(address, topic, 0, group, member, generation, ROUNDS, latencies)])
-    results.append(_summary("single_caller", latencies, elapsed, bench="cluster_offset_commit"))
+    raft_leader = _cluster_status(cluster.brokers[0])["raft_leader"]
+    results.append(_summary("single_caller", latencies, elapsed, bench="cluster_offset_commit",
+                            coordinator_is_raft_leader=coordinator.log_dir.name == raft_leader))
 
     jobs = []
     for i in range(CALLERS):
