@@ -28,10 +28,11 @@ from cursus.broker.producer_state import ProducerStateTable
 from cursus.broker.reconciler import Reconciler
 from cursus.broker.replica import Replica
 from cursus.broker.replica_role import Role, TransitionRefused
+from cursus.cluster.group_log import RaftGroupLog
 from cursus.cluster.metadata import RaftMetadata
 from cursus.cluster.raft.node import RaftConfig
 from cursus.cluster.tls import TLSFiles
-from cursus.coordinator.offsets import OFFSETS_TOPIC
+from cursus.coordinator.ports import GroupLog
 from cursus.coordinator.service import GroupCoordinator
 from cursus.metadata.apply import ApplyResult
 from cursus.metadata.backend import Metadata, StandaloneMetadata
@@ -132,9 +133,6 @@ class Broker:
         self.round_robin: dict[str, int] = {}
         #: Serializes the consumer-group follow-up of topic changes (groups take new partitions in order).
         self._group_sync = asyncio.Lock()
-        self._coordinator_opening = asyncio.Lock()
-        #: The coordinator was not opened here because another broker led ``__consumer_offsets`` then.
-        self._coordinator_elsewhere = False
         self.ready = False
         self.not_ready_reasons: dict[str, str] = {"recovery": "not started"}
         self._coordinator_readiness = group_log.readiness_reporter(self.not_ready_reasons, "coordinator")
@@ -148,14 +146,29 @@ class Broker:
         #: Broker-owned topics (``__consumer_offsets``) use small segments so compaction can free them.
         self.internal_log_config = dataclasses.replace(
             self.log_config, segment_bytes=min(config.log_segment_bytes, config.offsets_topic_segment_bytes))
-        #: Consumer groups and committed offsets (ready once ``__consumer_offsets`` is replayed).
+        #: The cluster's group log (records committed through the metadata log); None standalone, where
+        #: groups live in ``__consumer_offsets`` (the one place that chooses the GroupLog backend).
+        self.raft_group_log: RaftGroupLog | None = None
+        if isinstance(self.metadata, RaftMetadata):
+            self.raft_group_log = RaftGroupLog(
+                self.broker_id, self.metadata.submit, lambda: self.metadata.state, self.broker_address,
+                wall_ms=self.clock.wall_ms, clock_ms=self.clock.monotonic_ms,
+                session_timeout_ms=config.consumer_session_timeout_ms)
+        #: Consumer groups and committed offsets (ready once the group log is replayed). In a cluster every
+        #: broker holds every group; it coordinates those it owns (:meth:`coordinator_id`).
         self.coordinator = GroupCoordinator(
-            open_log=functools.partial(group_log.open_offsets_log, self),
+            open_log=self._open_group_log,
             topic=self.metadata.get, topic_names=self.metadata.names,
             partition_offsets=functools.partial(group_log.partition_offsets, self),
             report=self._report_coordinator,
             call_later=self.loop.call_later, clock_ms=self.clock.monotonic_ms, wall_ms=self.clock.wall_ms,
-            session_timeout_ms=config.consumer_session_timeout_ms)
+            session_timeout_ms=config.consumer_session_timeout_ms,
+            owns=self._owns_group if self.raft_group_log is not None else None)
+        if self.raft_group_log is not None and isinstance(self.metadata, RaftMetadata):
+            self.raft_group_log.on_adopt = self.coordinator.adopt
+            self.raft_group_log.on_adopt_offsets = self.coordinator.adopt_offsets
+            self.metadata.observe(self.raft_group_log.observe)
+            self.metadata.subscribe(self._groups_follow_ownership)
         #: Transactions (standalone): coordinator state, journal, per-partition transaction indexes.
         self.transactions = TransactionCoordinator(self)
         #: Active STREAM requests; each has ``stop(reason)`` (see cursus.broker.handlers.stream).
@@ -176,7 +189,6 @@ class Broker:
         self.replication: ReplicationNode | None = self._replication()
         if self.replication is not None:
             self.metadata.subscribe(self.replication.on_metadata)
-            self.metadata.subscribe(self._coordinator_follows_offsets)
 
     def _report_coordinator(self, reason: str | None) -> None:
         """The coordinator's readiness gates ``/ready`` only during startup: a coordinator that moves here
@@ -270,67 +282,67 @@ class Broker:
 
     # ------------------------------------------------------------------------------- group coordinator
 
+    async def _open_group_log(self) -> GroupLog:
+        """The coordinator's ``open_log``: the metadata log in a cluster, ``__consumer_offsets`` standalone."""
+        if self.raft_group_log is not None:
+            return self.raft_group_log
+        return await group_log.open_offsets_log(self)
+
     async def _open_coordinator(self) -> None:
-        """Open the group coordinator here if this broker leads ``__consumer_offsets`` partition 0
-        (standalone: always); elsewhere group commands are redirected (:meth:`route_group`)."""
-        self._coordinator_elsewhere = False
-        try:
-            await self.coordinator.open()
-        except BrokerError as exc:
-            if exc.error.code not in ("NOT_LEADER", "leader_not_available", "coordinator_not_available"):
-                raise
-            self._coordinator_elsewhere = True
-            self.not_ready_reasons.pop("coordinator", None)
-            log.info("group coordinator is elsewhere: %s %s", exc.error.code, exc.error.fields.get("reason", ""))
+        """Open (replay) the group coordinator: standalone from ``__consumer_offsets``, in a cluster from the
+        applied metadata state (every broker holds every group and serves those it owns)."""
+        await self.coordinator.open()
 
-    def _coordinator_follows_offsets(self, old: MetadataState, new: MetadataState) -> None:
-        """Metadata listener (cluster): the coordinator moves with the leader of ``__consumer_offsets-0``.
-        Losing it resigns the local coordinator (its groups are forgotten); gaining it, or the topic still
-        missing once enough brokers are active, opens it (replaying the replicated log)."""
-        key = (OFFSETS_TOPIC, 0)
-        before, after = old.assignments.get(key), new.assignments.get(key)
-        if before is after and after is not None:
+    def _owns_group(self, group: str) -> bool:
+        """Does this broker coordinate ``group`` in the applied metadata state?"""
+        return self.coordinator_id(group) == self.broker_id
+
+    def _groups_follow_ownership(self, old: MetadataState, new: MetadataState) -> None:
+        """Metadata listener (cluster): when the active brokers change, groups whose owner on the ring
+        became this broker are taken over (fresh sessions, reconciled with the topics). Groups that moved
+        away need nothing: their sessions are no longer timed here, and the metadata log refuses any
+        record this broker still submits for them."""
+        before, after = old.active_brokers(), new.active_brokers()
+        if before == after:
             return
-        was_here = before is not None and before.leader == self.broker_id
-        here = after is not None and after.leader == self.broker_id
-        if was_here and not here and not self._coordinator_elsewhere:
-            self._coordinator_elsewhere = True
-            self._spawn_group_task(self.coordinator.resign("this broker no longer leads __consumer_offsets-0"))
-        elif self._coordinator_elsewhere and (here or after is None):
-            self._spawn_group_task(self._reopen_coordinator())
+        gained = [name for name in self.coordinator.table.groups
+                  if new.group_coordinator(name) == self.broker_id
+                  and old.group_coordinator(name) != self.broker_id]
+        if gained:
+            self._spawn_group_task(self._take_groups(gained))
 
-    async def _reopen_coordinator(self) -> None:
-        async with self._coordinator_opening:
-            if self._coordinator_elsewhere and self.coordinator_id() == self.broker_id:
-                await self._open_coordinator()
+    async def _take_groups(self, names: list[str]) -> None:
+        async with self._group_sync:
+            await self.coordinator.take_ownership(names)
 
     def _spawn_group_task(self, coro: Any) -> None:
         task = asyncio.ensure_future(coro)
         self._group_tasks.add(task)
         task.add_done_callback(self._group_task_done)
 
-    def coordinator_id(self) -> str | None:
-        """The broker that coordinates consumer groups: the leader of ``__consumer_offsets`` partition 0."""
-        assignment = self.metadata.state.assignment(OFFSETS_TOPIC, 0)
-        return assignment.leader if assignment is not None else self.broker_id
+    def coordinator_id(self, group: str | None = None) -> str | None:
+        """The broker that coordinates ``group``: standalone this one; in a cluster the owner of the group
+        on the consistent-hash ring of the active brokers in the applied (committed) metadata (facts B7
+        ``ring.Get(group)``), None when no broker is active."""
+        state = self.metadata.state
+        if not state.cluster or group is None:
+            return self.broker_id
+        return state.group_coordinator(group)
 
-    async def route_group(self) -> None:
-        """Group commands run on the coordinator: open it here when this broker became it, else redirect.
+    async def route_group(self, group: str | None = None) -> None:
+        """Group commands run on the group's coordinator: return when it is this broker, else redirect.
+        ``group`` None (LIST_GROUPS): every broker holds every group, so any broker answers.
 
         Raises:
-            BrokerError: ``NOT_COORDINATOR host= port=`` (another broker coordinates);
-                ``coordinator_not_available`` (retryable: no leader for ``__consumer_offsets`` yet).
+            BrokerError: ``NOT_COORDINATOR host= port=`` (another broker coordinates the group);
+                ``coordinator_not_available`` (retryable: no active broker owns it right now).
         """
-        coordinator = self.coordinator_id()
+        coordinator = self.coordinator_id(group)
         if coordinator == self.broker_id:
-            if self._coordinator_elsewhere:  # it moved here since startup (a failed replay is not retried)
-                async with self._coordinator_opening:
-                    if self._coordinator_elsewhere:
-                        await self._open_coordinator()
             return
         host, _, port = self.broker_address(coordinator).rpartition(":")
         if not host:
-            raise BrokerError.of("coordinator_not_available", reason="__consumer_offsets has no leader")
+            raise BrokerError.of("coordinator_not_available", reason="the group has no coordinator right now")
         raise BrokerError.of("NOT_COORDINATOR", host=host, port=port)
 
     # ------------------------------------------------------------------- local replicas (reconciler)
@@ -408,6 +420,13 @@ class Broker:
             before = old.topics.get(name)
             if before is None or before.partitions != defn.partitions:
                 self._spawn_group_task(self._topic_changed(defn))
+        if new.cluster:  # a DELETE on another broker: the groups this broker owns drop the topic too
+            for name in old.topics.keys() - new.topics.keys():
+                self._spawn_group_task(self._topic_deleted(name))
+
+    async def _topic_deleted(self, name: str) -> None:
+        async with self._group_sync:
+            await self.coordinator.on_topic_deleted(name)
 
     def _group_task_done(self, task: asyncio.Task[None]) -> None:
         self._group_tasks.discard(task)

@@ -2,7 +2,8 @@
 
 :class:`OffsetsTopicLog` implements :class:`cursus.coordinator.ports.GroupLog` (record shapes, placement,
 replay and compaction rules: :mod:`cursus.coordinator.offsets`, docs/groups.md). :func:`open_offsets_log`
-creates the internal topic at startup when it is missing and opens the log over its replicas.
+creates the internal topic at startup when it is missing and opens the log over its replicas. Standalone
+only: a cluster keeps its groups in the metadata log (:mod:`cursus.cluster.group_log`).
 """
 
 from __future__ import annotations
@@ -31,7 +32,6 @@ from cursus.coordinator.offsets import (
 from cursus.coordinator.ports import PartitionOffsets
 from cursus.metadata.topics import TopicDefinition, TopicPolicy
 from cursus.wire import Record, decode_record, encode_record, iter_record_slices
-from cursus.wire.errors import BrokerError
 
 if TYPE_CHECKING:
     from cursus.broker.core import Broker
@@ -227,43 +227,48 @@ def _chunk(partition: int, base_offset: int, entries: list[tuple[str, bytes]], s
 
 
 async def open_offsets_log(broker: Broker) -> OffsetsTopicLog:
-    """Create ``__consumer_offsets`` (``offsets_topic_num_partitions``, compact policy) if the metadata lacks it,
-    then open the log over its replicas (startup; the coordinator's ``open_log``)."""
+    """Create ``__consumer_offsets`` (``offsets_topic_num_partitions``, compact policy, one replica) if the
+    metadata lacks it, then open the log over its replicas (standalone startup; the coordinator's
+    ``open_log``). A cluster never calls this: its groups live in the metadata log
+    (:class:`cursus.cluster.group_log.RaftGroupLog`) and it has no ``__consumer_offsets`` topic."""
     defn = broker.metadata.get(OFFSETS_TOPIC)
     if defn is None:
-        defn = TopicDefinition(OFFSETS_TOPIC, broker.config.offsets_topic_num_partitions,
-                               replication_factor=offsets_replication_factor(broker),
+        defn = TopicDefinition(OFFSETS_TOPIC, broker.config.offsets_topic_num_partitions, replication_factor=1,
                                policy=TopicPolicy(cleanup_policy="compact"))
-        active = len(broker.metadata.state.active_brokers())
-        if active < defn.replication_factor:  # never place it on fewer brokers than it needs for good
-            raise BrokerError.of("coordinator_not_available", topic=OFFSETS_TOPIC,
-                                 reason=f"{defn.replication_factor} active brokers are needed, {active} are")
         await broker.apply_definition(defn)
     replicas = [broker.replica(OFFSETS_TOPIC, p) for p in range(defn.partitions)]
-    for replica in replicas:  # a new leader exposes its committed HWM only once it has prepared
+    for replica in replicas:
         await replica.wait_writable()
     return OffsetsTopicLog(replicas, broker.run_blocking,
                            compaction_min_records=broker.config.offsets_compaction_min_records,
                            wall_ms=broker.clock.wall_ms)
 
 
-def offsets_replication_factor(broker: Broker) -> int:
-    """Replicas of ``__consumer_offsets``: 1 standalone; in a cluster ``default_replication_factor`` capped
-    by the members (the topic is created only once that many brokers are active)."""
-    if not broker.metadata.state.cluster:
-        return 1
-    from cursus.broker.core import cluster_members
-
-    return max(1, min(broker.config.default_replication_factor, len(cluster_members(broker.config))))
+#: The LEO reported for a partition whose log end this broker cannot bound (no commit is refused for it).
+UNKNOWN_LEO = 2**63 - 1
 
 
 def partition_offsets(broker: Broker, topic: str, partition: int) -> PartitionOffsets | None:
-    """The coordinator's view of a local replica's offsets (None when there is none, or when another
-    broker leads the partition: a follower's log says nothing about the leader's)."""
+    """The coordinator's view of a partition's offsets (commit validation against the log end, GROUP_STATUS
+    lag), or None when this broker knows nothing about it.
+
+    The local leader answers with its own offsets. In a cluster the coordinator of a group often does not
+    lead the partition, and it does not ask the leader: HWM = the committed HWM of its applied metadata
+    (GROUP_STATUS lag), LEO = :data:`UNKNOWN_LEO`. Only the leader knows its LEO (an ``acks=1`` write may
+    be on no other broker yet), so a bound from the local follower or the committed HWM could refuse a
+    valid commit; an offset past the log end is accepted there instead (CONSUME ignores a committed offset
+    past the log end, docs/groups.md).
+    """
     replica = broker.replicas.get((topic, partition))
-    if replica is None or replica.leader_id != broker.broker_id:
+    if replica is not None and replica.leader_id == broker.broker_id:
+        return PartitionOffsets(replica.log_start_offset, replica.hwm, replica.leo)
+    state = broker.metadata.state
+    assignment = state.assignment(topic, partition) if state.cluster else None
+    if assignment is None:
         return None
-    return PartitionOffsets(replica.log_start_offset, replica.hwm, replica.leo)
+    hwm = assignment.committed_hwm
+    start = min(replica.log_start_offset, hwm) if replica is not None else 0
+    return PartitionOffsets(start, hwm, UNKNOWN_LEO)
 
 
 def readiness_reporter(reasons: dict[str, str], check: str) -> Callable[[str | None], None]:

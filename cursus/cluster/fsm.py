@@ -8,7 +8,8 @@ schedule work elsewhere, e.g. ``loop.call_soon_threadsafe``).
 
 Results are JSON bytes: ``{"ok": <ApplyResult>}`` or ``{"error": {"code", "message", "fields"}}`` (a
 rejected command changes nothing and is answered with its typed error on the submitting broker). The
-snapshot is :func:`cursus.metadata.snapshot.encode_state`; a partition without committed-HWM provenance
+snapshot is :func:`cursus.metadata.snapshot.encode_state` (consumer groups and committed offsets included);
+a partition without committed-HWM provenance, or a v1 state whose groups lived in ``__consumer_offsets``,
 refuses the restore with ``unsupported recovery protocol``.
 """
 
@@ -23,6 +24,7 @@ from cursus.metadata.apply import ApplyResult, apply
 from cursus.metadata.commands import Command, decode
 from cursus.metadata.snapshot import (
     MissingProvenance,
+    UnsupportedGroupState,
     decode_state,
     encode_state,
     result_from_dict,
@@ -94,7 +96,7 @@ class MetadataFSM:
     def restore(self, data: bytes) -> None:
         try:
             state = decode_state(data)
-        except MissingProvenance as exc:
+        except (MissingProvenance, UnsupportedGroupState) as exc:
             raise UnsupportedRecoveryProtocol(f"metadata snapshot: {exc}") from None
         except ValueError as exc:
             raise UnsupportedRecoveryProtocol(f"metadata snapshot unreadable: {exc}") from None

@@ -9,7 +9,8 @@ There is never a local fallback: without a Raft leader a submit fails closed wit
 request id can be retried (the metadata request id is the Raft request id; it applies once).
 
 Applied states reach the event loop in commit order through ``loop.call_soon_threadsafe``; listeners (the
-reconciler) see them there, before the submit that caused them returns.
+reconciler) see them there, before the submit that caused them returns. A ``GroupRecords`` command (it
+changes only consumer groups) updates the state without calling listeners; observers see every command.
 """
 
 from __future__ import annotations
@@ -25,7 +26,7 @@ from cursus.cluster.raft.errors import CommandTooLarge, RaftUnavailable, Unknown
 from cursus.cluster.raft.node import RaftConfig, RaftNode
 from cursus.metadata.apply import ApplyResult
 from cursus.metadata.backend import PublishedState
-from cursus.metadata.commands import Command, encode
+from cursus.metadata.commands import Command, GroupRecords, encode
 from cursus.metadata.state import BrokerInfo, MetadataState
 from cursus.wire.errors import BrokerError
 
@@ -169,7 +170,12 @@ class RaftMetadata(PublishedState):
             pass  # the loop is closed: shutting down
 
     def _publish(self, state: MetadataState, command: Command | None) -> None:
-        if state is not self._state:
+        if isinstance(command, GroupRecords):
+            # Consumer-group records change only ``groups`` (and the revision): the listeners (reconciler,
+            # replica roles, replication, topic follow-ups) have nothing to do, and offset commits are by far
+            # the most frequent command. Observers (the cluster group log) see it below.
+            self._state = state
+        elif state is not self._state:
             self._publish_state(state)
         for observer in list(self._observers):
             try:

@@ -596,9 +596,13 @@ class GroupTable:
             heapq.heappop(heap)
         return None
 
-    def expire(self, now_ms: int) -> list[tuple[Group, list[str]]]:
+    def expire(self, now_ms: int, owns: Callable[[str], bool] | None = None) -> list[tuple[Group, list[str]]]:
         """Remove every member whose session deadline is at or before ``now_ms``; each affected group starts
-        a new generation. Returns ``[(group, expired member ids)]``."""
+        a new generation. Returns ``[(group, expired member ids)]``.
+
+        ``owns(group name)`` (default: every group) says which groups this table times: sessions of other
+        groups are left to their owner (their deadlines are dropped; :meth:`refresh_sessions` restarts them
+        when the group becomes this table's)."""
         expired: dict[str, list[str]] = {}
         heap = self._deadlines
         while heap and heap[0][0] <= now_ms:
@@ -607,6 +611,8 @@ class GroupTable:
             member = group.members.get(member_id) if group is not None else None
             if group is None or member is None or member.deadline_ms != deadline:
                 continue  # stale entry: the member heartbeated, left, or the group is gone
+            if owns is not None and not owns(name):
+                continue  # another broker coordinates this group and times its sessions
             del group.members[member_id]
             expired.setdefault(name, []).append(member_id)
         result = []
@@ -615,6 +621,18 @@ class GroupTable:
             group.rebalance(now_ms)
             result.append((group, member_ids))
         return result
+
+    def refresh_sessions(self, name: str, now_ms: int, *, only_untracked: bool = False) -> None:
+        """Give ``name``'s members a fresh session from ``now_ms`` (this table starts timing the group, e.g.
+        its coordination moved here). ``only_untracked``: only members without a pending deadline here
+        (members adopted from another broker's records); the others keep theirs."""
+        group = self.groups.get(name)
+        if group is None:
+            return
+        tracked = {(n, m, d) for d, _, n, m in self._deadlines} if only_untracked else set()
+        for member in group.members.values():
+            if (name, member.member_id, member.deadline_ms) not in tracked:
+                self._touch(group, member, now_ms, confirm=False)
 
     def restore_membership(self, group: Group, generation: int, members: Mapping[str, tuple[TopicPartition, ...]],
                            now_ms: int) -> None:

@@ -34,7 +34,7 @@ import asyncio
 import functools
 import logging
 import random
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import replace
 from typing import Any
 
@@ -90,12 +90,17 @@ class GroupCoordinator:
         wall_ms: wall-clock ms, only to display times (GROUP_STATUS ``last_heartbeat``, ``last_rebalance``).
         session_timeout_ms: ``consumer_session_timeout_ms``.
         rng: member-id suffixes (default: the system's secure source).
+        owns: ``owns(group)``: does this broker coordinate ``group`` now (default: every group, standalone)?
+            In a cluster every broker keeps every group's state (adopted from the metadata log), but only
+            the owner times its sessions and reconciles it with topic changes; commands are routed to the
+            owner before they get here (``NOT_COORDINATOR`` elsewhere) and the metadata log fences any
+            record a non-owner still submits.
     """
 
     def __init__(self, *, open_log: OpenLog, topic: TopicLookup, topic_names: TopicNames,
                  partition_offsets: PartitionOffsetsLookup, report: ReadinessReport, call_later: CallLater,
                  clock_ms: Clock, wall_ms: Clock, session_timeout_ms: int = DEFAULT_SESSION_TIMEOUT_MS,
-                 rng: random.Random | None = None) -> None:
+                 rng: random.Random | None = None, owns: Callable[[str], bool] | None = None) -> None:
         self._open_log = open_log
         self._topic = topic
         self._topic_names = topic_names
@@ -105,6 +110,7 @@ class GroupCoordinator:
         self._clock = clock_ms
         self._wall = wall_ms
         self._session_timeout_ms, self._rng = session_timeout_ms, rng
+        self._owns: Callable[[str], bool] = owns if owns is not None else (lambda name: True)
         #: The staged state: the end of the group log (appended, maybe not durable yet).
         self.table = GroupTable(session_timeout_ms, rng)
         #: The durable state readers see: a copy of each group as of its latest durable records.
@@ -119,6 +125,9 @@ class GroupCoordinator:
         self._timer_at_ms: int | None = None
         #: group -> the future of its latest appended records, until they are durable (or failed).
         self._pending: dict[str, asyncio.Future[None]] = {}
+        #: group -> how many times committed records were adopted (:meth:`adopt`): a copy staged before an
+        #: adoption is not published over it.
+        self._adopts: dict[str, int] = {}
         self._reason = "replay not started"
         report(self._reason)
 
@@ -152,17 +161,61 @@ class GroupCoordinator:
         self.visible = {name: group.copy() for name, group in self.table.groups.items()}
         self.visible_tombstones = dict(self.table.tombstones)
 
-    async def resign(self, reason: str) -> None:
-        """This broker stopped hosting the group log's leader (a cluster failover): forget every group
-        (the next :meth:`open` replays the log afresh) and answer ``coordinator_not_available`` until then."""
-        self.ready = False
-        self._reason = reason
-        log.info("group coordinator resigns: %s", reason)
-        await self.close()
-        self.log = None
-        self.table = GroupTable(self._session_timeout_ms, self._rng)
-        self.visible, self.visible_tombstones = {}, {}
-        self._pending.clear()
+    def adopt(self, name: str, group: Group | None, tombstone: int | None) -> None:
+        """Records of ``name`` became durable that this coordinator did not stage (another broker owned the
+        group, or an own append whose outcome was unknown did commit): make them both the staged and the
+        durable state, at once (a new owner has the state without replay). Members still present keep
+        their sessions; if this broker owns the group, new ones are timed from now. Before :meth:`open`
+        this is a no-op (replay reads the same state)."""
+        if not self.ready:
+            return
+        self._adopts[name] = self._adopts.get(name, 0) + 1
+        self.table.restore(name, group.copy() if group is not None else None, tombstone)
+        if group is None:
+            self.visible.pop(name, None)
+        else:
+            self.visible[name] = group.copy()
+        if tombstone is None:
+            self.visible_tombstones.pop(name, None)
+        else:
+            self.visible_tombstones[name] = tombstone
+        if self._owns(name):
+            self.table.refresh_sessions(name, self._clock(), only_untracked=True)
+            self._arm_timer()
+
+    def adopt_offsets(self, name: str, epoch: int, topic: str, offsets: Mapping[int, int]) -> bool:
+        """The fast path of :meth:`adopt` for the most frequent foreign change, an offset snapshot: set
+        ``name``'s committed offsets of ``topic`` (staged and durable) to ``offsets``. Returns False when the
+        group is not here at ``epoch`` (the caller then adopts the whole group)."""
+        if not self.ready:
+            return True
+        staged, durable = self.table.groups.get(name), self.visible.get(name)
+        if staged is None or durable is None or staged.epoch != epoch or durable.epoch != epoch:
+            return False
+        self._adopts[name] = self._adopts.get(name, 0) + 1
+        for group in (staged, durable):
+            count = group.partitions.get(topic, 0)
+            for key in [k for k in group.offsets if k[0] == topic]:
+                del group.offsets[key]
+            for partition, offset in offsets.items():
+                if partition < count:
+                    group.offsets[(topic, partition)] = offset
+        return True
+
+    async def take_ownership(self, names: Sequence[str]) -> None:
+        """The groups ``names`` moved to this broker (the ring of active brokers changed): their members
+        get a fresh session here (as after a restart), and each group is reconciled with the topics (a
+        change its previous owner may not have written)."""
+        if not self.ready:
+            return
+        now = self._clock()
+        owned = [name for name in names if name in self.table.groups and self._owns(name)]
+        for name in owned:
+            self.table.refresh_sessions(name, now)
+        if owned:
+            log.info("group coordinator now owns %d groups: %s", len(owned), ",".join(sorted(owned)[:10]))
+        self._arm_timer()
+        await self._reconcile(owned)
 
     async def close(self) -> None:
         """Stop the session timer and let the log finish background work."""
@@ -212,20 +265,22 @@ class GroupCoordinator:
             self._rollback(name)
             raise
         self._pending[name] = fut
-        settled = functools.partial(self._on_appended, name, published, tombstone)
+        settled = functools.partial(self._on_appended, name, published, tombstone, self._adopts.get(name, 0))
         if fut.done():
             settled(fut)  # publish now: awaiting a done future does not yield to its callbacks
         else:
             fut.add_done_callback(settled)
         return fut, published
 
-    def _on_appended(self, name: str, published: Group | None, tombstone: int | None,
+    def _on_appended(self, name: str, published: Group | None, tombstone: int | None, adopts: int,
                      fut: asyncio.Future[None]) -> None:
         if self._pending.get(name) is fut:
             del self._pending[name]
         if fut.cancelled() or fut.exception() is not None:
             self._rollback(name)
             return
+        if self._adopts.get(name, 0) != adopts:
+            return  # records committed after these were adopted meanwhile: that state is newer, keep it
         if published is None:
             self.visible.pop(name, None)
         else:
@@ -287,7 +342,7 @@ class GroupCoordinator:
     def _on_timer(self) -> None:
         self._timer = None
         self._timer_at_ms = None
-        for group, expired in self.table.expire(self._clock()):
+        for group, expired in self.table.expire(self._clock(), self._owns):
             log.info("group %s: session expired for %s; generation %d", group.name, ",".join(expired),
                      group.generation)
             try:
@@ -586,8 +641,8 @@ class GroupCoordinator:
         waits: list[asyncio.Future[None]] = []
         for name in names:
             group = self.table.groups.get(name)
-            if group is None:
-                continue
+            if group is None or not self._owns(name):
+                continue  # its owner reconciles it
             wanted = expansion_for(group.selector, counts)
             if wanted == group.partitions:
                 continue

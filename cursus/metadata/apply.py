@@ -30,9 +30,11 @@ from cursus.metadata.commands import (
     DeleteTopic,
     ElectLeader,
     FenceBroker,
+    GroupRecords,
     PutTopic,
     RegisterBroker,
 )
+from cursus.metadata.groups import GroupEntry, GroupRecordRefused, fold_records, parse_record
 from cursus.metadata.state import (
     APPLIED_REQUESTS_KEPT,
     BrokerInfo,
@@ -101,6 +103,11 @@ def apply(state: MetadataState, command: Command) -> tuple[MetadataState, ApplyR
         # push the results of topic commands (whose retries need them) out of the bounded record.
         if not result.changed:
             return state, result
+        return dataclasses.replace(new, revision=state.revision + 1), result
+    elif isinstance(command, GroupRecords):
+        new, result = _group_records(state, command)
+        # Not recorded in ``applied`` either: retries are deduplicated by the Raft request id and fenced by
+        # the group's sequence, and offset commits are far too frequent for the bounded record.
         return dataclasses.replace(new, revision=state.revision + 1), result
     elif isinstance(command, DeleteTopic):
         new, result = _delete(state, command)
@@ -276,6 +283,40 @@ def _hwm_reject_reason(a: PartitionAssignment | None, broker_id: str, leader_epo
     if hwm <= a.committed_hwm:
         return "hwm_not_above_committed"
     return None
+
+
+def _group_records(state: MetadataState, command: GroupRecords) -> tuple[MetadataState, ApplyResult]:
+    """Fold one coordinator change into ``state.groups`` (rules: :mod:`cursus.metadata.groups`).
+
+    Raises:
+        BrokerError: ``invalid_cluster_request`` (standalone, a malformed record or a fold rule),
+            ``NOT_COORDINATOR`` (``origin`` does not own the group here; ``owner=`` names who does),
+            ``coordinator_not_available reason=out_of_sequence``; the state is unchanged.
+    """
+    if not state.cluster:
+        raise BrokerError.of("invalid_cluster_request", reason="GroupRecords is a cluster command")
+    group = command.group
+    owner = state.group_coordinator(group)
+    if owner != command.origin:
+        raise BrokerError.of("NOT_COORDINATOR", group=group, origin=command.origin, owner=owner,
+                             reason="origin_does_not_own_group")
+    entry = state.groups.get(group)
+    current = entry.sequence if entry is not None else 0
+    if command.sequence != current + 1:
+        raise BrokerError.of("coordinator_not_available", group=group, reason="out_of_sequence",
+                             sequence=command.sequence, expected=current + 1)
+    if not command.records:
+        raise BrokerError.of("invalid_cluster_request", group=group, reason="no group records")
+    try:
+        parsed = [parse_record(group, payload) for payload in command.records]
+        slots = fold_records(entry, group, parsed)
+    except GroupRecordRefused as exc:
+        raise BrokerError.of("invalid_cluster_request", reason=exc.reason, **exc.fields) from None
+    except ValueError as exc:
+        raise BrokerError.of("invalid_cluster_request", group=group, reason=str(exc)[:200]) from None
+    new_entry = GroupEntry(command.sequence, command.request_id, command.origin, slots)
+    new = dataclasses.replace(state, groups={**state.groups, group: new_entry})
+    return new, ApplyResult(changed=True)
 
 
 def _delete(state: MetadataState, command: DeleteTopic) -> tuple[MetadataState, ApplyResult]:

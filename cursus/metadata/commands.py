@@ -166,8 +166,26 @@ class CommitHwm:
     entries: tuple[HwmEntry, ...]
 
 
+@dataclass(frozen=True, slots=True)
+class GroupRecords:
+    """The group coordinator on ``origin`` appends records of one consumer group (cluster only).
+
+    ``records`` are the payload texts of :mod:`cursus.coordinator.offsets` records (revisions and
+    timestamps stamped by the origin), applied all-or-nothing by the fold rules of
+    :mod:`cursus.metadata.groups`: ``origin`` must own ``group`` on the ring of active brokers in the
+    state the command is applied to, and ``sequence`` must be the group's sequence + 1. The encoded
+    command stays under the Raft cap (64 KiB); the submitter refuses larger ones before submitting.
+    """
+
+    request_id: str
+    group: str
+    origin: str
+    sequence: int
+    records: tuple[str, ...]
+
+
 Command = (CreateTopic | PutTopic | AlterTopicConfig | DeleteTopic | RegisterBroker | BrokerHeartbeat
-           | FenceBroker | ElectLeader | ChangeIsr | CommitHwm)
+           | FenceBroker | ElectLeader | ChangeIsr | CommitHwm | GroupRecords)
 
 _TYPES: dict[str, type] = {
     "create_topic": CreateTopic,
@@ -180,6 +198,7 @@ _TYPES: dict[str, type] = {
     "elect_leader": ElectLeader,
     "change_isr": ChangeIsr,
     "commit_hwm": CommitHwm,
+    "group_records": GroupRecords,
 }
 _NAMES = {cls: name for name, cls in _TYPES.items()}
 
@@ -212,6 +231,9 @@ def _body(command: Command) -> dict[str, Any]:
         return {"broker_id": command.broker_id,
                 "entries": [[e.topic, e.partition, e.leader_epoch, e.lifecycle_epoch, e.hwm]
                             for e in command.entries]}
+    if isinstance(command, GroupRecords):
+        return {"group": command.group, "origin": command.origin, "sequence": command.sequence,
+                "records": list(command.records)}
     return {"broker": command.broker.to_dict()}
 
 
@@ -252,6 +274,7 @@ _FIELDS = {
     "elect_leader": {"topic", "partition", "broker_id", "expected_leader_epoch"},
     "change_isr": {"topic", "partition", "leader_epoch", "isr"},
     "commit_hwm": {"broker_id", "entries"},
+    "group_records": {"group", "origin", "sequence", "records"},
 }
 
 
@@ -311,6 +334,14 @@ def decode(data: bytes) -> Command:
             if not isinstance(doc["entries"], list):
                 raise ValueError("entries must be a list")
             return CommitHwm(request_id, _str(doc["broker_id"]), tuple(_hwm_entry(e) for e in doc["entries"]))
+        if kind == "group_records":
+            if not isinstance(doc["records"], list):
+                raise ValueError("records must be a list")
+            sequence = _int(doc["sequence"])
+            if sequence < 1:
+                raise ValueError("group_records sequence must be >= 1")
+            return GroupRecords(request_id, _str(doc["group"]), _str(doc["origin"]), sequence,
+                                tuple(_str(r) for r in doc["records"]))
         if not isinstance(doc["broker"], dict):
             raise ValueError("broker must be an object")
         broker = BrokerInfo.from_dict(doc["broker"])

@@ -1,11 +1,18 @@
 """The whole :class:`~cursus.metadata.state.MetadataState` as bytes (the Raft FSM's snapshot payload).
 
-Sorted-key compact JSON with ``v: 1``; partitions are rows of :data:`PARTITION_COLUMNS` (named once in
+Sorted-key compact JSON with ``v: 2``; partitions are rows of :data:`PARTITION_COLUMNS` (named once in
 ``partition_columns``). Every partition carries explicit committed-HWM provenance (its
 ``committed_hwm_version`` column is 1 and ``committed_hwm`` an integer); :func:`decode_state` refuses a partition
 without it (:class:`MissingProvenance`), and the Raft layer turns that into ``unsupported recovery
 protocol``. Recently applied results (``applied``) are kept, so a retried request id answers the same on
 a node restored from a snapshot as on one that replayed the journal.
+
+**Versions.** ``v: 2`` adds ``groups`` (consumer groups and committed offsets, :mod:`cursus.metadata.groups`:
+one row per group, its payloads re-validated on decode). A ``v: 1`` state (written before groups moved into
+the metadata log, when they lived in the replicated ``__consumer_offsets`` topic) is accepted with no groups
+*only* when it has no ``__consumer_offsets`` topic, i.e. no group can have existed; otherwise it is refused
+(:class:`UnsupportedGroupState`, so ``unsupported recovery protocol``): defaulting it would silently drop
+every committed offset. The Raft snapshot container stays format 9.
 """
 
 from __future__ import annotations
@@ -15,6 +22,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from cursus.metadata.apply import ApplyResult
+from cursus.metadata.groups import entry_from_row, entry_to_row
 from cursus.metadata.state import (
     COMMITTED_HWM_VERSION,
     BrokerInfo,
@@ -24,11 +32,19 @@ from cursus.metadata.state import (
 )
 from cursus.metadata.topics import TopicDefinition
 
-STATE_VERSION = 1
+STATE_VERSION = 2
+#: Older state versions :func:`decode_state` still reads (see the module docstring).
+LEGACY_STATE_VERSIONS = (1,)
+#: The topic whose presence in a v1 state means groups lived outside the metadata log.
+LEGACY_OFFSETS_TOPIC = "__consumer_offsets"
 
 
 class MissingProvenance(ValueError):
     """A snapshot partition has no (or another) ``committed_hwm_version``, or a non-integer HWM."""
+
+
+class UnsupportedGroupState(ValueError):
+    """A v1 state whose consumer groups lived in ``__consumer_offsets``: they cannot be carried over."""
 
 
 def result_to_dict(result: ApplyResult) -> dict[str, Any]:
@@ -91,6 +107,7 @@ def encode_state(state: MetadataState) -> bytes:
         "partitions": [_row(key, state.assignments[key]) for key in sorted(state.assignments)],
         "brokers": [state.brokers[b].to_dict() for b in sorted(state.brokers)],
         "applied": [[rid, result_to_dict(r)] for rid, r in state.applied.items()],
+        "groups": [entry_to_row(name, state.groups[name]) for name in sorted(state.groups)],
     }
     if state.txn_shards:  # absent in states that never had a shard table (their bytes stay as they were)
         doc["txn_shards"] = [[shard, state.txn_shards[shard].owner, state.txn_shards[shard].epoch]
@@ -103,12 +120,14 @@ def decode_state(data: bytes) -> MetadataState:
 
     Raises:
         MissingProvenance: a partition lacks committed-HWM provenance.
-        ValueError: anything else malformed (bad JSON, version, fields).
+        UnsupportedGroupState: a v1 state that had ``__consumer_offsets`` (its groups are not in it).
+        ValueError: anything else malformed (bad JSON, version, fields, group rows).
     """
     try:
         doc = json.loads(data)
-        if not isinstance(doc, dict) or doc.get("v") != STATE_VERSION:
-            raise ValueError("bad metadata state version")
+        version = doc.get("v") if isinstance(doc, dict) else None
+        if version != STATE_VERSION and version not in LEGACY_STATE_VERSIONS:
+            raise ValueError(f"bad metadata state version {version!r}")
         topics = {d["name"]: TopicDefinition.from_manifest(d) for d in doc["topics"]}
         if doc["partition_columns"] != list(PARTITION_COLUMNS):
             raise MissingProvenance(f"partition columns {doc['partition_columns']}")
@@ -117,11 +136,18 @@ def decode_state(data: bytes) -> MetadataState:
         applied = {str(rid): result_from_dict(r) for rid, r in doc["applied"]}
         shards = {int(shard): ShardOwner(None if owner is None else str(owner), int(epoch))
                   for shard, owner, epoch in doc.get("txn_shards", ())}
+        if version == STATE_VERSION:
+            groups = dict(entry_from_row(row) for row in doc["groups"])
+        elif LEGACY_OFFSETS_TOPIC in topics:
+            raise UnsupportedGroupState(f"a v{version} metadata state keeps consumer groups in "
+                                        f"{LEGACY_OFFSETS_TOPIC}; they cannot be carried into the metadata log")
+        else:
+            groups = {}
         return MetadataState(revision=int(doc["revision"]), topics=topics, assignments=assignments,
                              brokers=brokers, applied=applied, initial_leader_epoch=int(doc["initial_leader_epoch"]),
                              cluster=bool(doc["cluster"]), coordinator_shards=int(doc["coordinator_shards"]),
-                             txn_shards=shards)
-    except MissingProvenance:
+                             txn_shards=shards, groups=groups)
+    except (MissingProvenance, UnsupportedGroupState):
         raise
     except (KeyError, TypeError, AttributeError, UnicodeDecodeError, json.JSONDecodeError, ValueError) as exc:
         raise ValueError(f"bad metadata state: {exc!r}") from None

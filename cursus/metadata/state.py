@@ -20,6 +20,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from cursus.metadata.groups import GroupEntry
 from cursus.metadata.topics import TopicDefinition
 
 #: Virtual nodes per broker on the placement ring (facts B7).
@@ -128,6 +129,9 @@ class MetadataState:
         txn_shards: per transaction-coordinator shard its owner (None: no active broker) and its
             coordinator epoch (facts B7): derived by ``apply`` whenever the active brokers change, the epoch
             bumped on every change of owner; the epoch goes into the shard's transaction markers.
+        groups: cluster only: consumer group name -> its compacted records (registration or tombstone,
+            membership, offset snapshots), see :mod:`cursus.metadata.groups`. Standalone keeps groups in
+            ``__consumer_offsets`` and this stays empty.
     """
 
     revision: int = 0
@@ -139,6 +143,7 @@ class MetadataState:
     cluster: bool = False
     coordinator_shards: int = 0
     txn_shards: Mapping[int, ShardOwner] = field(default_factory=dict)
+    groups: Mapping[str, GroupEntry] = field(default_factory=dict)
 
     def topic(self, name: str) -> TopicDefinition | None:
         return self.topics.get(name)
@@ -155,6 +160,11 @@ class MetadataState:
 
     def active_brokers(self) -> list[str]:
         return sorted(b.id for b in self.brokers.values() if b.status == "active")
+
+    def group_coordinator(self, group: str) -> str | None:
+        """The broker that coordinates ``group`` in this state: ``ring.Get(group)`` over the active brokers
+        (facts B7), None when no broker is active."""
+        return group_coordinator(self.active_brokers(), group)
 
 
 APPLIED_REQUESTS_KEPT = 1024
@@ -179,6 +189,12 @@ def ring_replicas(brokers: Iterable[str], key: str, count: int) -> tuple[str, ..
             if len(chosen) == count:
                 break
     return tuple(chosen)
+
+
+def group_coordinator(active_brokers: Iterable[str], group: str) -> str | None:
+    """The broker owning ``group``: ``ring.Get(group)`` over the active brokers (facts B7), or None."""
+    owners = ring_replicas(active_brokers, group, 1)
+    return owners[0] if owners else None
 
 
 def transaction_shard(transactional_id: str, shards: int) -> int:

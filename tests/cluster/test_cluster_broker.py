@@ -224,45 +224,6 @@ def test_standalone_refuses_cluster_commands(tmp_path: Path) -> None:
         broker.stop()
 
 
-def _coordinator(cluster: Cluster, group: str, via=None):
-    with conn(via or cluster.brokers[0]) as c:
-        found = ok_fields(c.command(f"FIND_COORDINATOR group={group}"))
-    return next(b for b in cluster.brokers if b.port == int(found["port"]))
-
-
-def test_group_offsets_survive_a_coordinator_kill(cluster: Cluster) -> None:
-    """__consumer_offsets is replicated: a survivor that becomes its leader coordinates the group with every
-    committed offset, and the old coordinator returns as a follower."""
-    with conn(cluster.brokers[0]) as c:
-        create_topic(c, "grouped", 1)
-        wait_topic_ready(cluster, "grouped", 1)
-    coordinator = _coordinator(cluster, "gk")
-    with conn(cluster.by_id(leader_of(cluster, "grouped", 0)[0])) as c:  # a commit must not pass the log end
-        for i in range(42):
-            reply = c.command(f"PUBLISH topic=grouped partition=0 acks=1 producerId=p message=m{i}")
-            assert reply.status == Status.OK, render(reply)
-    with conn(coordinator) as c:
-        joined = ok_fields(c.command("JOIN_GROUP topic=grouped group=gk member=m"))
-        ok_fields(c.command(f"COMMIT_OFFSET topic=grouped partition=0 group=gk offset=42 "
-                            f"member={joined['member']} generation={joined['generation']}"))
-    coordinator.kill()
-    survivor = next(b for b in cluster.brokers if b is not coordinator)
-    new = wait_for(lambda: (n := _coordinator(cluster, "gk", via=survivor)) is not coordinator and n, 20,
-                   "a new coordinator")
-
-    def fetched() -> dict | None:
-        frame = conn(new).command("FETCH_OFFSET topic=grouped partition=0 group=gk")
-        if frame.status == Status.OK:
-            return ok_fields(frame)
-        assert error_of(frame).retryable, render(frame)
-        return None
-
-    assert wait_for(fetched, 20, "the offset from the new coordinator") == {"offset": "42"}
-    coordinator.start(timeout_s=60)
-    wait_for(lambda: status(survivor)["inactive_brokers"] == 0, 15, "old coordinator active again")
-    assert wait_for(fetched, 20, "the offset still served") == {"offset": "42"}
-
-
 def test_kill_raft_leader_new_leader_commits_and_state_survives_restart(cluster: Cluster) -> None:
     st = status(cluster.brokers[0])
     old_leader = cluster.by_id(st["raft_leader"])

@@ -201,7 +201,6 @@ def test_commit_fencing_regression_and_idempotence(conn, topic_name, group):
                                            f"offset=6 member={a}"),
         "missing_member": conn.command(f"COMMIT_OFFSET topic={topic_name} partition=0 group={group} "
                                        f"offset=6 generation=3"),
-        "invalid_offset": commit(conn, topic_name, group, a, 3, a_part, 999),
     }
     for code, frame in cases.items():
         err = error_of(frame)
@@ -215,6 +214,18 @@ def test_commit_fencing_regression_and_idempotence(conn, topic_name, group):
     assert validated == {"validated": "true"}
     assert ok_fields(conn.command(f"FETCH_OFFSET topic={topic_name} partition={b_part} group={group}"))["offset"] \
         == ("5" if b_part == 0 else "4")
+
+
+def test_commit_past_the_log_end_is_refused(conn, topic_name, group):
+    """Standalone (and a cluster coordinator that leads the partition): the coordinator knows the log end.
+    A cluster coordinator that does not lead the partition cannot, so this case is not shared with the
+    cluster (tests/cluster/test_cluster_groups.py)."""
+    create_topic(conn, topic_name, partitions=1)
+    publish_batch(conn, topic_name, 0, [b"x"] * 20)
+    a = join(conn, topic_name, group, "a")["member"]
+    err = error_of(commit(conn, topic_name, group, a, 1, 0, 999))
+    assert err.code == "invalid_offset" and err.fields["log_end_offset"] == "20"
+    assert ok_fields(commit(conn, topic_name, group, a, 1, 0, 20)) == {}
 
 
 def test_batch_commit_is_all_or_nothing(conn, topic_name, group):
@@ -285,10 +296,12 @@ def test_subscriptions_partition_increase_and_topic_delete(conn, topic_name, gro
 
 def test_consume_with_group_starts_at_committed_offset(conn, topic_name, group):
     create_topic(conn, topic_name, partitions=1)
-    publish_batch(conn, topic_name, 0, [f"m{i}".encode() for i in range(10)])
+    publish_batch(conn, topic_name, 0, [f"m{i}".encode() for i in range(10)], acks="all")  # readable now
     m = join(conn, topic_name, group, "m")["member"]
     ok_fields(commit(conn, topic_name, group, m, 1, 0, 6))
-    assert [r.offset for r in consume(conn, topic_name, 0, 2, group=group)][:1] == [6]
+    # a cluster partition leader that is not the group's coordinator applies the commit a moment later
+    wait_for(lambda: [r.offset for r in consume(conn, topic_name, 0, 2, group=group)][:1] == [6], 5,
+             "the committed offset at the partition leader")
     assert [r.offset for r in consume(conn, topic_name, 0, 8, group=group)][:1] == [8]
     assert [r.offset for r in consume(conn, topic_name, 0, 2)][:1] == [2]  # no group: as requested
 
@@ -305,9 +318,9 @@ def test_fifty_groups_on_one_broker(conn, topic_name, group):
         batch = ",".join(f"P{p}:{i + p}" for p in range(4))
         assert ok_fields(conn.command(f"BATCH_COMMIT topic={topic_name} group={name} member={reply['member']} "
                                       f"generation=1 offsets={batch}")) == {"batched": "4"}
+        assert status(conn, name)["member_count"] == 1  # now: it is not heartbeating (1.5 s sessions)
     listed = set(ok_fields(conn.command("LIST_GROUPS"))["groups"].split(","))
     assert set(names) <= listed
     for i, name in enumerate(names):
         assert ok_fields(conn.command(f"FETCH_OFFSET topic={topic_name} partition=3 group={name}")) == \
             {"offset": str(i + 3)}
-        assert status(conn, name)["member_count"] == 1

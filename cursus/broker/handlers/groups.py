@@ -96,7 +96,7 @@ def parse_batch_offsets(args: BatchCommitArgs) -> dict[int, int]:
 async def handle_register_group(broker: Broker, req: Request, args: RegisterGroupArgs) -> bytes:
     """REGISTER_GROUP group= (topic= | topics= | pattern=) -> ``OK group=G topic=T registered=true``
     (``topics=a,b`` / ``pattern=P`` for the other selectors), plus the expansion's ``partitions=N``."""
-    await broker.route_group()
+    await broker.route_group(args.group)
     selector = Selector.parse(topic=args.topic, topics=args.topics, pattern=args.pattern, command="REGISTER_GROUP")
     group = await broker.coordinator.register(args.group, selector)
     key = "pattern" if selector.kind == "pattern" else selector.kind
@@ -111,7 +111,7 @@ async def handle_join_group(broker: Broker, req: Request, args: MemberArgs) -> b
     ``resumed=true`` when a full id with ``generation=`` was kept). Creates a missing group for ``topic``. A retry
     of a join whose reply was lost (same client id and host, the member not heard from since) answers the same
     member."""
-    await broker.route_group()
+    await broker.route_group(args.group)
     result = await broker.coordinator.join(args.group, args.member, topic=args.topic, generation=args.generation,
                                            origin=req.session.peer, origin_open=broker.is_connection_open)
     group = result.group
@@ -122,7 +122,7 @@ async def handle_join_group(broker: Broker, req: Request, args: MemberArgs) -> b
 
 async def handle_sync_group(broker: Broker, req: Request, args: SyncGroupArgs) -> bytes:
     """SYNC_GROUP [topic=] group= member= generation= -> ``OK generation=N member=M assignments=[...]``."""
-    await broker.route_group()
+    await broker.route_group(args.group)
     group = broker.coordinator.sync(args.group, args.member, args.generation, args.topic)
     return ok_text(("generation", group.generation), ("member", args.member),
                    *_assignment_fields(group, args.member, args.topic))
@@ -131,14 +131,14 @@ async def handle_sync_group(broker: Broker, req: Request, args: SyncGroupArgs) -
 async def handle_heartbeat(broker: Broker, req: Request, args: MemberArgs) -> bytes:
     """HEARTBEAT [topic=] group= member= [generation=] -> ``OK member=M generation=N``; a stale generation is
     ``GEN_MISMATCH`` (the member must rejoin)."""
-    await broker.route_group()
+    await broker.route_group(args.group)
     group = broker.coordinator.heartbeat(args.group, args.member, args.generation, args.topic)
     return ok_text(("member", args.member), ("generation", group.generation))
 
 
 async def handle_leave_group(broker: Broker, req: Request, args: MemberArgs) -> bytes:
     """LEAVE_GROUP [topic=] group= member= [generation=] -> ``OK group=G member=M left=true``."""
-    await broker.route_group()
+    await broker.route_group(args.group)
     await broker.coordinator.leave(args.group, args.member, args.generation)
     return ok_text(("group", args.group), ("member", args.member), ("left", True))
 
@@ -149,7 +149,7 @@ async def handle_commit_offset(broker: Broker, req: Request, args: CommitOffsetA
     Durable (fsynced) before OK, monotonic, idempotent for the same value. ``validate_only=true`` or
     ``ownership_only=true`` check the fencing only and answer ``OK validated=true`` (facts B5).
     """
-    await broker.route_group()
+    await broker.route_group(args.group)
     broker.topic(args.topic)
     offsets = {args.partition: args.offset}
     if args.validate_only:
@@ -161,7 +161,7 @@ async def handle_commit_offset(broker: Broker, req: Request, args: CommitOffsetA
 
 async def handle_batch_commit(broker: Broker, req: Request, args: BatchCommitArgs) -> bytes:
     """BATCH_COMMIT topic= group= member= generation= offsets=P0:n,P1:n -> ``OK batched=N``; all or nothing."""
-    await broker.route_group()
+    await broker.route_group(args.group)
     broker.topic(args.topic)
     offsets = parse_batch_offsets(args)
     count = await broker.coordinator.commit(args.group, args.topic, args.member, args.generation, offsets)
@@ -170,13 +170,13 @@ async def handle_batch_commit(broker: Broker, req: Request, args: BatchCommitArg
 
 async def handle_fetch_offset(broker: Broker, req: Request, args: FetchOffsetArgs) -> bytes:
     """FETCH_OFFSET topic= partition= group= -> ``OK offset=N`` (0 when nothing is committed; decision 9)."""
-    await broker.route_group()
+    await broker.route_group(args.group)
     return ok_text(("offset", broker.coordinator.fetch_offset(args.group, args.topic, args.partition)))
 
 
 async def handle_group_status(broker: Broker, req: Request, args: GroupArgs) -> bytes:
     """GROUP_STATUS group= -> compact JSON with ``"status":"OK"`` (facts B5; shape in docs/groups.md)."""
-    await broker.route_group()
+    await broker.route_group(args.group)
     return json_envelope(broker.coordinator.status(args.group))
 
 
@@ -191,10 +191,11 @@ async def handle_find_coordinator(broker: Broker, req: Request, args: FindCoordi
     """FIND_COORDINATOR group= | transactional_id= (txn=, transaction=) ->
     ``OK coordinator_id=<broker_id> coordinator_type=group|transaction host=H port=P`` (its registered address).
 
-    Groups: the leader of ``__consumer_offsets`` partition 0. Transactional ids: the owner of the id's
-    shard on the ring of active brokers (facts B7); standalone both are this broker."""
+    Groups: the group's owner on the ring of active brokers in the committed metadata (facts B7
+    ``ring.Get(group)``). Transactional ids: the owner of the id's shard on the same ring; standalone both
+    are this broker."""
     if args.group:
-        kind, coordinator = "group", broker.coordinator_id()
+        kind, coordinator = "group", broker.coordinator_id(args.group)
     elif args.transactional_id:
         state = broker.metadata.state
         # standalone has no shard table: this broker coordinates every transactional id
@@ -202,7 +203,7 @@ async def handle_find_coordinator(broker: Broker, req: Request, args: FindCoordi
                                             if state.coordinator_shards else broker.broker_id)
     else:
         raise BrokerError.of("missing_coordinator_key", command="FIND_COORDINATOR")
-    if coordinator is None:  # no leader for __consumer_offsets (or no active shard owner): never a fallback
+    if coordinator is None:  # no active broker owns the key: never a fallback
         raise BrokerError.of("coordinator_not_available", command="FIND_COORDINATOR", coordinator_type=kind,
                              reason="no broker coordinates this key right now; retry")
     host, _, port = broker.broker_address(coordinator).rpartition(":")
