@@ -116,8 +116,8 @@ class Replica:
         self._durable_waiters: list[tuple[int, int, asyncio.Future[None]]] = []
         # (end_offset, seq, captured isr, future) waiting for hwm >= end_offset; then, if some captured member
         # has not reported end_offset yet, moved to _member_waiters.
-        self._committed_waiters: list[tuple[int, int, tuple[str, ...], asyncio.Future[None]]] = []
-        self._member_waiters: list[tuple[int, tuple[str, ...], asyncio.Future[None]]] = []
+        self._committed_waiters: list[tuple[int, int, tuple[tuple[str, ...], int], asyncio.Future[None]]] = []
+        self._member_waiters: list[tuple[int, tuple[tuple[str, ...], int], asyncio.Future[None]]] = []
         self._progress_listeners: list[ProgressListener] = []
 
     # ------------------------------------------------------------------------------------ properties
@@ -204,6 +204,7 @@ class Replica:
                 self._fail_waiters(self._not_leader(), durable=False)
         self.isr = tuple(members)
         self._pending_isr -= set(members)
+        self._member_progress()  # a member the applied ISR dropped is no longer waited for
         if new_epoch and committed_hwm is not None:
             self._prepare_leader(committed_hwm)
         elif committed_hwm is not None:
@@ -311,6 +312,7 @@ class Replica:
         """The expansion of ``member`` was refused (or given up): stop counting it."""
         if member in self._pending_isr:
             self._pending_isr.discard(member)
+            self._member_progress()
             self._candidate_changed()
 
     @property
@@ -468,34 +470,43 @@ class Replica:
             heapq.heappush(waiters, (end_offset, self._waiter_seq, fut))
         return fut
 
-    def wait_committed(self, end_offset: int, isr: tuple[str, ...]) -> asyncio.Future[None]:
+    def wait_committed(self, end_offset: int, isr: tuple[str, ...], min_isr: int = 1) -> asyncio.Future[None]:
         """acks=all: a future resolved once the visible (committed) HWM ``>= end_offset`` and every member
-        of ``isr`` (the ISR captured at append) reported a durable end ``>= end_offset``, all in the current
-        leader epoch. Fails with ``NOT_LEADER`` (role or epoch change: outcome unknown),
-        ``storage_unavailable`` (fenced) or ``topic_not_found`` (deleted). No timeout: the caller bounds it."""
+        of ``isr`` (the ISR captured at append) that is still in the ISR reported a durable end ``>=
+        end_offset``, while the ISR holds at least ``min_isr`` members, all in the current leader epoch.
+
+        A member the committed ISR dropped (a dead or lagging follower) is no longer waited for: it can
+        never be elected, and the committed HWM already covers every remaining member (Kafka's rule). An
+        ISR below ``min_isr`` keeps the request waiting (the caller's timeout answers outcome unknown).
+        Fails with ``NOT_LEADER`` (role or epoch change: outcome unknown), ``storage_unavailable`` (fenced)
+        or ``topic_not_found`` (deleted). No timeout: the caller bounds it."""
         fut: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        need = (tuple(isr), min_isr)
         if self.fenced is not None:
             fut.set_exception(self._fenced_error())
         elif self.role is not Role.LEADER:
             fut.set_exception(self._not_leader())
         elif self.hwm >= end_offset:
-            self._check_members(end_offset, tuple(isr), fut)
+            self._check_members(end_offset, need, fut)
         else:
             self._waiter_seq += 1
-            heapq.heappush(self._committed_waiters, (end_offset, self._waiter_seq, tuple(isr), fut))
+            heapq.heappush(self._committed_waiters, (end_offset, self._waiter_seq, need, fut))
         return fut
 
-    def _members_have(self, end_offset: int, isr: tuple[str, ...]) -> bool:
-        ends = self._replica_ends
-        return all(ends.get(m, 0) >= end_offset for m in isr)
+    def _members_have(self, end_offset: int, need: tuple[tuple[str, ...], int]) -> bool:
+        captured, min_isr = need
+        if len(self.isr) < min_isr:
+            return False
+        ends, current = self._replica_ends, self.maximal_isr
+        return all(ends.get(m, 0) >= end_offset for m in captured if m in current)
 
-    def _check_members(self, end_offset: int, isr: tuple[str, ...], fut: asyncio.Future[None]) -> None:
+    def _check_members(self, end_offset: int, need: tuple[tuple[str, ...], int], fut: asyncio.Future[None]) -> None:
         if fut.done():
             return
-        if self._members_have(end_offset, isr):
+        if self._members_have(end_offset, need):
             fut.set_result(None)
         else:
-            self._member_waiters.append((end_offset, isr, fut))
+            self._member_waiters.append((end_offset, need, fut))
 
     # ------------------------------------------------------------------------------------ truncation
 
@@ -588,13 +599,13 @@ class Replica:
         if not self._member_waiters:
             return
         waiting = []
-        for end, isr, fut in self._member_waiters:
+        for end, need, fut in self._member_waiters:
             if fut.done():
                 continue
-            if self._members_have(end, isr):
+            if self._members_have(end, need):
                 fut.set_result(None)
             else:
-                waiting.append((end, isr, fut))
+                waiting.append((end, need, fut))
         self._member_waiters = waiting
 
     def advance_hwm(self, hwm: int) -> None:
@@ -616,8 +627,8 @@ class Replica:
             if not fut.done():
                 fut.set_result(None)
         while self._committed_waiters and self._committed_waiters[0][0] <= hwm:
-            end, _, isr, cfut = heapq.heappop(self._committed_waiters)
-            self._check_members(end, isr, cfut)
+            end, _, need, cfut = heapq.heappop(self._committed_waiters)
+            self._check_members(end, need, cfut)
         self._wake_readers()
         if self.on_hwm_change is not None:
             self.on_hwm_change(self)

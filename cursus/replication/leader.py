@@ -151,7 +151,8 @@ class LeaderFetchService:
                  assignment_lookup: Callable[[str, int], PartitionAssignment | None],
                  tracker: IsrTracker, config: LeaderFetchConfig, clock: Callable[[], int],
                  submit_isr_change: Callable[[ChangeIsr], Awaitable[object]], *,
-                 run_blocking: RunBlocking = run_inline, observer: LeaderObserver | None = None) -> None:
+                 run_blocking: RunBlocking = run_inline, observer: LeaderObserver | None = None,
+                 is_active: Callable[[str], bool] = lambda broker_id: True) -> None:
         self._replicas = replicas_lookup
         self._assignment = assignment_lookup
         self.tracker = tracker
@@ -161,6 +162,9 @@ class LeaderFetchService:
         self._submit = submit_isr_change
         self._run_blocking = run_blocking
         self._observer = observer or LeaderObserver()
+        #: Is a broker active in the applied metadata? Only active brokers may be added to an ISR (the FSM
+        #: refuses others), so an expansion is never proposed for a fenced one.
+        self._is_active = is_active
         #: follower id -> partition -> the HWM last sent to it (a new HWM ends a long poll).
         self._sent_hwm: dict[str, dict[PartitionKey, int]] = {}
         #: follower id -> responses sent (rotates the partition order).
@@ -376,6 +380,8 @@ class LeaderFetchService:
         submitted (after they completed or failed; failures are logged and decided again next step)."""
         now = self._clock()
         commands: list[ChangeIsr] = []
+        #: request id -> the replica and the members whose expansion it proposes (withdrawn if refused).
+        expansions: dict[str, tuple[Replica, tuple[str, ...]]] = {}
         led: set[PartitionKey] = set()
         for key, replica in list(self._replicas().items()):
             if replica.role is not Role.LEADER or replica.fenced is not None:
@@ -389,6 +395,11 @@ class LeaderFetchService:
                 continue
             change = self.tracker.decide(key, assignment.isr, assignment.replicas, assignment.committed_hwm,
                                          now, self.config.lag_time_max_ms, leader_epoch=assignment.leader_epoch)
+            if change is not None and any(not self._is_active(m) for m in change.expanded):
+                dead = {m for m in change.expanded if not self._is_active(m)}
+                isr = tuple(m for m in change.isr if m not in dead)
+                expanded = tuple(m for m in change.expanded if m not in dead)
+                change = IsrChange(isr, change.shrunk, expanded) if set(isr) != set(assignment.isr) else None
             if change is None:
                 continue
             pending = getattr(replica, "expand_isr_pending", None)
@@ -400,13 +411,14 @@ class LeaderFetchService:
                      list(change.isr), list(change.shrunk), list(change.expanded), assignment.leader_epoch)
             commands.append(ChangeIsr(request_id=uuid.uuid4().hex, topic=key[0], partition=key[1],
                                       leader_epoch=assignment.leader_epoch, isr=change.isr))
+            expansions[commands[-1].request_id] = (replica, change.expanded)
         for key in self.tracker.keys():
             if key not in led:
                 self.tracker.forget(key)
-        await asyncio.gather(*(self._submit_one(command) for command in commands))
+        await asyncio.gather(*(self._submit_one(command, *expansions[command.request_id]) for command in commands))
         return commands
 
-    async def _submit_one(self, command: ChangeIsr) -> None:
+    async def _submit_one(self, command: ChangeIsr, replica: Replica, expanded: tuple[str, ...]) -> None:
         key = (command.topic, command.partition)
         self._isr_inflight.add(key)
         try:
@@ -415,6 +427,14 @@ class LeaderFetchService:
             raise
         except Exception as exc:  # a stale epoch, no Raft leader...: decided again next step
             log.warning("%s/%d: ChangeIsr %s not applied: %s", key[0], key[1], list(command.isr), exc)
+            # A definite refusal withdraws the expansion (it no longer holds the HWM back). An unknown outcome
+            # keeps it: the expansion may have committed, and the maximal-ISR rule must hold until we know.
+            definite = (isinstance(exc, BrokerError) and exc.error.code != "request_timeout"
+                        and exc.error.fields.get("outcome") != "unknown")
+            clear = getattr(replica, "clear_isr_pending", None)
+            if definite and clear is not None:
+                for member in expanded:
+                    clear(member)
         finally:
             self._isr_inflight.discard(key)
 

@@ -96,7 +96,8 @@ class ReplicationNode:
                               max_wait_ms=config.replica_fetch_wait_max_ms,
                               lag_time_max_ms=config.replica_lag_time_max_ms,
                               isr_check_interval_ms=config.replica_isr_check_interval_ms),
-            monotonic_ms, self._submit_isr_change, run_blocking=broker.offload.run, observer=observer)
+            monotonic_ms, self._submit_isr_change, run_blocking=broker.offload.run, observer=observer,
+            is_active=self._is_active)
         self.client = InternalClient(broker.broker_id, tls=tls, token=config.internal_auth_token,
                                      max_message_bytes=max_message)
         self.fetchers = ReplicaFetcherManager(
@@ -118,6 +119,10 @@ class ReplicationNode:
         self.lag_snapshot: tuple[tuple[str, int, str, int, float], ...] = ()
         #: (reason, count) of refused internal calls, likewise.
         self.refusal_snapshot: tuple[tuple[str, int], ...] = ()
+
+    def _is_active(self, broker_id: str) -> bool:
+        info = self.broker.metadata.state.brokers.get(broker_id)
+        return info is not None and info.status == "active"
 
     def _internal_address_of(self, broker_id: str) -> str | None:
         info = self.broker.metadata.state.brokers.get(broker_id)

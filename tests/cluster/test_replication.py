@@ -34,7 +34,9 @@ from tests.integration.helpers import create_topic, error_of, ok_fields, publish
 
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory: pytest.TempPathFactory, pki) -> Cluster:
-    c = Cluster(Path(tmp_path_factory.mktemp("replication")), pki)
+    # replica lag above the broker session timeout, as with the defaults (10 s vs 3 s): a dead follower is
+    # fenced (out of the ISR) while it still counts as recently caught up
+    c = Cluster(Path(tmp_path_factory.mktemp("replication")), pki, replica_lag_time_max_ms=4000)
     try:
         c.start()
         yield c
@@ -182,6 +184,30 @@ def test_follower_restart_catches_up_and_rejoins_the_isr(cluster: Cluster) -> No
         ok_fields(c.command(f"ELECT_LEADER topic=follower-restart partition=0 broker={follower.log_dir.name}"))
     wait_for(lambda: leader_proc(cluster, "follower-restart") is follower, 10, "the restarted follower leads")
     assert len(read_partition(cluster, "follower-restart")) == 500
+
+
+def test_a_dead_follower_of_an_idle_partition_does_not_stall_acks_all(cluster: Cluster) -> None:
+    """Break-it finding: a caught-up follower killed while its partition is idle was proposed for ISR
+    expansion again and again (refused: inactive), and the pending expansion pinned the HWM, so acks=all
+    timed out although the ISR met the minimum. Writes in flight while it dies complete once the ISR
+    drops it."""
+    row = make_topic(cluster, "idle-follower")
+    leader = cluster.by_id(row["leader"])
+    with conn(leader) as c:
+        publish_ok(c, "idle-follower", [b"warm"])
+    follower = next(b for b in cluster.brokers if b is not leader)
+    follower.kill()
+    wait_isr(cluster, "idle-follower", 2, timeout=20, via=leader)
+    # Not synchronisation: let the leader's ISR check (every 1 s) run a few times while the dead follower
+    # still counts as recently caught up; it must not propose (and pin the HWM on) an inactive broker.
+    time.sleep(2.5)
+    with conn(leader) as c:
+        started = time.monotonic()
+        for i in range(5):
+            publish_ok(c, "idle-follower", [f"after-{i}".encode()])
+        assert time.monotonic() - started < 4.0  # well below replica_ack_timeout_ms (5 s in these tests)
+    follower.start(timeout_s=60)
+    wait_isr(cluster, "idle-follower", 3, timeout=30)
 
 
 def test_min_isr_refuses_before_append_and_keeps_sequence_state(cluster: Cluster) -> None:

@@ -95,22 +95,30 @@ async def test_visible_hwm_is_the_committed_hwm_and_the_candidate_covers_the_max
 
 
 @pytest.mark.asyncio
-async def test_acks_all_waits_for_every_captured_member_even_after_a_shrink(nodes) -> None:
+async def test_acks_all_waits_for_captured_members_still_in_the_isr_and_for_the_minimum(nodes) -> None:
     node = nodes("a")
     leader = node.replica
-    await _cluster_leader(node, 1, ("a", "b"))
+    await _cluster_leader(node, 1, ("a", "b", "c"))
     leader.append(records(0, 2), 2)
-    acked = leader.wait_committed(2, ("a", "b"))
+    acked = leader.wait_committed(2, ("a", "b", "c"), min_isr=2)
     await leader.wait_durable(2)
-    leader.become_leader(1, ("a",), committed_hwm=0)  # b shrunk out before it had the records
-    assert leader.candidate_hwm == 2
-    leader.on_committed_hwm(1, 2)
-    assert leader.hwm == 2
-    await asyncio.sleep(0)
-    assert not acked.done()  # the committed HWM alone is not enough: b was captured
     leader.update_replica_end("b", 2)
-    await acked
-    already = leader.wait_committed(2, ("a", "b"))
+    await asyncio.sleep(0)
+    assert not acked.done()  # c (captured, still in the ISR) has not reported
+    leader.become_leader(1, ("a", "b"), committed_hwm=0)  # c shrunk out: it can never be elected now
+    leader.on_committed_hwm(1, 2)
+    await acked  # the committed HWM covers every remaining member and the ISR meets the minimum
+    leader.append(records(2, 1), 1)
+    alone = leader.wait_committed(3, ("a", "b"), min_isr=2)
+    await leader.wait_durable(3)
+    leader.become_leader(1, ("a",), committed_hwm=2)  # b shrunk out too: the ISR is below the minimum
+    leader.on_committed_hwm(1, 3)
+    await asyncio.sleep(0)
+    assert not alone.done()  # only the leader has it: never acknowledged as acks=all (the caller times out)
+    leader.become_leader(1, ("a", "b"), committed_hwm=3)
+    leader.update_replica_end("b", 3)
+    await alone
+    already = leader.wait_committed(3, ("a", "b"))
     assert already.done() and already.exception() is None
 
 
@@ -227,7 +235,7 @@ async def test_acks_all_times_out_with_an_unknown_outcome_and_acks_1_needs_only_
     leader = node.replica
     await _cluster_leader(node, 1, ("a", "b"))
     config = load_config(environ={}).replace(replica_ack_timeout_ms=50)
-    broker = SimpleNamespace(config=config, metrics=BrokerMetrics())
+    broker = SimpleNamespace(config=config, metrics=BrokerMetrics(), metadata=SimpleNamespace(get=lambda name: None))
     leader.append(records(0, 2), 2)
     await _wait_ack(broker, leader, "leader", 2, leader.isr)  # type: ignore[arg-type]
     with pytest.raises(BrokerError) as timed_out:

@@ -137,7 +137,9 @@ async def wait_ack(broker: Broker, replica: Replica, mode: str, end: int, isr: t
     if mode != "all":
         await replica.wait_durable(end)
         return
-    waiter = replica.wait_committed(end, isr)
+    defn = broker.metadata.get(replica.topic)
+    min_isr = defn.effective_min_isr(broker.config.min_insync_replicas) if defn is not None else 1
+    waiter = replica.wait_committed(end, isr, min_isr)
     if waiter.done():
         waiter.result()
         return
