@@ -173,11 +173,13 @@ class ConsumerCore:
         last = records[-1]
         if records[0].partition == last.partition and last.offset < ends.get(last.partition, 0):
             return records  # one partition, offsets ascending: all before the end
-        for index, record in enumerate(records):
-            if record.offset >= ends.get(record.partition, 0):
-                self.unread(records[index:])
-                return records[:index]
-        return records
+        # Per partition: records before its end are returned, the rest put back. Cutting the whole list at
+        # the first record past any end would also put back other partitions' records that are before
+        # their ends, and ``records(until_end=True)`` would see the same buffer forever.
+        before = [r for r in records if r.offset < ends.get(r.partition, 0)]
+        if len(before) < len(records):
+            self.unread([r for r in records if r.offset >= ends.get(r.partition, 0)])
+        return before
 
     def reached(self, ends: Mapping[int, int]) -> bool:
         """True when every assigned partition's application position is at or past ``ends``."""

@@ -49,3 +49,16 @@ def test_poll_plan_returns_buffered_records_first_and_the_first_batch_found() ->
         plan.send([record])
     except StopIteration as done:
         assert done.value == [record]
+
+
+def test_cut_keeps_every_partition_record_before_its_own_end() -> None:
+    """Break-it finding: a record past one partition's end put back the other partitions' records too, so
+    ``records(until_end=True)`` saw the same buffer forever under concurrent writes."""
+    core = _core(2)
+    r = [ConsumerRecord("t", 0, 8, b"a"), ConsumerRecord("t", 0, 9, b"b"), ConsumerRecord("t", 0, 10, b"late"),
+         ConsumerRecord("t", 1, 3, b"c"), ConsumerRecord("t", 1, 4, b"d")]
+    ends = {0: 10, 1: 10}
+    assert core.cut(list(r), ends) == [r[0], r[1], r[3], r[4]]
+    assert core.buffer == [r[2]]  # only the record past partition 0's end waits
+    assert core.position(0) == 10  # partition 0 has reached its end
+    assert core.cut([], ends) == [] and core.cut([r[3]], None) == [r[3]]
