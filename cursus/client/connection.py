@@ -739,7 +739,7 @@ class Client:
 
     def request(self, command: Command, payload: bytes, *, address: Address | None = None,
                 retry_safe: bool | None = None, timeout_s: float | None = None,
-                follow_redirects: bool = True) -> Frame:
+                follow_redirects: bool = True, failover: bool = False) -> Frame:
         """Send one request and return its OK reply frame.
 
         Args:
@@ -752,6 +752,9 @@ class Client:
             follow_redirects: resend to the address a ``NOT_LEADER``/``NOT_COORDINATOR`` reply names (up to
                 ``options.redirects_max`` times); False raises the routing error instead, for callers that
                 track leaders themselves.
+            failover: with ``address``, raise ``BrokerUnavailableError`` at the first failed connect instead
+                of retrying that one broker: a caller that tracks leaders re-reads metadata (the broker may
+                be gone for good and its partitions led elsewhere).
 
         Returns:
             The reply frame, status OK (or STREAM_END).
@@ -770,6 +773,9 @@ class Client:
             except (OSError, ProtocolError, CursusError) as exc:
                 if isinstance(exc, ClientClosedError):
                     raise
+                if failover and address is not None and not isinstance(exc, CursusError):
+                    raise BrokerUnavailableError(
+                        f"cannot connect to {format_address(address)} for {command.name}: {exc}") from exc
                 time.sleep(attempts.after_connect_failure(exc))
                 continue
             try:
@@ -787,11 +793,11 @@ class Client:
     def call(self, command: Command, fields: Mapping[str, str] | None = None, *,
              positionals: tuple[str, ...] = (), address: Address | None = None,
              retry_safe: bool | None = None, timeout_s: float | None = None,
-             follow_redirects: bool = True) -> Frame:
+             follow_redirects: bool = True, failover: bool = False) -> Frame:
         """:meth:`request` with a CRQ2 payload built from ``fields`` (in order) and ``positionals``."""
         payload = encode_crq2(CommandPayload(tuple(positionals), dict(fields or {})))
         return self.request(command, payload, address=address, retry_safe=retry_safe, timeout_s=timeout_s,
-                            follow_redirects=follow_redirects)
+                            follow_redirects=follow_redirects, failover=failover)
 
     def command(self, text: str, *, address: Address | None = None, retry_safe: bool | None = None,
                 timeout_s: float | None = None) -> Frame:

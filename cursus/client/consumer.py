@@ -50,6 +50,7 @@ from cursus.client.connection import (
     options_from,
 )
 from cursus.client.errors import (
+    BrokerUnavailableError,
     ClientClosedError,
     CursusError,
     NotFoundError,
@@ -492,13 +493,21 @@ class Consumer(_ConsumerSettings):
 
     def _consume(self, cursor: PartitionCursor, wait_ms: int) -> Frame | None:
         fields = self._core.fields(cursor, wait_ms)
-        for _ in range(self.options.redirects_max + 1):
+        for attempt in range(self.options.redirects_max + 1):
             try:
                 return self._client.call(Command.CONSUME, fields, address=cursor.leader,
                                          timeout_s=self.options.timeout_s + wait_ms / 1000.0,
-                                         follow_redirects=False)
+                                         follow_redirects=False, failover=True)
             except NotLeaderError as exc:
                 cursor.leader = exc.leader or self._refresh_leader(cursor.partition)
+                continue
+            except BrokerUnavailableError:
+                # The leader is gone (killed, partitioned): ask the cluster who leads now. During a failover
+                # the metadata may still name it: back off, and the next poll asks again.
+                dead = cursor.leader
+                cursor.leader = self._refresh_leader(cursor.partition)
+                if cursor.leader == dead:
+                    time.sleep(self.options.backoff.delay_s(attempt))
                 continue
             except OffsetOutOfRangeError as exc:
                 if not self._core.on_out_of_range(cursor, exc):

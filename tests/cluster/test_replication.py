@@ -210,6 +210,31 @@ def test_a_dead_follower_of_an_idle_partition_does_not_stall_acks_all(cluster: C
     wait_isr(cluster, "idle-follower", 3, timeout=30)
 
 
+def test_a_consumer_follows_the_new_leader_when_its_leader_dies(cluster: Cluster) -> None:
+    """Break-it finding: the SDK consumer retried the dead leader's address until its budget ran out and
+    raised BrokerUnavailableError; it re-reads metadata and continues on the new leader."""
+    from cursus.client.consumer import Consumer
+
+    row = make_topic(cluster, "consume-failover")
+    old = cluster.by_id(row["leader"])
+    with conn(old) as c:
+        publish_ok(c, "consume-failover", [f"a{i}".encode() for i in range(50)])
+    bootstrap = [f"127.0.0.1:{b.port}" for b in cluster.brokers]
+    got: list[bytes] = []
+    with Consumer("consume-failover", bootstrap, start="earliest", wait_ms=100) as consumer:
+        wait_for(lambda: got.extend(r.value for r in consumer.poll(1.0)) or len(got) >= 50, 20, "first 50")
+        old.kill()
+        survivor = next(b for b in cluster.brokers if b is not old)
+        new = wait_for(lambda: (p := leader_proc(cluster, "consume-failover", via=survivor)) and p is not old
+                       and p, 20, "a new leader")
+        with conn(new) as c:
+            publish_ok(c, "consume-failover", [f"b{i}".encode() for i in range(50)])
+        wait_for(lambda: got.extend(r.value for r in consumer.poll(1.0)) or len(got) >= 100, 30,
+                 "the rest from the new leader")
+    assert got == [f"a{i}".encode() for i in range(50)] + [f"b{i}".encode() for i in range(50)]
+    old.start(timeout_s=60)
+
+
 def test_min_isr_refuses_before_append_and_keeps_sequence_state(cluster: Cluster) -> None:
     row = make_topic(cluster, "min-isr", min_in_sync_replicas="3")
     leader = cluster.by_id(row["leader"])
