@@ -9,6 +9,7 @@ to ``<data>/certs`` on the first run. Ctrl-C (or SIGTERM) stops every broker cle
 from __future__ import annotations
 
 import argparse
+import os
 import signal
 import subprocess
 import sys
@@ -19,16 +20,17 @@ from types import FrameType
 from cursus.cluster.certs import generate_cluster_certs, node_ids
 
 
-def broker_command(data: Path, index: int, count: int, token: str, offset: int = 0) -> list[str]:
+def broker_command(data: Path, index: int, count: int, offset: int = 0) -> list[str]:
     """The ``cursus-broker`` command line of node ``index`` (1-based) of a ``count``-node dev cluster; every
-    port is shifted by ``offset``."""
+    port is shifted by ``offset``. The internal token is not on it: pass ``INTERNAL_AUTH_TOKEN`` in the
+    environment."""
     certs = data / "certs"
     node = f"node-{index}"
     members = ",".join(f"node-{i}@127.0.0.1:{9200 + offset + i}" for i in range(1, count + 1))
     settings = {
         "enabled_distribution": "true", "broker_id": node, "raft_port": 9200 + offset + index,
         "internal_broker_port": 9300 + offset + index,
-        "static_cluster_members": members, "bootstrap_cluster": "true", "internal_auth_token": token,
+        "static_cluster_members": members, "bootstrap_cluster": "true",
         "internal_use_tls": "true", "internal_tls_cert_path": certs / f"{node}.crt",
         "internal_tls_key_path": certs / f"{node}.key", "internal_tls_ca_path": certs / "ca.crt",
     }
@@ -59,10 +61,15 @@ def main(argv: list[str] | None = None) -> int:
     token = token_file.read_text().strip()
     offset = args.port_offset
     # Own sessions: a terminal's Ctrl-C reaches only this process, which stops each broker exactly once.
-    procs = [subprocess.Popen(broker_command(args.data, i, args.nodes, token, offset), start_new_session=True)
+    # The token travels in the environment (INTERNAL_AUTH_TOKEN), never on a command line ``ps`` shows.
+    env = {**os.environ, "INTERNAL_AUTH_TOKEN": token}
+    procs = [subprocess.Popen(broker_command(args.data, i, args.nodes, offset), start_new_session=True,
+                              env=env)
              for i in range(1, args.nodes + 1)]
     print(f"devcluster: {args.nodes} brokers on 127.0.0.1:{9000 + offset}-{8999 + offset + args.nodes}; "
-          "Ctrl-C stops them", flush=True)
+          "Ctrl-C stops them; a broker that exits (kill -9 for a failover test) is reported and the others "
+          "keep running", flush=True)
+    reported: set[int] = set()
     stopping = False
 
     def stop(signum: int, frame: FrameType | None) -> None:
@@ -71,7 +78,13 @@ def main(argv: list[str] | None = None) -> int:
 
     signal.signal(signal.SIGINT, stop)
     signal.signal(signal.SIGTERM, stop)
-    while not stopping and all(p.poll() is None for p in procs):
+    while not stopping and any(p.poll() is None for p in procs):
+        for index, p in enumerate(procs, 1):
+            if p.poll() is not None and index not in reported:
+                reported.add(index)
+                print(f"devcluster: node-{index} exited with {p.returncode}; restart it with: "
+                      f"{' '.join(broker_command(args.data, index, args.nodes, offset))} "
+                      f"(INTERNAL_AUTH_TOKEN from {token_file})", flush=True)
         time.sleep(0.2)
     for p in procs:
         if p.poll() is None:
