@@ -509,7 +509,7 @@ def check_replica_divergence(ops: list[Op]) -> list[Anomaly]:
     by_partition: dict[tuple[str, int], list[Op]] = defaultdict(list)
     for op in ops:
         if op.f == "replica-log" and op.type == OK:
-            by_partition[(op.value.get("topic"), int(op.value.get("partition", 0)))].append(op)
+            by_partition[(str(op.value.get("topic")), int(op.value.get("partition", 0)))].append(op)
     final = _final_status(ops)
     final_parts = (final.result.get("partitions") or {}) if final is not None else {}
     out = []

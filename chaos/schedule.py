@@ -188,7 +188,9 @@ def _cluster_schedule(rng: random.Random, duration_s: float, scheduled: list[str
     while scheduled and t < end_s and len(out) < 10_000:
         kind = rng.choice(scheduled)
         node = rng.randrange(nodes)
-        tear = target = cut = None
+        tear: dict[str, Any] | None = None
+        target: str | None = None
+        cut: dict[str, Any] | None = None
         if kind == "pause":
             hold = rng.uniform(CLUSTER_PAUSE_S_MIN, CLUSTER_PAUSE_S_MAX)
             cost = hold
