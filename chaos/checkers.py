@@ -521,7 +521,7 @@ def check_replica_divergence(ops: list[Op]) -> list[Anomaly]:
             replica = int(op.value["replica"])
             chunks = {int(c[0]): (int(c[1]), str(c[2])) for c in op.result.get("chunks") or []}
             chunk_maps[replica] = chunks
-            covered = max((b + c for b, (c, _) in chunks.items()), default=0)
+            covered = max(int(op.result.get("end") or 0), max((b + c for b, (c, _) in chunks.items()), default=0))
             if covered < hwm and (not isr or f"node-{replica}" in isr):
                 out.append(Anomaly("replica-divergence", f"{topic}/{partition}: replica node-{replica} holds offsets "
                                    f"only up to {covered}, below the committed HWM {hwm}", op.start, op.end,

@@ -178,7 +178,8 @@ def inspect_replicas(cluster: Cluster, status: dict[str, Any], history: History)
 
     Recorded as ``f="replica-log"`` ops of process ``inspect`` with value ``{topic, partition, replica,
     committed_hwm}`` and result ``{chunks: [[base_offset, record_count, sha256-of-chunk-bytes], ...],
-    end}`` (``end``: the offset after the last complete chunk on disk). Chunks are compared byte for byte
+    end}`` (the chunks starting below the committed HWM; ``end``: the offset after the last complete chunk
+    on disk). Chunks are compared byte for byte
     by :func:`chaos.checkers.check_replica_divergence`. Call after the nodes are stopped.
     """
     for key, entry in sorted(status.get("partitions", {}).items()):
@@ -200,7 +201,7 @@ def inspect_replicas(cluster: Cluster, status: dict[str, Any], history: History)
                 found, _ = faults.walk_chunks(data)
                 for chunk in found:
                     end = chunk.base_offset + chunk.record_count
-                    if end <= hwm:
+                    if chunk.base_offset < hwm:  # a chunk starting below the committed HWM is committed data
                         raw = data[chunk.position:chunk.position + chunk.length]
                         chunks.append([chunk.base_offset, chunk.record_count, hashlib.sha256(raw).hexdigest()[:24]])
             history.complete(pending, OK, {"chunks": chunks, "end": end})
