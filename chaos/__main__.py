@@ -44,6 +44,7 @@ from chaos.workloads import (
     MetadataWorker,
     OffsetsPoller,
     PlainProducer,
+    StreamConsumer,
     TopicPlan,
     create_topics,
     drain,
@@ -73,6 +74,8 @@ class RunOptions:
     settle_s: float = 3.0
     keep_data: bool = False
     groups: bool = True
+    #: Cluster runs: how long to wait after the heal for a leader and a full ISR on every partition.
+    settle_timeout_s: float = 30.0
 
 
 def plan_topics(nodes: int) -> list[TopicPlan]:
@@ -239,14 +242,14 @@ def run_cluster(options: RunOptions) -> int:
                 errors.append({"error": f"heal: {action}"})
         heal_pending = history.invoke("nemesis", "heal", {"cuts": [], "nodes": "all up"})
         history.complete(heal_pending, "info", error="healed (nemesis ops always end as info)")
-        settled = wait_settled(tracker, keys, 60.0)
+        settled = wait_settled(tracker, keys, options.settle_timeout_s)
         time.sleep(options.settle_s)  # workloads keep running, fault-free: unknown outcomes resolve
         ctx.stop.set()
         for worker in workers:
             worker.join(timeout=30)
         workloads = _workload_states(workers, gate, options.groups)
         workloads["metadata-ops"] = "ran"
-        workloads["stream-consumers"] = "not implemented (direct readers and group consumers only)"
+        workloads["stream-consumers"] = "ran"
         workloads["transactions"] = "not yet (a later issue adds the workload)"
         if mode_fault is not None:
             fault_log.end(mode_fault)
@@ -254,7 +257,7 @@ def run_cluster(options: RunOptions) -> int:
         group_topics = [(GROUP, topics[1])] if gate.available else []
         for problem in drain(ctx, group_topics):
             errors.append({"error": problem})
-        final_status = wait_settled(tracker, keys, 20.0)
+        final_status = wait_settled(tracker, keys, min(10.0, options.settle_timeout_s))
     except NodeStartError as exc:
         errors.append({"error": f"broker failed to start: {exc}", "output": exc.output[-4000:]})
     except _Abort:
@@ -315,7 +318,8 @@ def _workers(ctx: Context, topics: list[TopicPlan], gate: GroupGate, groups: boo
         DirectReader("reader-1", ctx, topics),
     ]
     if ctx.clustered:
-        workers += [OffsetsPoller("offsets-0", ctx, 0), MetadataWorker("meta-0", ctx)]
+        workers += [OffsetsPoller("offsets-0", ctx, 0), MetadataWorker("meta-0", ctx),
+                    StreamConsumer("stream-0", ctx, topics)]
     else:
         workers += [OffsetsPoller(f"offsets-{n}", ctx, n) for n in range(len(ctx.cluster))]
     if groups:
@@ -527,6 +531,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--settle", type=float, default=3.0, help="fault-free seconds before the drain (default 3)")
     p.add_argument("--keep-data", action="store_true", help="keep broker data dirs after a valid run")
     p.add_argument("--no-groups", action="store_true", help="do not run the group-consumer workload")
+    p.add_argument("--settle-timeout", type=float, default=30.0,
+                   help="cluster: max seconds to wait after the heal for leaders and full ISRs (default 30)")
     c = sub.add_parser("corrupt", help="corruption-detection scenario")
     c.add_argument("--seed", type=int, default=None)
     c.add_argument("--out", type=Path, default=None)
@@ -582,7 +588,7 @@ def main(argv: list[str] | None = None) -> int:
             return 2
     options = RunOptions(nodes=args.nodes, duration_s=args.duration, faults=kinds, seed=seed,
                          out=args.out or _default_out("run", seed), settle_s=args.settle, keep_data=args.keep_data,
-                         groups=not args.no_groups)
+                         groups=not args.no_groups, settle_timeout_s=args.settle_timeout)
     return run(options)
 
 

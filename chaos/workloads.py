@@ -68,6 +68,8 @@ THINK_S_MIN, THINK_S_MAX = 0.005, 0.02
 WORKER_ERRORS_MAX = 20
 #: Extra pause between a direct reader's CONSUMEs (bounds the history's size in long runs).
 READER_PAUSE_S_MIN, READER_PAUSE_S_MAX = 0.01, 0.05
+#: How long a STREAM consumer waits for the next pushed frame (keepalives come at least every 3 s).
+STREAM_FRAME_TIMEOUT_S = 5.0
 #: Heartbeat interval of group consumers.
 HEARTBEAT_S = 1.0
 #: Chance per consumer step that a group consumer crashes (drops its connection without leaving).
@@ -569,6 +571,103 @@ class DirectReader(Worker):
             key = (topic.name, partition)
             self.seen_end[key] = max(self.seen_end.get(key, 0), self.position)
         time.sleep(self.rng.uniform(READER_PAUSE_S_MIN, READER_PAUSE_S_MAX))
+
+
+class StreamConsumer(Worker):
+    """STREAM (continuous push) sessions: open a stream on one partition's leader at a chosen offset, record
+    every pushed frame as a ``read`` op of the session (``value.stream: true``; a keepalive is an ok read
+    with no records), close after a few frames. The session checker sees every frame in order, so a pushed
+    record going back or skipping is found like a CONSUME one.
+    """
+
+    def __init__(self, name: str, ctx: Context, topics: list[TopicPlan]) -> None:
+        super().__init__(name, ctx)
+        self.topics = topics
+        self.stream: tuple[TopicPlan, int] | None = None
+        self.session_id = ""
+        self.sessions = 0
+        self.position = 0
+        self.frames_left = 0
+        self.request_id = 0
+        self.seen_end: dict[tuple[str, int], int] = {}
+
+    def open(self) -> None:
+        """Open a stream (a fresh connection to the partition's leader)."""
+        self.drop()
+        topic = self.rng.choice(self.topics)
+        partition = self.rng.randrange(topic.partitions)
+        end = self.seen_end.get((topic.name, partition), 0)
+        start = 0 if self.rng.random() < 0.3 or end == 0 else max(0, end - self.rng.randint(0, 40))
+        node = self.ctx.target(topic, partition)
+        conn = self.connection(node)
+        if conn is None:
+            return
+        self.sessions += 1
+        self.session_id = f"{self.name}/{self.sessions}"
+        self.position = start
+        self.frames_left = self.rng.randint(5, 40)
+        cmd, payload = parse_command_text(f"STREAM topic={topic.name} partition={partition} offset={start} "
+                                          f"batch={self.rng.randint(1, 64)}")
+        try:
+            self.request_id = conn.send(cmd, encode_crq2(payload))
+        except TRANSPORT_ERRORS:
+            self.drop()
+            return
+        self.stream = (topic, partition)
+
+    def close(self) -> None:
+        """End the session (drop the connection: the broker closes the stream)."""
+        self.stream = None
+        self.drop()
+
+    def step(self) -> None:
+        """Receive one frame of the current stream (opening one if needed)."""
+        if self.stream is None or self.frames_left <= 0 or self.conn is None:
+            self.close()
+            self.open()
+            if self.stream is None:
+                time.sleep(0.1)
+                return
+        assert self.stream is not None and self.conn is not None
+        topic, partition = self.stream
+        pending = self.history.invoke(self.name, "read", {
+            "topic": topic.name, "partition": partition, "offset": self.position, "session": self.session_id,
+            "stream": True})
+        self.inflight_since = self.ctx.clock.now()
+        try:
+            self.conn.sock.settimeout(STREAM_FRAME_TIMEOUT_S)
+            frame = self.conn.read_frame()
+        except TRANSPORT_ERRORS as exc:
+            self.history.complete(pending, INFO, error=describe(exc))
+            self.inflight_since = None
+            self.close()
+            return
+        self.frames_left -= 1
+        try:
+            if frame.status == Status.ERROR:
+                code, rendered, _ = error_text(frame)
+                self.history.complete(pending, FAIL, {"code": code}, error=rendered)
+                self.close()
+                return
+            if frame.status == Status.STREAM_END:
+                text = frame.payload.decode("utf-8", "replace")
+                self.history.complete(pending, FAIL, {"code": "stream_end", "reply": text[:200]}, error=text[:200])
+                self.close()
+                return
+            try:
+                records = decode_records(frame.payload)
+            except (ProtocolError, ValueError) as exc:
+                self.history.complete(pending, OK, {"records": [], "corrupt": describe(exc),
+                                                    "payload_head": frame.payload[:64].hex()})
+                self.close()
+                return
+            self.history.complete(pending, OK, {"records": records})
+            if records:
+                self.position = records[-1][0] + 1
+                key = (topic.name, partition)
+                self.seen_end[key] = max(self.seen_end.get(key, 0), self.position)
+        finally:
+            self.inflight_since = None
 
 
 class OffsetsPoller(Worker):
