@@ -345,8 +345,10 @@ class Nemesis(threading.Thread):
 
     def resolve(self, spec: FaultSpec) -> tuple[int, dict[str, Any]]:
         """The node a fault hits now: the drawn one, or the current Raft / partition leader for leader kills."""
-        if spec.kind != "kill" or spec.target in (None, "random") or self.leaders is None:
+        if spec.kind != "kill" or spec.target is None:
             return spec.node, {}
+        if spec.target == "random" or self.leaders is None:
+            return spec.node, {"target": spec.target}
         if spec.target == "raft-leader":
             leader = self.leaders.raft_leader()
             return (spec.node, {"target": "raft-leader", "unknown": True}) if leader is None else (
