@@ -487,6 +487,8 @@ class Reading:
         if conn is None:
             return "", [], None
         cmd, payload = parse_command_text(command)
+        if worker.ctx.clustered:
+            value = {**value, "node": node.index}  # which broker served it (cluster diagnosis)
         pending = worker.history.invoke(process, "read", value)
         try:
             frame = worker.request(cmd, encode_crq2(payload))
@@ -632,7 +634,7 @@ class StreamConsumer(Worker):
         topic, partition = self.stream
         pending = self.history.invoke(self.name, "read", {
             "topic": topic.name, "partition": partition, "offset": self.position, "session": self.session_id,
-            "stream": True})
+            "stream": True, "node": self.conn_node.index if self.conn_node is not None else None})
         self.inflight_since = self.ctx.clock.now()
         try:
             self.conn.sock.settimeout(STREAM_FRAME_TIMEOUT_S)
