@@ -446,6 +446,10 @@ class IdempotentProducer(Producer):
             outcome, result, error, code = self.attempt(node, payload)
             if outcome in (OK, FAIL):  # in flight until step() has recorded it (see Context.quiesce)
                 result["attempts"] = attempts + 1
+                if outcome == FAIL and attempts:
+                    # A refusal of a retry says nothing about the earlier attempts with unknown outcome (one
+                    # may have been appended): the operation stays unknown.
+                    return INFO, result, f"retry refused after {attempts} unknown attempts: {error}", code
                 return outcome, result, error, code
             self.inflight_since = None
             attempts += outcome == INFO
