@@ -36,6 +36,8 @@ CLUSTER_TIMERS: dict[str, object] = {
     "metadata_commit_timeout_ms": 4000, "replica_lag_time_max_ms": 2500, "replica_fetch_wait_max_ms": 200,
     "replica_fetch_backoff_ms": 50, "replica_ack_timeout_ms": 6000, "replica_isr_check_interval_ms": 300,
 }
+#: A cluster node's start waits for a Raft quorum; on two loaded cores that can take a while (s).
+NODE_START_TIMEOUT_S = 60.0
 #: How often each node's CLUSTER_STATUS is polled (s).
 STATUS_POLL_S = 0.4
 TOKEN = "chaos-internal-token"
@@ -62,6 +64,7 @@ def make_cluster(out: Path, nodes: int, network: Network, *, settings: dict[str,
         node.host = node_address(i)
         node.port = CLIENT_PORT
         node.prefix = network.exec_prefix(i)
+        node.start_timeout_s = NODE_START_TIMEOUT_S
         node.settings = {**settings, **CLUSTER_TIMERS,
                          "enabled_distribution": "true", "broker_id": node_id(i), "raft_port": RAFT_PORT,
                          "internal_broker_port": INTERNAL_PORT, "static_cluster_members": members,

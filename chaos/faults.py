@@ -486,14 +486,15 @@ class Nemesis(threading.Thread):
         error = None
         if code is None:
             extra["outcome"] = "started (repaired or truncated the damaged tail)"
-        elif code == -1:
+        elif code == -1 and "corrupt log data" not in output:
             extra["outcome"] = "neither ready nor exited in time"
             error = f"{node.name} hung on startup after corrupt"
             self.errors.append({"fault": "corrupt", "node": spec.node, "schedule_index": spec.index,
                                 "error": error, "output": output[-4000:]})
         else:
             named = bool(extra["damage"].get("file")) and Path(extra["damage"]["file"]).name in output
-            extra["outcome"] = f"refused to start (exit {code}){'' if named else ' without naming the file'}"
+            extra["outcome"] = (f"refused to start ({'exit ' + str(code) if code != -1 else 'reported the corruption, then hung'})"
+                                f"{'' if named else ' without naming the file'}")
             extra["output_tail"] = output.strip().splitlines()[-3:]
             shutil.rmtree(part, ignore_errors=True)  # the operator's repair: drop the bad replica, refetch it
             error = self._start(node, spec, extra)

@@ -67,6 +67,8 @@ class Node:
         self.host = "127.0.0.1"
         #: Command prefix (cluster nodes: ``ip netns exec chaos-n<i>``).
         self.prefix: list[str] = []
+        #: How long a start may take (cluster nodes wait for a Raft quorum: longer).
+        self.start_timeout_s = START_TIMEOUT_S
         self.directory.mkdir(parents=True, exist_ok=True)
 
     @property
@@ -103,7 +105,7 @@ class Node:
                                          stdin=subprocess.DEVNULL)
         return offset
 
-    def start(self, timeout_s: float = START_TIMEOUT_S) -> None:
+    def start(self, timeout_s: float | None = None) -> None:
         """Start the node and wait until it logs ``ready``.
 
         Raises:
@@ -111,6 +113,7 @@ class Node:
                 in time; the node is left ``down``.
         """
         assert self.state == "down", f"{self.name} is {self.state}"
+        timeout_s = self.start_timeout_s if timeout_s is None else timeout_s
         for attempt in range(START_ATTEMPTS):
             offset = self._spawn()
             try:
@@ -165,7 +168,7 @@ class Node:
         self._kill_process()
         return None, self.output(offset)
 
-    def start_expecting_ready(self, timeout_s: float = START_TIMEOUT_S) -> tuple[int | None, str]:
+    def start_expecting_ready(self, timeout_s: float | None = None) -> tuple[int | None, str]:
         """Start the node; ``(None, "")`` when it became ready, ``(returncode, output)`` when it exited during
         startup (refused), ``(-1, output)`` when it was not ready in time (then it is killed, left down)."""
         try:
