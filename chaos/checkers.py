@@ -117,6 +117,8 @@ def check_lost_writes(ops: list[Op]) -> list[Anomaly]:
     """
     drained: set[str] = set()
     seen_earlier: dict[str, Op] = {}
+    drained_partitions = {(op.value.get("topic"), op.value.get("partition")) for op in ops
+                          if op.process == DRAIN and op.value.get("final") and op.f == "read" and op.type == OK}
     for op in ops:
         for record in read_records(op):
             if op.process == DRAIN and op.value.get("final"):
@@ -136,8 +138,11 @@ def check_lost_writes(ops: list[Op]) -> list[Anomaly]:
                                        "acks": op.value.get("acks"), "send": _op_ref(op)}
             if value in seen_earlier:
                 details["read_before_drain_by"] = _op_ref(seen_earlier[value])
+            undrained = (op.value.get("topic"), op.value.get("partition")) not in drained_partitions
+            details["partition_drained"] = not undrained
             out.append(Anomaly("lost-writes", f"acknowledged value {value} (offset {offset}) is missing from the "
-                               f"final drain of {op.value.get('topic')}/{op.value.get('partition')}",
+                               f"final drain of {op.value.get('topic')}/{op.value.get('partition')}"
+                               + (" (the drain could not read that partition)" if undrained else ""),
                                op.start, op.end, details))
     return out
 
