@@ -4,7 +4,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: venv run cluster test lint bench chaos chaos-long clean proto
+.PHONY: venv run cluster test lint bench chaos chaos-long chaos-single clean proto
 
 $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -43,12 +43,19 @@ bench: $(STAMP)
 clean:
 	rm -rf $(VENV) build *.egg-info .pytest_cache .hypothesis
 
-## make chaos: a ~60 s seeded chaos run plus the corruption-detection scenario (SEED=N replays a seed;
-## output under chaos-out/; see docs/chaos.md)
+## make chaos: a ~60 s seeded chaos run against a 3-node cluster (private network namespaces, partitions,
+## leader kills, pauses, power loss on a minority, corruption; needs root), then the one-broker run and the
+## corruption-detection scenario (SEED=N replays a seed; output under chaos-out/; see docs/chaos.md)
+CLUSTER_FAULTS := kill,pause,partition,restart,lose-unsynced,corrupt
 chaos: $(STAMP)
+	$(PY) -m chaos run --nodes 3 --duration 60 --faults $(CLUSTER_FAULTS) $(if $(SEED),--seed $(SEED))
 	$(PY) -m chaos run --nodes 1 --duration 60 --faults kill,pause,restart,lose-unsynced,torn-tail $(if $(SEED),--seed $(SEED))
 	$(PY) -m chaos corrupt $(if $(SEED),--seed $(SEED))
 
-## make chaos-long: a 600 s chaos run (SEED=N replays a seed)
+## make chaos-long: a 600 s cluster chaos run (SEED=N replays a seed)
 chaos-long: $(STAMP)
+	$(PY) -m chaos run --nodes 3 --duration 600 --faults $(CLUSTER_FAULTS) $(if $(SEED),--seed $(SEED))
+
+## make chaos-single: the one-broker chaos run (stage 1) for 600 s
+chaos-single: $(STAMP)
 	$(PY) -m chaos run --nodes 1 --duration 600 --faults kill,pause,restart,lose-unsynced,torn-tail $(if $(SEED),--seed $(SEED))

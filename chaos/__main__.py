@@ -25,6 +25,7 @@ import json
 import random
 import signal
 import sys
+import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -40,8 +41,10 @@ from chaos.workloads import (
     GroupConsumer,
     GroupGate,
     IdempotentProducer,
+    MetadataWorker,
     OffsetsPoller,
     PlainProducer,
+    StreamConsumer,
     TopicPlan,
     create_topics,
     drain,
@@ -71,6 +74,8 @@ class RunOptions:
     settle_s: float = 3.0
     keep_data: bool = False
     groups: bool = True
+    #: Cluster runs: how long to wait after the heal for a leader and a full ISR on every partition.
+    settle_timeout_s: float = 30.0
 
 
 def plan_topics(nodes: int) -> list[TopicPlan]:
@@ -96,6 +101,8 @@ def run(options: RunOptions) -> int:
         return 2
     out.mkdir(parents=True, exist_ok=True)
     print(f"chaos: seed={options.seed} out={out}", flush=True)
+    if options.nodes > 1:
+        return run_cluster(options)
     topics = plan_topics(options.nodes)
     tear_targets = {n: [(t.name, p) for t in topics if t.node == n for p in range(t.partitions)]
                     for n in range(options.nodes)}
@@ -172,6 +179,133 @@ def run(options: RunOptions) -> int:
     return code
 
 
+def run_cluster(options: RunOptions) -> int:
+    """One chaos run against an N-node Raft cluster in a private network (see :mod:`chaos.netns`)."""
+    from chaos.cluster import LeaderTracker, inspect_replicas, make_cluster, wait_settled
+    from chaos.netns import Network, NetworkUnavailable
+
+    out = options.out
+    topics = plan_topics(1)  # two topics, every partition replicated on every node
+    keys = [(t.name, p) for t in topics for p in range(t.partitions)]
+    tear_targets = {n: list(keys) for n in range(options.nodes)}
+    plan = schedule.build_schedule(options.seed, options.duration_s, options.faults, options.nodes, len(keys))
+    (out / "schedule.json").write_text(json.dumps([s.to_json() for s in plan], indent=1) + "\n")
+    power_cut = "lose-unsynced" in options.faults
+    network = Network(options.nodes)
+    try:
+        network.setup()
+    except NetworkUnavailable as exc:
+        print(f"chaos: cannot build the private network: {exc}", file=sys.stderr)
+        return 2
+    cluster = make_cluster(out, options.nodes, network, settings=BROKER_SETTINGS, env={})
+    if power_cut:  # a minority only: node 0
+        cluster.nodes[0].env["CURSUS_STORAGE_FAULTS"] = LOSE_UNSYNCED_ENV
+    clock = Clock()
+    history = History(out / "history.jsonl", clock, keep_events=False)
+    fault_log = faults.FaultLog(out / "faults.jsonl", clock, history)
+    observed = faults.ObservedEnds()
+    history.listeners.append(observed.on_complete)
+    ctx = Context(history, cluster, topics, options.seed)
+    tracker_stop = threading.Event()
+    tracker = LeaderTracker(cluster, history, tracker_stop)
+    ctx.leaders = tracker
+    errors: list[dict[str, Any]] = []
+    workloads: dict[str, str] = {}
+    gate = GroupGate()
+    mode_fault = None
+    final_status: dict[str, Any] = {}
+    try:
+        cluster.start()
+        tracker.start()
+        create_topics(ctx)
+        settled = wait_settled(tracker, keys, 60.0)
+        if not _all_led(settled, keys, len(cluster)):
+            errors.append({"error": "the cluster never settled before the workloads started"})
+            raise _Abort()
+        if power_cut:
+            mode_fault = fault_log.begin("lose-unsynced", 0, {"env": LOSE_UNSYNCED_ENV, "nodes": [0]})
+        workers = _workers(ctx, topics, gate, options.groups)
+        ctx.workers.extend(workers)
+        started = clock.now()
+        for worker in workers:
+            worker.start()
+        nemesis = faults.Nemesis(plan, cluster, fault_log, clock, started, tear_targets, observed.end, ctx.quiesce,
+                                 power_cut=power_cut, network=network, leaders=tracker)
+        nemesis.start()
+        _sleep_until(clock, started + options.duration_s, nemesis)
+        nemesis.stop()
+        nemesis.join()
+        errors.extend(nemesis.errors)
+        network.heal()
+        for action in cluster.heal():
+            if "failed" in action or "exited" in action:
+                errors.append({"error": f"heal: {action}"})
+        heal_pending = history.invoke("nemesis", "heal", {"cuts": [], "nodes": "all up"})
+        history.complete(heal_pending, "info", error="healed (nemesis ops always end as info)")
+        settled = wait_settled(tracker, keys, options.settle_timeout_s)
+        time.sleep(options.settle_s)  # workloads keep running, fault-free: unknown outcomes resolve
+        ctx.stop.set()
+        for worker in workers:
+            worker.join(timeout=30)
+        workloads = _workload_states(workers, gate, options.groups)
+        workloads["metadata-ops"] = "ran"
+        workloads["stream-consumers"] = "ran"
+        workloads["transactions"] = "not yet (a later issue adds the workload)"
+        if mode_fault is not None:
+            fault_log.end(mode_fault)
+            mode_fault = None
+        group_topics = [(GROUP, topics[1])] if gate.available else []
+        for problem in drain(ctx, group_topics):
+            errors.append({"error": problem})
+        final_status = wait_settled(tracker, keys, min(10.0, options.settle_timeout_s))
+    except NodeStartError as exc:
+        errors.append({"error": f"broker failed to start: {exc}", "output": exc.output[-4000:]})
+    except _Abort:
+        pass
+    finally:
+        ctx.stop.set()
+        tracker_stop.set()
+        if mode_fault is not None:
+            fault_log.end(mode_fault)
+        try:
+            network.heal()
+        except NetworkUnavailable as exc:
+            errors.append({"error": f"network heal failed: {exc}"})
+        cluster.stop()
+        if tracker.is_alive():
+            tracker.join(timeout=10)
+        if final_status:
+            inspect_replicas(cluster, final_status, history)
+        history.close()
+        fault_log.close()
+    ops = history.ops()
+    anomalies = checkers.run_all(ops)
+    meta = {"seed": options.seed, "nodes": options.nodes, "duration_s": options.duration_s,
+            "faults_enabled": list(options.faults), "schedule_length": len(plan), "out": str(out),
+            "reproduce": reproduce_command(options), "started_at_unix": round(clock.wall_origin, 3),
+            "elapsed_s": round(clock.now(), 3), "broker_settings": BROKER_SETTINGS,
+            "broker_env": {"node-0": LOSE_UNSYNCED_ENV} if power_cut else {},
+            "network": "private namespaces, nftables drops by address pair (chaos/netns.py)"}
+    doc = report.build(meta, ops, anomalies, fault_log.records, workloads=workloads, errors=errors,
+                       harness_errors=ctx.harness_errors)
+    print(report.write(out, doc), flush=True)
+    code = report.exit_code(doc)
+    if code == 0 and not options.keep_data:
+        cluster.remove_data()
+    if code != 0:
+        print(f"chaos: FAILED with seed={options.seed}", flush=True)
+    return code
+
+
+class _Abort(Exception):
+    """Stop a run early (the reason is already in the errors)."""
+
+
+def _all_led(view: dict[str, Any], keys: list[tuple[str, int]], replicas: int) -> bool:
+    parts = view.get("partitions") or {}
+    return all(parts.get(f"{t}/{p}", {}).get("leader") for t, p in keys)
+
+
 def _workers(ctx: Context, topics: list[TopicPlan], gate: GroupGate, groups: bool) -> list[Any]:
     idem = [t for t in topics if t.idempotent]
     plain = [t for t in topics if not t.idempotent]
@@ -183,7 +317,11 @@ def _workers(ctx: Context, topics: list[TopicPlan], gate: GroupGate, groups: boo
         DirectReader("reader-0", ctx, topics),
         DirectReader("reader-1", ctx, topics),
     ]
-    workers += [OffsetsPoller(f"offsets-{n}", ctx, n) for n in range(len(ctx.cluster))]
+    if ctx.clustered:
+        workers += [OffsetsPoller("offsets-0", ctx, 0), MetadataWorker("meta-0", ctx),
+                    StreamConsumer("stream-0", ctx, topics)]
+    else:
+        workers += [OffsetsPoller(f"offsets-{n}", ctx, n) for n in range(len(ctx.cluster))]
     if groups:
         workers += [GroupConsumer(f"consumer-{i}", ctx, plain[0], GROUP, gate, leader=i == 0) for i in range(2)]
     return workers
@@ -393,6 +531,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--settle", type=float, default=3.0, help="fault-free seconds before the drain (default 3)")
     p.add_argument("--keep-data", action="store_true", help="keep broker data dirs after a valid run")
     p.add_argument("--no-groups", action="store_true", help="do not run the group-consumer workload")
+    p.add_argument("--settle-timeout", type=float, default=30.0,
+                   help="cluster: max seconds to wait after the heal for leaders and full ISRs (default 30)")
     c = sub.add_parser("corrupt", help="corruption-detection scenario")
     c.add_argument("--seed", type=int, default=None)
     c.add_argument("--out", type=Path, default=None)
@@ -419,8 +559,9 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     signal.signal(signal.SIGTERM, _terminate)
     if args.command == "schedule":
-        kinds = schedule.parse_kinds(args.faults)
-        for spec in schedule.build_schedule(args.seed, args.duration, kinds, args.nodes, 2 * PARTITIONS):
+        kinds = schedule.parse_kinds(args.faults, args.nodes)
+        targets = 2 * PARTITIONS
+        for spec in schedule.build_schedule(args.seed, args.duration, kinds, args.nodes, targets):
             print(json.dumps(spec.to_json()))
         return 0
     if args.command == "check":
@@ -429,16 +570,25 @@ def main(argv: list[str] | None = None) -> int:
     if args.command == "corrupt":
         return run_corruption(seed, args.out or _default_out("corrupt", seed))
     try:
-        kinds = schedule.parse_kinds(args.faults) if args.faults != "none" else ()
+        kinds = schedule.parse_kinds(args.faults, args.nodes) if args.faults != "none" else ()
     except ValueError as exc:
         print(f"chaos: {exc}", file=sys.stderr)
         return 2
     if args.nodes < 1 or args.duration <= 0:
         print("chaos: --nodes must be >= 1 and --duration > 0", file=sys.stderr)
         return 2
+    if args.nodes > 1:
+        from chaos.netns import NetworkUnavailable, reexec_in_namespace
+
+        try:
+            fixed = ["--seed", str(seed), "--out", str(args.out or _default_out("run", seed))]
+            reexec_in_namespace([*(argv if argv is not None else sys.argv[1:]), *fixed])  # returns only inside
+        except NetworkUnavailable as exc:
+            print(f"chaos: {exc}", file=sys.stderr)
+            return 2
     options = RunOptions(nodes=args.nodes, duration_s=args.duration, faults=kinds, seed=seed,
                          out=args.out or _default_out("run", seed), settle_s=args.settle, keep_data=args.keep_data,
-                         groups=not args.no_groups)
+                         groups=not args.no_groups, settle_timeout_s=args.settle_timeout)
     return run(options)
 
 

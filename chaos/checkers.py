@@ -17,7 +17,17 @@ What the checkers rely on (see ``docs/chaos.md`` for the operation values):
 * group consumers' reads carry ``group``.
 
 Every acknowledged write must survive (acks=1 and acks=all alike: this broker acknowledges both only
-after fsync).
+after fsync) -- standalone. In a cluster (a history with ``cluster-status`` operations) an acks=1
+acknowledgement means "fsynced on the leader" only: a leader loss may drop it, so acks=1 losses are reported
+separately (``acks1-losses``, informational, :data:`INFORMATIONAL`) and acks=1 acknowledged positions are
+not evidence for ``inconsistent-offsets``.
+
+Cluster-only operations:
+
+* ``cluster-status`` (process ``status-<i>``): result ``{raft_leader, raft_term, applied, partitions:
+  {"topic/p": {leader, leader_epoch, committed_hwm, isr}}}``; ``value.final`` marks the polls after the heal;
+* ``replica-log`` (process ``inspect``): value ``{topic, partition, replica, committed_hwm}``, result
+  ``{chunks: [[base, count, digest], ...], end}`` read from each replica's files after the final stop.
 """
 
 from __future__ import annotations
@@ -77,6 +87,16 @@ def read_records(op: Op) -> list[list[Any]]:
     return list(op.result.get("records") or [])
 
 
+def is_cluster(ops: Iterable[Op]) -> bool:
+    """True for the history of a cluster run (it has ``cluster-status`` operations)."""
+    return any(op.f == "cluster-status" for op in ops)
+
+
+def durable_ack(op: Op, cluster: bool) -> bool:
+    """True when an ok send's acknowledgement promises durability: always standalone, acks=all in a cluster."""
+    return not cluster or op.value.get("acks") in ("all", "-1")
+
+
 def ack_positions(op: Op) -> list[tuple[int, str]]:
     """``[(offset, value), ...]`` an ok send was acknowledged at."""
     if op.f != "send" or op.type != OK:
@@ -97,6 +117,8 @@ def check_lost_writes(ops: list[Op]) -> list[Anomaly]:
     """
     drained: set[str] = set()
     seen_earlier: dict[str, Op] = {}
+    drained_partitions = {(op.value.get("topic"), op.value.get("partition")) for op in ops
+                          if op.process == DRAIN and op.value.get("final") and op.f == "read" and op.type == OK}
     for op in ops:
         for record in read_records(op):
             if op.process == DRAIN and op.value.get("final"):
@@ -104,7 +126,10 @@ def check_lost_writes(ops: list[Op]) -> list[Anomaly]:
             else:
                 seen_earlier.setdefault(record[1], op)
     out = []
+    cluster = is_cluster(ops)
     for op in ok_ops(ops, "send"):
+        if not durable_ack(op, cluster):
+            continue  # cluster acks=1: see check_acks1_losses
         for offset, value in ack_positions(op):
             if value in drained:
                 continue
@@ -113,9 +138,30 @@ def check_lost_writes(ops: list[Op]) -> list[Anomaly]:
                                        "acks": op.value.get("acks"), "send": _op_ref(op)}
             if value in seen_earlier:
                 details["read_before_drain_by"] = _op_ref(seen_earlier[value])
+            undrained = (op.value.get("topic"), op.value.get("partition")) not in drained_partitions
+            details["partition_drained"] = not undrained
             out.append(Anomaly("lost-writes", f"acknowledged value {value} (offset {offset}) is missing from the "
-                               f"final drain of {op.value.get('topic')}/{op.value.get('partition')}",
+                               f"final drain of {op.value.get('topic')}/{op.value.get('partition')}"
+                               + (" (the drain could not read that partition)" if undrained else ""),
                                op.start, op.end, details))
+    return out
+
+
+def check_acks1_losses(ops: list[Op]) -> list[Anomaly]:
+    """Cluster runs: acks=1 acknowledged values missing from the final drain (allowed under leader loss;
+    informational, listed with the faults active around them). Empty for standalone histories."""
+    if not is_cluster(ops):
+        return []
+    drained = {r[1] for op in ops if op.process == DRAIN and op.value.get("final") for r in read_records(op)}
+    out = []
+    for op in ok_ops(ops, "send"):
+        if durable_ack(op, True):
+            continue
+        for offset, value in ack_positions(op):
+            if value not in drained:
+                out.append(Anomaly("acks1-losses", f"acks=1 value {value} (acknowledged at offset {offset}) is not in "
+                                   f"the final drain of {op.value.get('topic')}/{op.value.get('partition')}",
+                                   op.start, op.end, {"value": value, "acked_offset": offset, "send": _op_ref(op)}))
     return out
 
 
@@ -168,9 +214,10 @@ def check_inconsistent_offsets(ops: list[Op]) -> list[Anomaly]:
             {"topic": key[0], "partition": key[1], "offset": key[2], "first": {"value": first[0], "how": first[2],
              **_op_ref(first[1])}, "second": {"value": value, "how": how, **_op_ref(op)}}))
 
+    cluster = is_cluster(ops)
     for op in sorted(ops, key=lambda o: (o.end, o.id)):
         topic, partition = op.value.get("topic"), op.value.get("partition")
-        for offset, value in ack_positions(op):
+        for offset, value in ack_positions(op) if durable_ack(op, cluster) else []:
             observe((topic, partition, offset), value, op, "acknowledged")
         for record in read_records(op):
             observe((topic, partition, record[0]), record[1], op, "read")
@@ -391,6 +438,118 @@ def check_undelivered_committed(ops: list[Op]) -> list[Anomaly]:
     return out
 
 
+# ------------------------------------------------------------------------------------------ cluster
+
+
+def _final_status(ops: list[Op]) -> Op | None:
+    finals = [op for op in ops if op.f == "cluster-status" and op.type == OK and op.value.get("final")]
+    return max(finals, key=lambda o: (o.result.get("applied", 0), o.end)) if finals else None
+
+
+def check_leaderless(ops: list[Op]) -> list[Anomaly]:
+    """A partition still without a leader in the freshest CLUSTER_STATUS after the heal and settle.
+
+    Also an anomaly: a cluster history whose final polls (``value.final``) never got an answer.
+    """
+    if not is_cluster(ops):
+        return []
+    final = _final_status(ops)
+    if final is None:
+        polls = [op for op in ops if op.f == "cluster-status" and op.value.get("final")]
+        if not polls:
+            return []
+        return [Anomaly("leaderless", "no node answered CLUSTER_STATUS after the heal", polls[0].start,
+                        polls[-1].end, {"polls": len(polls)})]
+    out = []
+    for key, entry in sorted((final.result.get("partitions") or {}).items()):
+        if not entry.get("leader"):
+            out.append(Anomaly("leaderless", f"{key} has no leader after the heal and settle", final.start, final.end,
+                               {"partition": key, "status": entry, "poll": _op_ref(final),
+                                "applied": final.result.get("applied")}))
+    return out
+
+
+def check_metadata_monotonic(ops: list[Op]) -> list[Anomaly]:
+    """Committed HWM and leader epoch in CLUSTER_STATUS must never go back along the Raft log.
+
+    The metadata state at applied index ``i`` is the same on every node, so observations from all nodes are
+    ordered by their applied index: a later index with a lower ``committed_hwm`` (or ``leader_epoch``) than an
+    earlier one is a regression.
+    """
+    series: dict[str, list[tuple[int, float, dict[str, Any], Op]]] = defaultdict(list)
+    for op in ops:
+        if op.f != "cluster-status" or op.type != OK:
+            continue
+        applied = int(op.result.get("applied") or 0)
+        for key, entry in (op.result.get("partitions") or {}).items():
+            series[key].append((applied, op.end, entry, op))
+    out = []
+    for key, obs in series.items():
+        obs.sort(key=lambda o: (o[0], o[1]))
+        best: dict[str, tuple[int, int, Op]] = {}
+        for applied, _, entry, op in obs:
+            for field_name in ("committed_hwm", "leader_epoch"):
+                value = entry.get(field_name)
+                if value is None:
+                    continue
+                prior = best.get(field_name)
+                if prior is not None and value < prior[0] and applied > prior[1]:
+                    out.append(Anomaly(
+                        "metadata-backwards", f"{key}: {field_name}={value} at applied index {applied} after "
+                        f"{prior[0]} at index {prior[1]}", prior[2].start, op.end,
+                        {"partition": key, "field": field_name, "observed": value, "applied": applied,
+                         "earlier": prior[0], "earlier_applied": prior[1], "poll": _op_ref(op),
+                         "earlier_poll": _op_ref(prior[2])}))
+                if prior is None or value > prior[0]:
+                    best[field_name] = (int(value), applied, op)
+    return out
+
+
+def check_replica_divergence(ops: list[Op]) -> list[Anomaly]:
+    """Replicas whose log files differ below the committed HWM after the final settle.
+
+    Compares the ``replica-log`` inspections: every replica in the final ISR must hold chunks covering
+    ``[first base, committed_hwm)`` and, chunk by chunk, the same bytes (digest) as every other replica.
+    """
+    by_partition: dict[tuple[str, int], list[Op]] = defaultdict(list)
+    for op in ops:
+        if op.f == "replica-log" and op.type == OK:
+            by_partition[(str(op.value.get("topic")), int(op.value.get("partition", 0)))].append(op)
+    final = _final_status(ops)
+    final_parts = (final.result.get("partitions") or {}) if final is not None else {}
+    out = []
+    for (topic, partition), inspections in sorted(by_partition.items()):
+        hwm = int(inspections[0].value.get("committed_hwm") or 0)
+        isr = set(final_parts.get(f"{topic}/{partition}", {}).get("isr") or [])
+        chunk_maps: dict[int, dict[int, tuple[int, str]]] = {}
+        for op in inspections:
+            replica = int(op.value["replica"])
+            chunks = {int(c[0]): (int(c[1]), str(c[2])) for c in op.result.get("chunks") or []}
+            chunk_maps[replica] = chunks
+            covered = max(int(op.result.get("end") or 0), max((b + c for b, (c, _) in chunks.items()), default=0))
+            if covered < hwm and (not isr or f"node-{replica}" in isr):
+                out.append(Anomaly("replica-divergence", f"{topic}/{partition}: replica node-{replica} holds offsets "
+                                   f"only up to {covered}, below the committed HWM {hwm}", op.start, op.end,
+                                   {"topic": topic, "partition": partition, "replica": replica, "covered": covered,
+                                    "committed_hwm": hwm, "isr": sorted(isr)}))
+        replicas = sorted(chunk_maps)
+        for i, a in enumerate(replicas):
+            for b in replicas[i + 1:]:
+                diff = [base for base in sorted(set(chunk_maps[a]) & set(chunk_maps[b]))
+                        if chunk_maps[a][base] != chunk_maps[b][base]]
+                only = sorted(set(chunk_maps[a]) ^ set(chunk_maps[b]))
+                limit = min(max((x + c for x, (c, _) in chunk_maps[r].items()), default=0) for r in (a, b))
+                only = [base for base in only if base < limit]  # boundaries differ inside both logs
+                if diff or only:
+                    first = (diff + only)[0]
+                    out.append(Anomaly(
+                        "replica-divergence", f"{topic}/{partition}: replicas node-{a} and node-{b} differ below the "
+                        f"committed HWM {hwm} (first at offset {first})", 0.0, 0.0,
+                        {"topic": topic, "partition": partition, "replicas": [a, b], "committed_hwm": hwm,
+                         "differing_chunks": diff[:10], "unmatched_chunk_bases": only[:10]}))
+    return out
+
+
 # ------------------------------------------------------------------------------------------ all
 
 
@@ -404,7 +563,13 @@ CHECKERS: dict[str, Callable[[list[Op]], list[Anomaly]]] = {
     "undelivered-committed": check_undelivered_committed,
     "unexpected-values": check_unexpected_values,
     "offsets-backwards": check_offsets_monotonic,
+    "metadata-backwards": check_metadata_monotonic,
+    "leaderless": check_leaderless,
+    "replica-divergence": check_replica_divergence,
+    "acks1-losses": check_acks1_losses,
 }
+#: Checkers whose findings are reported but are not violations (cluster acks=1 losses under leader loss).
+INFORMATIONAL = frozenset({"acks1-losses"})
 
 
 def run_all(ops: list[Op]) -> dict[str, list[Anomaly]]:

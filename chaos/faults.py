@@ -306,8 +306,12 @@ class Nemesis(threading.Thread):
     def __init__(self, schedule: list[FaultSpec], cluster: Cluster, log: FaultLog, clock: Clock, start_at: float,
                  tear_targets: dict[int, list[tuple[str, int]]],
                  observed_end: Callable[[str, int], int], quiesce: Callable[[float], bool],
-                 *, power_cut: bool = False) -> None:
+                 *, power_cut: bool = False, network: Any = None, leaders: Any = None) -> None:
         super().__init__(name="nemesis", daemon=True)
+        #: Cluster runs: the :class:`chaos.netns.Network` (partitions) and the
+        #: :class:`chaos.cluster.LeaderTracker` (leader kills).
+        self.network = network
+        self.leaders = leaders
         self.schedule = schedule
         self.cluster = cluster
         self.log = log
@@ -339,8 +343,33 @@ class Nemesis(threading.Thread):
             if self.errors:
                 return
 
+    def resolve(self, spec: FaultSpec) -> tuple[int, dict[str, Any]]:
+        """The node a fault hits now: the drawn one, or the current Raft / partition leader for leader kills."""
+        if spec.kind != "kill" or spec.target is None:
+            return spec.node, {}
+        if spec.target == "random" or self.leaders is None:
+            return spec.node, {"target": spec.target}
+        if spec.target == "raft-leader":
+            leader = self.leaders.raft_leader()
+            return (spec.node, {"target": "raft-leader", "unknown": True}) if leader is None else (
+                leader, {"target": "raft-leader"})
+        targets = self.tear_targets.get(spec.node) or []
+        if not targets or spec.tear is None:
+            return spec.node, {"target": "partition-leader", "unknown": True}
+        topic, partition = targets[spec.tear["target"] % len(targets)]
+        leader = self.leaders.leader_of(topic, partition)
+        info = {"target": "partition-leader", "topic": topic, "partition": partition}
+        return (spec.node, {**info, "unknown": True}) if leader is None else (leader, info)
+
     def execute(self, spec: FaultSpec) -> None:
         """Run one fault now."""
+        if spec.kind == "partition":
+            self._partition(spec)
+            return
+        index, why = self.resolve(spec)
+        if index != spec.node:
+            spec = FaultSpec(spec.index, spec.at_s, spec.kind, index, spec.hold_s, spec.tear, spec.target, spec.cut)
+        self._why = why
         node = self.cluster.nodes[spec.node]
         if node.state == "up" and not node.alive():
             self.errors.append({"fault": spec.kind, "node": spec.node, "schedule_index": spec.index,
@@ -356,6 +385,8 @@ class Nemesis(threading.Thread):
             self._pause(spec)
         elif spec.kind == "restart":
             self._restart(spec)
+        elif spec.kind == "corrupt":
+            self._corrupt(spec)
         else:
             self._kill(spec)
 
@@ -381,7 +412,8 @@ class Nemesis(threading.Thread):
     def _kill(self, spec: FaultSpec) -> None:
         node = self.cluster.nodes[spec.node]
         details: dict[str, Any] = {"schedule_index": spec.index, "hold_s": spec.hold_s, "pid": node.pid,
-                                   "power_cut": self.power_cut}
+                                   "power_cut": self.power_cut and "CURSUS_STORAGE_FAULTS" in node.env,
+                                   **getattr(self, "_why", {})}
         active = self.log.begin(spec.kind, spec.node, details)
         killed_at = self.clock.now()
         node.kill()
@@ -391,6 +423,81 @@ class Nemesis(threading.Thread):
             extra["tear"] = self._tear(spec, killed_at)
         time.sleep(spec.hold_s)
         error = self._start(node, spec, extra)
+        self.log.end(active, extra, error=error)
+
+    def _partition(self, spec: FaultSpec) -> None:
+        """Drop traffic between brokers for ``hold_s`` (nftables rules by address pair), then heal."""
+        from chaos.netns import isolate, split
+
+        assert spec.cut is not None
+        nodes = len(self.cluster)
+        mode, side = spec.cut["mode"], list(spec.cut["side"])
+        if mode == "one-way":
+            pairs = {(side[0], side[1])}
+        elif mode == "split":
+            pairs = split(set(side), nodes)
+        else:
+            pairs = isolate(side[0], nodes)
+        details = {"schedule_index": spec.index, "mode": mode, "side": side, "hold_s": spec.hold_s,
+                   "drops": sorted([list(p) for p in pairs])}
+        active = self.log.begin("partition", side[0], details)
+        error = None
+        try:
+            if self.network is None:
+                raise RuntimeError("no private network (not a cluster run)")
+            if mode == "flap":
+                flaps = max(1, int(spec.cut.get("flaps") or 1))
+                step = spec.hold_s / (2 * flaps)
+                for _ in range(flaps):
+                    self.network.set_cuts(pairs)
+                    time.sleep(step)
+                    self.network.heal()
+                    time.sleep(step)
+            else:
+                self.network.set_cuts(pairs)
+                time.sleep(spec.hold_s)
+        except Exception as exc:  # noqa: BLE001 - recorded; the run goes on healed
+            error = f"{type(exc).__name__}: {exc}"
+        finally:
+            if self.network is not None:
+                try:
+                    self.network.heal()
+                except Exception as exc:  # noqa: BLE001
+                    error = f"heal failed: {exc}"
+                    self.errors.append({"fault": "partition", "schedule_index": spec.index, "error": error})
+        self.log.end(active, {}, error=error)
+
+    def _corrupt(self, spec: FaultSpec) -> None:
+        """kill -9 a node, flip bytes in one replica's segment tail, restart: repair or refuse, never serve."""
+        import shutil
+
+        assert spec.tear is not None
+        node = self.cluster.nodes[spec.node]
+        targets = self.tear_targets.get(spec.node) or []
+        topic, partition = targets[spec.tear["target"] % len(targets)]
+        details: dict[str, Any] = {"schedule_index": spec.index, "pid": node.pid, "topic": topic,
+                                   "partition": partition}
+        active = self.log.begin("corrupt", spec.node, details)
+        node.kill()
+        part = partition_dir(node.data_dir, topic, partition)
+        extra: dict[str, Any] = {"damage": flip_tail(part, spec.tear["seed"])}
+        time.sleep(spec.hold_s)
+        code, output = node.start_expecting_ready()
+        error = None
+        if code is None:
+            extra["outcome"] = "started (repaired or truncated the damaged tail)"
+        elif code == -1 and "corrupt log data" not in output:
+            extra["outcome"] = "neither ready nor exited in time"
+            error = f"{node.name} hung on startup after corrupt"
+            self.errors.append({"fault": "corrupt", "node": spec.node, "schedule_index": spec.index,
+                                "error": error, "output": output[-4000:]})
+        else:
+            named = bool(extra["damage"].get("file")) and Path(extra["damage"]["file"]).name in output
+            extra["outcome"] = (f"refused to start ({'exit ' + str(code) if code != -1 else 'reported the corruption, then hung'})"
+                                f"{'' if named else ' without naming the file'}")
+            extra["output_tail"] = output.strip().splitlines()[-3:]
+            shutil.rmtree(part, ignore_errors=True)  # the operator's repair: drop the bad replica, refetch it
+            error = self._start(node, spec, extra)
         self.log.end(active, extra, error=error)
 
     def _tear(self, spec: FaultSpec, killed_at: float) -> dict[str, Any]:
@@ -420,3 +527,26 @@ class Nemesis(threading.Thread):
             return error
         details["restart_s"] = round(self.clock.now() - started, 3)
         return None
+
+
+def flip_tail(part_dir: Path, seed: int) -> dict[str, Any]:
+    """Flip one bit in one of the last three chunks of a partition's last segment (acknowledged bytes too).
+
+    Returns what was done: ``file``, ``flipped_byte``, ``chunk_base_offset``, ``chunk_records`` (or
+    ``skipped`` when there is no chunk).
+    """
+    rng = random.Random(seed)
+    segments = [s for s in segment_files(part_dir) if s.stat().st_size > 0]
+    if not segments:
+        return {"skipped": f"no segment data in {part_dir}"}
+    target = segments[-1]
+    data = bytearray(target.read_bytes())
+    chunks, _ = walk_chunks(bytes(data))
+    if not chunks:
+        return {"skipped": f"no chunk in {target}"}
+    chunk = rng.choice(chunks[-3:])
+    position = chunk.position + CHUNK_HEADER_SIZE + rng.randrange(chunk.length - CHUNK_HEADER_SIZE)
+    data[position] ^= 1 << rng.randrange(8)
+    _rewrite(target, bytes(data))
+    return {"file": str(target), "flipped_byte": position, "chunk_base_offset": chunk.base_offset,
+            "chunk_records": chunk.record_count}

@@ -63,6 +63,12 @@ class Node:
         self.port = 0
         self.state = "down"
         self.starts = 0
+        #: Address the broker binds and clients dial (cluster nodes: their own namespace's address).
+        self.host = "127.0.0.1"
+        #: Command prefix (cluster nodes: ``ip netns exec chaos-n<i>``).
+        self.prefix: list[str] = []
+        #: How long a start may take (cluster nodes wait for a Raft quorum: longer).
+        self.start_timeout_s = START_TIMEOUT_S
         self.directory.mkdir(parents=True, exist_ok=True)
 
     @property
@@ -73,7 +79,7 @@ class Node:
     @property
     def address(self) -> tuple[str, int]:
         """``(host, port)`` clients connect to (port 0 before the first start)."""
-        return "127.0.0.1", self.port
+        return self.host, self.port
 
     @property
     def pid(self) -> int | None:
@@ -82,7 +88,7 @@ class Node:
 
     def command(self) -> list[str]:
         """The broker command line."""
-        cmd = [sys.executable, "-m", "cursus.cli.broker", "--host", "127.0.0.1", "--port", str(self.port),
+        cmd = [*self.prefix, sys.executable, "-m", "cursus.cli.broker", "--host", self.host, "--port", str(self.port),
                "--health-port", "-1", "--metrics-port", "-1", "--log-dir", str(self.data_dir)]
         for key, value in self.settings.items():
             cmd += ["--set", f"{key}={value}"]
@@ -99,7 +105,7 @@ class Node:
                                          stdin=subprocess.DEVNULL)
         return offset
 
-    def start(self, timeout_s: float = START_TIMEOUT_S) -> None:
+    def start(self, timeout_s: float | None = None) -> None:
         """Start the node and wait until it logs ``ready``.
 
         Raises:
@@ -107,6 +113,7 @@ class Node:
                 in time; the node is left ``down``.
         """
         assert self.state == "down", f"{self.name} is {self.state}"
+        timeout_s = self.start_timeout_s if timeout_s is None else timeout_s
         for attempt in range(START_ATTEMPTS):
             offset = self._spawn()
             try:
@@ -160,6 +167,15 @@ class Node:
             time.sleep(0.02)
         self._kill_process()
         return None, self.output(offset)
+
+    def start_expecting_ready(self, timeout_s: float | None = None) -> tuple[int | None, str]:
+        """Start the node; ``(None, "")`` when it became ready, ``(returncode, output)`` when it exited during
+        startup (refused), ``(-1, output)`` when it was not ready in time (then it is killed, left down)."""
+        try:
+            self.start(timeout_s)
+        except NodeStartError as exc:
+            return (exc.returncode if exc.returncode is not None else -1), exc.output
+        return None, ""
 
     def output(self, offset: int = 0) -> str:
         """The node's log from byte ``offset``."""
@@ -232,14 +248,30 @@ class Cluster:
                  env: dict[str, str] | None = None) -> None:
         assert nodes >= 1, nodes
         self.nodes = [Node(i, Path(directory) / f"node-{i}", settings=settings, env=env) for i in range(nodes)]
+        #: Start nodes in parallel (a Raft broker reports ready only once the cluster has a quorum).
+        self.concurrent_start = False
 
     def __len__(self) -> int:
         return len(self.nodes)
 
     def start(self) -> None:
         """Start every node (raises :class:`NodeStartError` if one fails)."""
+        if self.concurrent_start:
+            self.start_nodes([n for n in self.nodes if n.state == "down"])
+            return
         for node in self.nodes:
             node.start()
+
+    def start_nodes(self, nodes: list[Node]) -> None:
+        """Start ``nodes`` in parallel threads; raises the first :class:`NodeStartError`."""
+        from concurrent.futures import ThreadPoolExecutor
+
+        if not nodes:
+            return
+        with ThreadPoolExecutor(len(nodes)) as pool:
+            futures = [pool.submit(node.start) for node in nodes]
+        for future in futures:
+            future.result()
 
     def node_for(self, index: int) -> Node:
         """The node hosting topic number ``index`` (standalone stage: topics spread round-robin)."""
@@ -248,6 +280,19 @@ class Cluster:
     def heal(self) -> list[str]:
         """Resume paused nodes and start stopped ones; return what was done (errors included)."""
         actions = []
+        if self.concurrent_start:
+            for node in self.nodes:
+                node.resume()
+                if node.state == "up" and not node.alive():
+                    node.state = "down"
+                    actions.append(f"{node.name} had exited")
+            down = [n for n in self.nodes if n.state == "down"]
+            try:
+                self.start_nodes(down)
+                actions += [f"started {n.name}" for n in down]
+            except NodeStartError as exc:
+                actions.append(f"failed to start: {exc}")
+            return actions
         for node in self.nodes:
             if node.state == "paused":
                 node.resume()

@@ -89,7 +89,11 @@ def build(meta: dict[str, Any], ops: list[Op], anomalies: dict[str, list[Anomaly
             example["faults_after"] = faults_after(faults, example["end"])
             examples.append(example)
         checkers[name] = {"count": len(found), "examples": examples}
-    violations = sum(len(found) for found in anomalies.values()) + len(errors)
+    from chaos.checkers import INFORMATIONAL
+
+    violations = sum(len(found) for name, found in anomalies.items() if name not in INFORMATIONAL) + len(errors)
+    for name in INFORMATIONAL & set(checkers):
+        checkers[name]["informational"] = True
     fault_kinds = Counter(f["fault"] for f in faults)
     return {
         "valid": violations == 0 and not harness_errors,
@@ -132,6 +136,8 @@ def summary(report: dict[str, Any]) -> str:
         lines.append(f"workload {name}: {state}")
     for name, result in report["checkers"].items():
         mark = "ok" if result["count"] == 0 else f"{result['count']} FOUND"
+        if result.get("informational") and result["count"]:
+            mark = f"{result['count']} (allowed: informational)"
         lines.append(f"  {name:30s} {mark}")
         for example in result["examples"][:3]:
             active = ", ".join(f"{f['fault']}#{f['id']}" for f in example["faults_active"]) or "none"

@@ -68,10 +68,14 @@ THINK_S_MIN, THINK_S_MAX = 0.005, 0.02
 WORKER_ERRORS_MAX = 20
 #: Extra pause between a direct reader's CONSUMEs (bounds the history's size in long runs).
 READER_PAUSE_S_MIN, READER_PAUSE_S_MAX = 0.01, 0.05
+#: How long a STREAM consumer waits for the next pushed frame (keepalives come at least every 3 s).
+STREAM_FRAME_TIMEOUT_S = 5.0
 #: Heartbeat interval of group consumers.
 HEARTBEAT_S = 1.0
 #: Chance per consumer step that a group consumer crashes (drops its connection without leaving).
 CONSUMER_CRASH_P = 0.003
+#: The metadata workload creates at most this many topics (then only adds partitions, up to 4 each).
+METADATA_TOPICS_MAX = 4
 #: Error codes that mean a PUBLISH was certainly not appended (rejected before the append).
 DEFINITE_PUBLISH_ERRORS = frozenset({
     "invalid_acks", "invalid_seq_num", "idempotency_gap", "stale_producer_epoch", "missing_producer_id",
@@ -116,6 +120,8 @@ class Context:
     stop: threading.Event = field(default_factory=threading.Event)
     workers: list[Worker] = field(default_factory=list)
     harness_errors: list[str] = field(default_factory=list)
+    #: Cluster runs: the :class:`chaos.cluster.LeaderTracker` that routes requests to partition leaders.
+    leaders: Any = None
 
     @property
     def clock(self) -> Clock:
@@ -125,6 +131,26 @@ class Context:
     def node(self, topic: TopicPlan) -> Node:
         """The node hosting ``topic``."""
         return self.cluster.nodes[topic.node]
+
+    @property
+    def clustered(self) -> bool:
+        """True when the nodes form one Raft cluster (requests go to partition leaders)."""
+        return self.leaders is not None
+
+    def target(self, topic: TopicPlan, partition: int) -> Node:
+        """Where a request for ``topic/partition`` goes: its leader in a cluster (a random up node while the
+        leader is unknown), the hosting node standalone."""
+        if self.leaders is None:
+            return self.node(topic)
+        return self.target_name(topic.name, partition)
+
+    def target_name(self, topic: str, partition: int) -> Node:
+        """The leader of ``topic/partition`` by name (cluster runs; any up node while it is unknown)."""
+        index = self.leaders.leader_of(topic, partition)
+        if index is None:
+            up = [n for n in self.cluster.nodes if n.state == "up"] or self.cluster.nodes
+            return random.choice(up)
+        return self.cluster.nodes[index]
 
     def quiesce(self, before: float, timeout_s: float = 10.0) -> bool:
         """Wait until no request sent before clock time ``before`` is still waiting for its outcome."""
@@ -354,7 +380,7 @@ class PlainProducer(Producer):
     def step(self) -> None:
         """Send one batch."""
         topic, partition, key, values = self.choose()
-        node = self.ctx.node(topic)
+        node = self.ctx.target(topic, partition)
         if self.connection(node) is None:
             return
         payload = self.batch(topic, partition, key, values, producer=None)
@@ -390,7 +416,7 @@ class IdempotentProducer(Producer):
     def step(self) -> None:
         """Send one batch, retrying unknown outcomes within :data:`RETRY_WINDOW_S`."""
         topic, partition, key, values = self.choose()
-        node = self.ctx.node(topic)
+        node = self.ctx.target(topic, partition)
         if self.connection(node) is None:
             return
         seq = self.next_seq.get((topic.name, partition), 1)
@@ -398,7 +424,7 @@ class IdempotentProducer(Producer):
         pending = self.history.invoke(self.name, "send", {
             "topic": topic.name, "partition": partition, "key": key, "values": values, "acks": self.acks,
             "idempotent": True, "producer": self.name, "epoch": self.epoch, "seq": seq})
-        outcome, result, error, code = self._until_resolved(pending, node, payload)
+        outcome, result, error, code = self._until_resolved(pending, topic, partition, payload)
         if outcome == OK:
             last = result["last_offset"]
             result["offsets"] = list(range(last - len(values) + 1, last + 1))
@@ -409,16 +435,21 @@ class IdempotentProducer(Producer):
         if outcome != OK:
             self.new_epoch()  # a failed or unresolved batch leaves a gap: start a new session
 
-    def _until_resolved(self, pending: Pending, node: Node,
+    def _until_resolved(self, pending: Pending, topic: TopicPlan, partition: int,
                         payload: bytes) -> tuple[str, dict[str, Any], str | None, str | None]:
         deadline = time.monotonic() + RETRY_WINDOW_S
         stop_deadline: float | None = None
         attempts = 0
         last_error = "no attempt made"
         while True:
+            node = self.ctx.target(topic, partition)  # a retry follows the leader (same sequence numbers)
             outcome, result, error, code = self.attempt(node, payload)
             if outcome in (OK, FAIL):  # in flight until step() has recorded it (see Context.quiesce)
                 result["attempts"] = attempts + 1
+                if outcome == FAIL and attempts:
+                    # A refusal of a retry says nothing about the earlier attempts with unknown outcome (one
+                    # may have been appended): the operation stays unknown.
+                    return INFO, result, f"retry refused after {attempts} unknown attempts: {error}", code
                 return outcome, result, error, code
             self.inflight_since = None
             attempts += outcome == INFO
@@ -460,6 +491,8 @@ class Reading:
         if conn is None:
             return "", [], None
         cmd, payload = parse_command_text(command)
+        if worker.ctx.clustered:
+            value = {**value, "node": node.index}  # which broker served it (cluster diagnosis)
         pending = worker.history.invoke(process, "read", value)
         try:
             frame = worker.request(cmd, encode_crq2(payload))
@@ -525,7 +558,7 @@ class DirectReader(Worker):
             self.new_session()
         assert self.session is not None
         topic, partition = self.session
-        node = self.ctx.node(topic)
+        node = self.ctx.target(topic, partition)
         batch = self.rng.randint(1, 64)
         wait_ms = self.rng.choice((0, 0, 100, 250))
         value = {"topic": topic.name, "partition": partition, "offset": self.position, "session": self.session_id,
@@ -546,6 +579,103 @@ class DirectReader(Worker):
         time.sleep(self.rng.uniform(READER_PAUSE_S_MIN, READER_PAUSE_S_MAX))
 
 
+class StreamConsumer(Worker):
+    """STREAM (continuous push) sessions: open a stream on one partition's leader at a chosen offset, record
+    every pushed frame as a ``read`` op of the session (``value.stream: true``; a keepalive is an ok read
+    with no records), close after a few frames. The session checker sees every frame in order, so a pushed
+    record going back or skipping is found like a CONSUME one.
+    """
+
+    def __init__(self, name: str, ctx: Context, topics: list[TopicPlan]) -> None:
+        super().__init__(name, ctx)
+        self.topics = topics
+        self.stream: tuple[TopicPlan, int] | None = None
+        self.session_id = ""
+        self.sessions = 0
+        self.position = 0
+        self.frames_left = 0
+        self.request_id = 0
+        self.seen_end: dict[tuple[str, int], int] = {}
+
+    def open(self) -> None:
+        """Open a stream (a fresh connection to the partition's leader)."""
+        self.drop()
+        topic = self.rng.choice(self.topics)
+        partition = self.rng.randrange(topic.partitions)
+        end = self.seen_end.get((topic.name, partition), 0)
+        start = 0 if self.rng.random() < 0.3 or end == 0 else max(0, end - self.rng.randint(0, 40))
+        node = self.ctx.target(topic, partition)
+        conn = self.connection(node)
+        if conn is None:
+            return
+        self.sessions += 1
+        self.session_id = f"{self.name}/{self.sessions}"
+        self.position = start
+        self.frames_left = self.rng.randint(5, 40)
+        cmd, payload = parse_command_text(f"STREAM topic={topic.name} partition={partition} offset={start} "
+                                          f"batch={self.rng.randint(1, 64)}")
+        try:
+            self.request_id = conn.send(cmd, encode_crq2(payload))
+        except TRANSPORT_ERRORS:
+            self.drop()
+            return
+        self.stream = (topic, partition)
+
+    def close(self) -> None:
+        """End the session (drop the connection: the broker closes the stream)."""
+        self.stream = None
+        self.drop()
+
+    def step(self) -> None:
+        """Receive one frame of the current stream (opening one if needed)."""
+        if self.stream is None or self.frames_left <= 0 or self.conn is None:
+            self.close()
+            self.open()
+            if self.stream is None:
+                time.sleep(0.1)
+                return
+        assert self.stream is not None and self.conn is not None
+        topic, partition = self.stream
+        pending = self.history.invoke(self.name, "read", {
+            "topic": topic.name, "partition": partition, "offset": self.position, "session": self.session_id,
+            "stream": True, "node": self.conn_node.index if self.conn_node is not None else None})
+        self.inflight_since = self.ctx.clock.now()
+        try:
+            self.conn.sock.settimeout(STREAM_FRAME_TIMEOUT_S)
+            frame = self.conn.read_frame()
+        except TRANSPORT_ERRORS as exc:
+            self.history.complete(pending, INFO, error=describe(exc))
+            self.inflight_since = None
+            self.close()
+            return
+        self.frames_left -= 1
+        try:
+            if frame.status == Status.ERROR:
+                code, rendered, _ = error_text(frame)
+                self.history.complete(pending, FAIL, {"code": code}, error=rendered)
+                self.close()
+                return
+            if frame.status == Status.STREAM_END:
+                text = frame.payload.decode("utf-8", "replace")
+                self.history.complete(pending, FAIL, {"code": "stream_end", "reply": text[:200]}, error=text[:200])
+                self.close()
+                return
+            try:
+                records = decode_records(frame.payload)
+            except (ProtocolError, ValueError) as exc:
+                self.history.complete(pending, OK, {"records": [], "corrupt": describe(exc),
+                                                    "payload_head": frame.payload[:64].hex()})
+                self.close()
+                return
+            self.history.complete(pending, OK, {"records": records})
+            if records:
+                self.position = records[-1][0] + 1
+                key = (topic.name, partition)
+                self.seen_end[key] = max(self.seen_end.get(key, 0), self.position)
+        finally:
+            self.inflight_since = None
+
+
 class OffsetsPoller(Worker):
     """LIST_OFFSETS of every topic on one node, over and over (HWM and log start must never go back)."""
 
@@ -555,12 +685,57 @@ class OffsetsPoller(Worker):
         self.topics = [t for t in ctx.topics if t.node == node_index]
 
     def step(self) -> None:
-        """One LIST_OFFSETS per topic."""
+        """One LIST_OFFSETS per topic (cluster: per partition, on its leader)."""
+        if self.ctx.clustered:
+            self.step_cluster()
+            return
         node = self.ctx.cluster.nodes[self.node_index]
         for topic in self.topics:
             self.text(node, self.name, "list-offsets", f"LIST_OFFSETS topic={topic.name}",
                       {"topic": topic.name}, parse_list_offsets)
         time.sleep(self.rng.uniform(0.1, 0.3))
+
+    def step_cluster(self) -> None:
+        """LIST_OFFSETS ``partition=`` of every partition this poller owns, asked of its leader."""
+        for topic in self.topics:
+            for partition in range(topic.partitions):
+                node = self.ctx.target(topic, partition)
+                self.text(node, self.name, "list-offsets", f"LIST_OFFSETS topic={topic.name} partition={partition}",
+                          {"topic": topic.name, "partition": partition, "node": node.index}, parse_list_offsets)
+        time.sleep(self.rng.uniform(0.1, 0.3))
+
+
+class MetadataWorker(Worker):
+    """Metadata operations while faults run: CREATE of new topics, then partition increases (CREATE of an
+    existing topic with more partitions). Recorded as ``create`` ops ``{topic, partitions}``; an unknown
+    outcome is retried (CREATE is presence-aware, so a retry of an applied create is a no-op)."""
+
+    def __init__(self, name: str, ctx: Context) -> None:
+        super().__init__(name, ctx)
+        self.created: dict[str, int] = {}
+        self.counter = 0
+
+    def step(self) -> None:
+        """One CREATE (new topic, or one more partition on a topic this worker created)."""
+        if self.created and (self.rng.random() < 0.5 or self.counter >= METADATA_TOPICS_MAX):
+            topic = self.rng.choice(sorted(self.created))
+            partitions = self.created[topic] + 1
+            if partitions > 4:
+                time.sleep(1.0)
+                return
+        else:
+            topic = f"chaos-meta-{self.counter}"
+            partitions = 1
+        node = self.rng.choice(self.ctx.cluster.nodes)
+        if node.state != "up":
+            return
+        kind, _, _ = self.text(node, self.name, "create", f"CREATE topic={topic} partitions={partitions}",
+                               {"topic": topic, "partitions": partitions})
+        if kind == OK:
+            if topic not in self.created:
+                self.counter += 1
+            self.created[topic] = partitions
+        time.sleep(self.rng.uniform(2.0, 5.0))
 
 
 def parse_list_offsets(text: str) -> dict[str, Any]:
@@ -662,7 +837,10 @@ class GroupConsumer(Worker):
 
     @property
     def node(self) -> Node:
-        """The group's coordinator (standalone: the node hosting the topic)."""
+        """The group's coordinator (standalone: the node hosting the topic; cluster: the leader of
+        ``__consumer_offsets-0``)."""
+        if self.ctx.clustered:
+            return self.ctx.target_name("__consumer_offsets", 0)
         return self.ctx.node(self.topic)
 
     def value(self, **extra: Any) -> dict[str, Any]:
@@ -761,7 +939,7 @@ class GroupConsumer(Worker):
         batch = self.rng.randint(1, 40)
         value = self.value(partition=partition, offset=position, session=self.session_ids[partition])
         kind, records, _ = Reading.consume(
-            self, self.node, self.name, value,
+            self, self.ctx.target(self.topic, partition), self.name, value,
             f"CONSUME topic={self.topic.name} partition={partition} offset={position} member={self.member} "
             f"batch={batch}")
         if kind != OK:
@@ -771,11 +949,15 @@ class GroupConsumer(Worker):
             time.sleep(0.03)
             return
         next_offset = records[-1][0] + 1
-        kind, _, code = self.text(
-            self.node, self.name, "commit",
-            f"COMMIT_OFFSET topic={self.topic.name} partition={partition} group={self.group} offset={next_offset} "
-            f"member={self.member} generation={self.generation}",
-            self.value(partition=partition, offset=next_offset))
+        if self.rng.random() < 0.3:  # BATCH_COMMIT for one partition (the same contract as COMMIT_OFFSET)
+            command = (f"BATCH_COMMIT topic={self.topic.name} group={self.group} member={self.member} "
+                       f"generation={self.generation} offsets=P{partition}:{next_offset}")
+            value = self.value(partition=partition, offset=next_offset, batch=True)
+        else:
+            command = (f"COMMIT_OFFSET topic={self.topic.name} partition={partition} group={self.group} "
+                       f"offset={next_offset} member={self.member} generation={self.generation}")
+            value = self.value(partition=partition, offset=next_offset)
+        kind, _, code = self.text(self.node, self.name, "commit", command, value)
         if kind == OK:
             self.positions[partition] = next_offset
         else:
@@ -821,7 +1003,7 @@ def create_topics(ctx: Context, timeout_s: float = 20.0) -> None:
         deadline = time.monotonic() + timeout_s
         while True:
             kind, _, code = admin.text(
-                ctx.node(topic), "setup", "create",
+                ctx.node(topic) if not ctx.clustered else ctx.cluster.nodes[0], "setup", "create",
                 f"CREATE topic={topic.name} partitions={topic.partitions} "
                 f"idempotent={'true' if topic.idempotent else 'false'}",
                 {"topic": topic.name, "partitions": topic.partitions})
@@ -845,7 +1027,7 @@ def drain(ctx: Context, groups: list[tuple[str, TopicPlan]], timeout_s: float = 
     for topic in ctx.topics:
         node = ctx.node(topic)
         offsets: dict[str, Any] = {}
-        while time.monotonic() < deadline:
+        while not ctx.clustered and time.monotonic() < deadline:
             kind, result, _ = admin.text(node, "drain", "list-offsets", f"LIST_OFFSETS topic={topic.name}",
                                          {"topic": topic.name}, parse_list_offsets)
             if kind == OK:
@@ -853,6 +1035,17 @@ def drain(ctx: Context, groups: list[tuple[str, TopicPlan]], timeout_s: float = 
                 break
             time.sleep(0.2)
         for partition in range(topic.partitions):
+            if ctx.clustered:  # each partition from its final leader
+                node = ctx.target(topic, partition)
+                while time.monotonic() < deadline:
+                    kind, result, _ = admin.text(
+                        node, "drain", "list-offsets", f"LIST_OFFSETS topic={topic.name} partition={partition}",
+                        {"topic": topic.name, "partition": partition, "node": node.index}, parse_list_offsets)
+                    if kind == OK:
+                        offsets = result["partitions"]
+                        break
+                    time.sleep(0.2)
+                    node = ctx.target(topic, partition)
             entry = offsets.get(str(partition))
             if entry is None:
                 problems.append(f"drain: no LIST_OFFSETS for {topic.name}/{partition}")
@@ -861,7 +1054,8 @@ def drain(ctx: Context, groups: list[tuple[str, TopicPlan]], timeout_s: float = 
                 problems.append(f"drain: could not read {topic.name}/{partition} up to hwm {entry['hwm']}")
     for group, topic in groups:
         for partition in range(topic.partitions):
-            admin.text(ctx.node(topic), "drain", "fetch-offset",
+            admin.text(ctx.node(topic) if not ctx.clustered else ctx.target_name("__consumer_offsets", 0),
+                       "drain", "fetch-offset",
                        f"FETCH_OFFSET topic={topic.name} partition={partition} group={group}",
                        {"group": group, "topic": topic.name, "partition": partition, "final": True}, parse_offset)
     admin.drop()

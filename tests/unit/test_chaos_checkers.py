@@ -323,7 +323,9 @@ def test_same_seed_same_schedule() -> None:
 
 def test_schedule_kinds() -> None:
     with pytest.raises(ValueError):
-        schedule.parse_kinds("kill,partition")
+        schedule.parse_kinds("kill,partition")  # a cluster kind on one node
+    with pytest.raises(ValueError):
+        schedule.parse_kinds("kill,partitions", 3)
     assert schedule.build_schedule(1, 60, ("lose-unsynced",), 1) == []
     tears = [s for s in schedule.build_schedule(7, 120, ("torn-tail",), 3, 4)]
     assert tears and all(s.tear is not None and s.tear["mode"] in schedule.TEAR_MODES for s in tears)
@@ -424,3 +426,161 @@ def test_group_workload_skips_itself_while_groups_are_unsupported(tmp_path: Path
     leader.step()
     follower.step()
     assert leader.done and follower.done
+
+
+# ------------------------------------------------------------------------------------------ cluster
+
+
+def _status(h: Builder, node: int, applied: int, parts: dict[str, dict[str, Any]], *, final: bool = False) -> int:
+    full = {k: {"leader": "node-0", "leader_epoch": 1, "committed_hwm": 0, "isr": ["node-0", "node-1", "node-2"],
+                **v} for k, v in parts.items()}
+    return h.op(f"status-{node}", "cluster-status", {"node": node, "final": final},
+                {"raft_leader": "node-0", "raft_term": 1, "applied": applied, "partitions": full})
+
+
+def clustered() -> Builder:
+    """The clean history plus CLUSTER_STATUS polls and identical replica inspections: a clean cluster run."""
+    h = clean()
+    _status(h, 0, 10, {f"{T}/0": {"committed_hwm": 2}})
+    _status(h, 1, 12, {f"{T}/0": {"committed_hwm": 3}}, final=True)
+    for replica in range(3):
+        h.op("inspect", "replica-log", {"topic": T, "partition": 0, "replica": replica, "committed_hwm": 3},
+             {"chunks": [[0, 2, "aa"], [2, 1, "bb"]], "end": 3})
+    return h
+
+
+def test_clean_cluster_history_passes_every_checker() -> None:
+    results = checkers.run_all(clustered().ops())
+    assert all(not found for found in results.values()), {k: v for k, v in results.items() if v}
+
+
+def test_cluster_acks1_loss_is_informational_but_acks_all_loss_is_not() -> None:
+    h = clustered()
+    h.send("plain-1", 0, ["plain-1:0"], [3], idempotent=False)  # acks=1, acknowledged, then lost
+    h.send("idem-1", 0, ["idem-1:0"], [4])  # acks=all, acknowledged, then lost
+    ops = h.ops()
+    assert [a.details["value"] for a in checkers.check_acks1_losses(ops)] == ["plain-1:0"]
+    assert [a.details["value"] for a in checkers.check_lost_writes(ops)] == ["idem-1:0"]
+    doc = report.build({"seed": 1}, ops, checkers.run_all(ops), [], workloads={}, errors=[], harness_errors=[])
+    assert doc["violations"] == 1 and doc["checkers"]["acks1-losses"]["informational"]
+    # standalone (no cluster-status ops): acks=1 is durable, its loss is a lost write
+    standalone = clean()
+    standalone.send("plain-1", 0, ["plain-1:0"], [3], idempotent=False)
+    assert [a.details["value"] for a in checkers.check_lost_writes(standalone.ops())] == ["plain-1:0"]
+    assert checkers.check_acks1_losses(standalone.ops()) == []
+
+
+def test_cluster_acks1_ack_overwritten_is_not_inconsistent_but_a_read_is() -> None:
+    h = clustered()
+    h.send("plain-1", 0, ["plain-1:0"], [2], idempotent=False)  # truncated by a new leader: allowed
+    assert checkers.check_inconsistent_offsets(h.ops()) == []
+    h.read("reader-1", 0, 2, [(2, "plain-1:0")], session="r/9")  # but a read of it is evidence
+    assert len(checkers.check_inconsistent_offsets(h.ops())) == 1
+
+
+def test_leaderless_after_heal() -> None:
+    h = clustered()
+    _status(h, 2, 20, {f"{T}/0": {"committed_hwm": 3, "leader": ""}}, final=True)
+    (anomaly,) = checkers.check_leaderless(h.ops())
+    assert anomaly.details["partition"] == f"{T}/0"
+    h2 = clustered()
+    _status(h2, 2, 20, {f"{T}/0": {"committed_hwm": 3, "leader": ""}})  # leaderless during faults is fine
+    _status(h2, 2, 21, {f"{T}/0": {"committed_hwm": 3}}, final=True)
+    assert checkers.check_leaderless(h2.ops()) == []
+
+
+def test_no_final_status_answer_is_leaderless() -> None:
+    h = clean()
+    _status(h, 0, 10, {f"{T}/0": {"committed_hwm": 2}})
+    h.op("status-0", "cluster-status", {"node": 0, "final": True}, kind=INFO)
+    assert [a.kind for a in checkers.check_leaderless(h.ops())] == ["leaderless"]
+
+
+def test_committed_hwm_and_leader_epoch_going_back_in_metadata() -> None:
+    h = clustered()
+    _status(h, 2, 30, {f"{T}/0": {"committed_hwm": 9, "leader_epoch": 3}})
+    _status(h, 0, 25, {f"{T}/0": {"committed_hwm": 5, "leader_epoch": 2}})  # older index, seen later: fine
+    assert checkers.check_metadata_monotonic(h.ops()) == []
+    _status(h, 1, 31, {f"{T}/0": {"committed_hwm": 8, "leader_epoch": 2}})  # newer index, lower: regression
+    found_fields = sorted(a.details["field"] for a in checkers.check_metadata_monotonic(h.ops()))
+    assert found_fields == ["committed_hwm", "leader_epoch"]
+
+
+def test_replicas_differing_below_the_committed_hwm() -> None:
+    h = clustered()
+    h.events = [e for e in h.events if e.get("f") != "replica-log"]
+    for replica, digest in ((0, "bb"), (1, "bb"), (2, "XX")):
+        h.op("inspect", "replica-log", {"topic": T, "partition": 0, "replica": replica, "committed_hwm": 3},
+             {"chunks": [[0, 2, "aa"], [2, 1, digest]], "end": 3})
+    found_pairs = sorted(tuple(a.details["replicas"]) for a in checkers.check_replica_divergence(h.ops()))
+    assert found_pairs == [(0, 2), (1, 2)]
+
+
+def test_replica_behind_the_committed_hwm_or_with_other_chunk_boundaries() -> None:
+    h = clustered()
+    h.events = [e for e in h.events if e.get("f") != "replica-log"]
+    layouts = {0: [[0, 2, "aa"], [2, 1, "bb"]], 1: [[0, 2, "aa"]], 2: [[0, 1, "cc"], [1, 2, "dd"]]}
+    for replica, chunks in layouts.items():
+        h.op("inspect", "replica-log", {"topic": T, "partition": 0, "replica": replica, "committed_hwm": 3},
+             {"chunks": chunks, "end": max(c[0] + c[1] for c in chunks)})
+    messages = [a.message for a in checkers.check_replica_divergence(h.ops())]
+    assert any("node-1 holds offsets only up to 2" in m for m in messages)
+    assert any("node-0 and node-2 differ" in m for m in messages)
+
+
+def test_cluster_schedule_is_seeded_and_draws_cluster_faults() -> None:
+    kinds = schedule.parse_kinds("kill,pause,partition,restart,lose-unsynced,corrupt", 3)
+    plan = schedule.build_schedule(5, 300, kinds, 3, 6)
+    assert plan == schedule.build_schedule(5, 300, kinds, 3, 6)
+    assert {s.kind for s in plan} == {"kill", "pause", "partition", "restart", "corrupt"}
+    assert {s.target for s in plan if s.kind == "kill"} == set(schedule.KILL_TARGETS)
+    assert {s.cut["mode"] for s in plan if s.cut} == set(schedule.CUT_MODES)
+    for s in plan:
+        if s.kind == "pause":
+            assert s.hold_s >= schedule.CLUSTER_PAUSE_S_MIN  # longer than the election timeout
+        if s.cut and s.cut["mode"] == "split":
+            assert len(s.cut["side"]) == 1  # the minority of three
+        if s.kind == "corrupt":
+            assert s.tear is not None and s.tear["mode"] == "flip-tail"
+    # a one-node schedule is unchanged by the cluster kinds (stage 1 seeds replay as before)
+    single = schedule.parse_kinds("kill,pause,restart,lose-unsynced,torn-tail")
+    assert all(s.target is None and s.cut is None for s in schedule.build_schedule(42, 60, single, 1, 6))
+
+
+def test_partition_rules_by_address_pair() -> None:
+    from chaos import netns
+
+    assert netns.isolate(1, 3) == {(1, 0), (0, 1), (1, 2), (2, 1)}
+    assert netns.split({0}, 3) == netns.isolate(0, 3)
+    assert netns.node_address(0) != netns.node_address(1)
+
+
+def test_flip_tail_damages_one_of_the_last_chunks(tmp_path: Path) -> None:
+    from chaos.faults import flip_tail
+
+    part = tmp_path / "p"
+    part.mkdir()
+    data = b"".join(_chunk(i * 2, [b"a" * 20, b"b" * 20]) for i in range(5))
+    (part / "00000000000000000000.log").write_bytes(data)
+    damage = flip_tail(part, 1)
+    after = (part / "00000000000000000000.log").read_bytes()
+    assert len(after) == len(data) and after != data
+    assert damage["chunk_base_offset"] >= 4
+    chunks, _ = walk_chunks(after)
+    assert [c.crc_ok for c in chunks].count(False) == 1
+    assert flip_tail(tmp_path / "missing", 1)["skipped"]
+
+
+def test_parse_cluster_status() -> None:
+    import json
+
+    from chaos.cluster import parse_status
+
+    doc = {"raft_leader": "node-1", "raft_term": 4, "raft_applied_index": 77,
+           "partitions": [{"topic": "t", "partition": 0, "leader": "node-2", "leader_epoch": 3, "committed_hwm": 12,
+                           "isr": ["node-2", "node-0"]}]}
+    parsed = parse_status("OK cluster=" + json.dumps(doc))
+    assert parsed == {"raft_leader": "node-1", "raft_term": 4, "applied": 77, "partitions": {
+        "t/0": {"leader": "node-2", "leader_epoch": 3, "committed_hwm": 12, "isr": ["node-2", "node-0"]}}}
+    with pytest.raises(ValueError):
+        parse_status("ERROR nope")
