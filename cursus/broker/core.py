@@ -36,7 +36,14 @@ from cursus.coordinator.ports import GroupLog
 from cursus.coordinator.service import GroupCoordinator
 from cursus.metadata.apply import ApplyResult
 from cursus.metadata.backend import Metadata, StandaloneMetadata
-from cursus.metadata.commands import AlterTopicConfig, Command, CreateTopic, DeleteTopic, PutTopic
+from cursus.metadata.commands import (
+    AlterTopicConfig,
+    Command,
+    CreateTopic,
+    DeleteTopic,
+    ElectLeader,
+    PutTopic,
+)
 from cursus.metadata.state import BrokerInfo, MetadataState, PartitionAssignment
 from cursus.metadata.topics import TopicDefinition, TopicSpec, is_internal_topic
 from cursus.replication.hwm import HwmCommitter, LocalHwmCommitter
@@ -387,6 +394,8 @@ class Broker:
                 if self.metadata.state.cluster:
                     isr = assignment.isr if self.broker_id in assignment.isr else (self.broker_id, *assignment.isr)
                     replica.become_leader(assignment.leader_epoch, isr, committed_hwm=assignment.committed_hwm)
+                    if replica.unavailable is not None:
+                        self._spawn_group_task(self._step_down(replica, assignment))
                 else:
                     replica.become_leader(assignment.leader_epoch)
             elif assignment.leader is not None:
@@ -395,6 +404,30 @@ class Broker:
                     replica.advance_hwm(assignment.committed_hwm)
         except TransitionRefused as exc:
             log.warning("%s/%d keeps its role: %s", replica.topic, replica.partition, exc)
+
+    async def _step_down(self, replica: Replica, assignment: PartitionAssignment) -> None:
+        """This broker was made leader but its log ends below the committed HWM (it fails closed): hand the
+        partition to another active ISR member (which holds the committed records), once per epoch, after a
+        short pause so a cluster-wide problem does not turn into an election storm. Then this replica
+        follows and fetches what it lacks."""
+        await asyncio.sleep(self.config.replica_fetch_backoff_ms / 1000.0 * 5)
+        state = self.metadata.state
+        current = state.assignment(replica.topic, replica.partition)
+        if current is None or current.leader != self.broker_id or current.leader_epoch != assignment.leader_epoch:
+            return
+        targets = [b for b in current.isr if b != self.broker_id and b in state.brokers
+                   and state.brokers[b].status == "active"]
+        if not targets:
+            log.error("%s/%d: no other in-sync replica to take over; the partition stays unavailable",
+                      replica.topic, replica.partition)
+            return
+        try:
+            await self.metadata.submit(ElectLeader(uuid.uuid4().hex, replica.topic, replica.partition, targets[0],
+                                                   expected_leader_epoch=current.leader_epoch))
+            log.warning("%s/%d: handed leadership to %s (local log below the committed HWM)",
+                        replica.topic, replica.partition, targets[0])
+        except Exception as exc:
+            log.warning("%s/%d: stepping down failed: %s", replica.topic, replica.partition, exc)
 
     def _leader_ready(self, replica: Replica, producers: ProducerStateTable) -> None:
         """A new cluster leader finished preparing: its producer state, rebuilt from its log (replicated

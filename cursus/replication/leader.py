@@ -276,6 +276,12 @@ class LeaderFetchService:
         if replica is not None and replica.fenced is not None:
             return _error(part, BrokerError.of("storage_unavailable", topic=part.topic, partition=part.partition,
                                                reason="the leader's replica is fenced after a storage error"))
+        if replica is not None and replica.role is Role.LEADER and (replica.unavailable is not None
+                                                                    or not replica.writable):
+            # A leader that fails closed (its log ends below the committed HWM) or is still truncating its
+            # tail must not answer with its log: a follower would truncate committed records to match it.
+            return _error(part, BrokerError.of("leader_not_available", topic=part.topic, partition=part.partition,
+                                               reason="the leader is not serving this partition yet"))
         if replica is None or replica.role is not Role.LEADER:
             leader = replica.leader_id if replica is not None and replica.leader_id else assignment.leader
             return _error(part, BrokerError.of("NOT_PARTITION_LEADER", topic=part.topic, partition=part.partition,
