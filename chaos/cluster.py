@@ -89,8 +89,9 @@ def parse_status(text: str) -> dict[str, Any]:
     parts = {f"{p['topic']}/{p['partition']}": {"leader": p.get("leader") or "", "leader_epoch": p.get("leader_epoch"),
                                                  "committed_hwm": p.get("committed_hwm"), "isr": p.get("isr")}
              for p in doc.get("partitions", [])}
+    active = sorted(b["id"] for b in doc.get("brokers", []) if b.get("status") == "active")
     return {"raft_leader": doc.get("raft_leader") or "", "raft_term": doc.get("raft_term", 0),
-            "applied": doc.get("raft_applied_index", 0), "partitions": parts}
+            "applied": doc.get("raft_applied_index", 0), "partitions": parts, "active": active}
 
 
 class LeaderTracker(threading.Thread):
@@ -143,6 +144,16 @@ class LeaderTracker(threading.Thread):
         if not entry or not entry["leader"]:
             return None
         return self.ids.get(entry["leader"])
+
+    def coordinator_of(self, group: str) -> int | None:
+        """The node index coordinating ``group`` in the freshest view (the ring owner over the active brokers,
+        as the brokers compute it), or None."""
+        from cursus.metadata.state import group_coordinator
+
+        with self.lock:
+            active = list(self.view.get("active", ()))
+        owner = group_coordinator(active, group)
+        return self.ids.get(owner) if owner else None
 
     def raft_leader(self) -> int | None:
         """The node index of the Raft leader in the freshest view, or None."""

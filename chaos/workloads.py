@@ -144,6 +144,14 @@ class Context:
             return self.node(topic)
         return self.target_name(topic.name, partition)
 
+    def coordinator(self, group: str) -> Node:
+        """The node coordinating ``group`` (cluster runs; any up node while it is unknown)."""
+        index = self.leaders.coordinator_of(group) if self.leaders is not None else None
+        if index is None:
+            up = [n for n in self.cluster.nodes if n.state == "up"] or self.cluster.nodes
+            return random.choice(up)
+        return self.cluster.nodes[index]
+
     def target_name(self, topic: str, partition: int) -> Node:
         """The leader of ``topic/partition`` by name (cluster runs; any up node while it is unknown)."""
         index = self.leaders.leader_of(topic, partition)
@@ -837,10 +845,9 @@ class GroupConsumer(Worker):
 
     @property
     def node(self) -> Node:
-        """The group's coordinator (standalone: the node hosting the topic; cluster: the leader of
-        ``__consumer_offsets-0``)."""
+        """The group's coordinator (standalone: the node hosting the topic; cluster: the group's ring owner)."""
         if self.ctx.clustered:
-            return self.ctx.target_name("__consumer_offsets", 0)
+            return self.ctx.coordinator(self.group)
         return self.ctx.node(self.topic)
 
     def value(self, **extra: Any) -> dict[str, Any]:
@@ -1054,7 +1061,7 @@ def drain(ctx: Context, groups: list[tuple[str, TopicPlan]], timeout_s: float = 
                 problems.append(f"drain: could not read {topic.name}/{partition} up to hwm {entry['hwm']}")
     for group, topic in groups:
         for partition in range(topic.partitions):
-            admin.text(ctx.node(topic) if not ctx.clustered else ctx.target_name("__consumer_offsets", 0),
+            admin.text(ctx.node(topic) if not ctx.clustered else ctx.coordinator(group),
                        "drain", "fetch-offset",
                        f"FETCH_OFFSET topic={topic.name} partition={partition} group={group}",
                        {"group": group, "topic": topic.name, "partition": partition, "final": True}, parse_offset)

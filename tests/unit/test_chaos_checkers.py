@@ -578,9 +578,12 @@ def test_parse_cluster_status() -> None:
 
     doc = {"raft_leader": "node-1", "raft_term": 4, "raft_applied_index": 77,
            "partitions": [{"topic": "t", "partition": 0, "leader": "node-2", "leader_epoch": 3, "committed_hwm": 12,
-                           "isr": ["node-2", "node-0"]}]}
+                           "isr": ["node-2", "node-0"]}],
+           "brokers": [{"id": "node-2", "status": "active"}, {"id": "node-1", "status": "inactive"},
+                       {"id": "node-0", "status": "active"}]}
     parsed = parse_status("OK cluster=" + json.dumps(doc))
-    assert parsed == {"raft_leader": "node-1", "raft_term": 4, "applied": 77, "partitions": {
-        "t/0": {"leader": "node-2", "leader_epoch": 3, "committed_hwm": 12, "isr": ["node-2", "node-0"]}}}
+    assert parsed == {"raft_leader": "node-1", "raft_term": 4, "applied": 77, "active": ["node-0", "node-2"],
+                      "partitions": {"t/0": {"leader": "node-2", "leader_epoch": 3, "committed_hwm": 12,
+                                             "isr": ["node-2", "node-0"]}}}
     with pytest.raises(ValueError):
         parse_status("ERROR nope")
