@@ -62,8 +62,16 @@ def test_auth_on_every_node_and_before_redirects(cluster):
                    and len(r.get("isr", [])) == 3 and r, 30, "sec-c-0 with a leader and a full ISR")
     leader = cluster.by_id(row["leader"])
     follower = next(b for b in cluster.brokers if b is not leader)
-    with login(leader, "writer") as writer:
-        ack_of(publish_batch(writer, "sec-c", 0, [b"one", b"two"], acks="all"))
+    with login(leader, "writer") as writer:  # the leader may still be opening the partition: retry that only
+        def published() -> bool:
+            frame = publish_batch(writer, "sec-c", 0, [b"one", b"two"], acks="all")
+            if frame.status == Status.OK:
+                ack_of(frame)
+                return True
+            assert error_of(frame).code == "leader_not_available", render(frame)
+            return False
+
+        wait_for(published, 20, "the leader serves sec-c-0")
     with login(follower) as anon:  # not authenticated: no redirect, no topic information
         assert error_of(publish_batch(anon, "sec-c", 0, [b"x"])).code == "authentication_required"
     with login(follower, "outsider") as outsider:  # allowed to write topics, but not this one
