@@ -203,6 +203,8 @@ class _ReadState:
     done: bool = False
     #: Offset of the first record taken (moves forward over a cleaned segment's gap while nothing is taken).
     first_offset: int = -1
+    #: Take the first record even when it alone exceeds ``bytes_left``.
+    at_least_one: bool = True
 
     def skip_gap(self, to_offset: int) -> None:
         """Nothing was taken yet and the offsets before ``to_offset`` are a cleaned gap: start there."""
@@ -349,6 +351,11 @@ class PartitionLog:
         """Idempotent-producer state of the chunks appended so far. Owned by the writer thread: read it
         only while no append runs (at open, to copy it)."""
         return self._producer_state
+
+    def has_compacted_segments(self) -> bool:
+        """True when some segment was rewritten by the log cleaner (reads may meet offset gaps). Any thread."""
+        with self._lock:
+            return any(segment.allows_gaps for segment in self._segments)
 
     @property
     def is_closed(self) -> bool:
@@ -522,14 +529,20 @@ class PartitionLog:
 
     # ---------------------------------------------------------------------------------------- read
 
-    def read(self, offset: int, *, max_offset: int, max_records: int, max_bytes: int) -> ReadResult:
+    def read(self, offset: int, *, max_offset: int, max_records: int, max_bytes: int,
+             at_least_one: bool = True) -> ReadResult:
         """Read records from ``offset`` up to (excluding) ``max_offset``. Any thread.
 
         ``max_offset`` is capped at :attr:`durable_end_offset`. Returns at most ``max_records`` records and
         at most ``max_bytes`` of records section, but at least one record when one is available. Whole
         chunk bodies are copied as they are; length prefixes are walked only in the first chunk (to skip to
         ``offset``) and the last (to cut). Each chunk's CRC is verified. An ``offset`` at or past the
-        readable end (up to the LEO) gives an empty result.
+        readable end (up to the LEO) gives an empty result. ``at_least_one=False`` makes ``max_bytes`` strict.
+
+        A result is one contiguous run ``[first_offset, next_offset)``. In a segment rewritten by the log
+        cleaner the offsets may have gaps: a read from inside a gap starts at the next stored record
+        (``first_offset > offset``), and a read stops before a gap (read on from ``next_offset``). An empty
+        result's ``next_offset`` may lie past ``offset`` when only a gap lies in between.
 
         Raises:
             OffsetOutOfRange: ``offset`` below :attr:`log_start_offset` or above :attr:`log_end_offset`
@@ -546,7 +559,8 @@ class PartitionLog:
                 return ReadResult(offset, 0, b"", offset)
             pin = self._pin(offset)
         assert pin is not None
-        state = _ReadState(offset, limit_offset, max_records, max_bytes, first_offset=offset)
+        state = _ReadState(offset, limit_offset, max_records, max_bytes, first_offset=offset,
+                           at_least_one=at_least_one)
         parts: list[memoryview] = []
         try:
             while True:
@@ -676,7 +690,8 @@ class PartitionLog:
             parts.append(body[start:])
             state.take(wanted, header.body_length - start)
         else:
-            end, count = cut_records(body, start, wanted, state.bytes_left, at_least_one=state.count == 0)
+            end, count = cut_records(body, start, wanted, state.bytes_left,
+                                     at_least_one=state.count == 0 and state.at_least_one)
             if count:
                 parts.append(body[start:end])
                 state.take(count, end - start)

@@ -39,7 +39,14 @@ from cursus.storage.epochs import truncate_from_start
 from cursus.storage.errors import CorruptLogError
 from cursus.storage.offset_index import U32_MAX, OffsetIndex
 from cursus.storage.producer_state import delete_snapshots
-from cursus.storage.segment import COMPACTED_SUFFIX, INDEX_SUFFIX, LOG_SUFFIX, Segment, WindowReader, parse_file_base_offset
+from cursus.storage.segment import (
+    COMPACTED_SUFFIX,
+    INDEX_SUFFIX,
+    LOG_SUFFIX,
+    Segment,
+    WindowReader,
+    parse_file_base_offset,
+)
 from cursus.storage.swap import finish_interrupted_swaps, read_compacted_next_offset
 
 logger = logging.getLogger("cursus.storage")
