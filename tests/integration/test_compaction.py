@@ -9,8 +9,8 @@ import time
 import pytest
 
 from tests.integration.conftest import connect
-from tests.integration.helpers import create_topic, error_of, publish_batch
 from tests.integration.helpers import consume_all as _consume_all
+from tests.integration.helpers import create_topic, error_of, publish_batch
 from tests.integration.txnsupport import Session, read_all
 
 KEYS = [f"k{n}" for n in range(8)]
