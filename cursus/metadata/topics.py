@@ -275,7 +275,7 @@ def apply_create(
     Raises:
         BrokerError: ``invalid_partitions`` (shrink), ``invalid_idempotent`` / ``invalid_event_sourcing``
             (immutable), ``invalid_min_in_sync_replicas`` (above the stored replication factor),
-            ``unsupported_topic_policy``.
+            ``invalid_topic_policy`` (``compact`` or ``delete,compact`` for an event-sourcing topic).
     """
     name = spec.topic
     # The replication factor that will be stored: a new topic gets the requested value capped by the

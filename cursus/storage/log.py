@@ -273,6 +273,8 @@ class PartitionLog:
         #: Idempotent-producer state of every chunk appended (writer thread), see :attr:`producer_state`.
         self._producer_state = ProducerState(config.producer_state_ttl_ms)
         self._closed = False
+        #: Some segment was rewritten by the log cleaner (see :meth:`has_compacted_segments`).
+        self._has_compacted = any(segment.allows_gaps for segment in segments)
 
     @classmethod
     def open(cls, directory: Path, config: LogConfig, *, clean_shutdown: bool = False,
@@ -353,9 +355,9 @@ class PartitionLog:
         return self._producer_state
 
     def has_compacted_segments(self) -> bool:
-        """True when some segment was rewritten by the log cleaner (reads may meet offset gaps). Any thread."""
-        with self._lock:
-            return any(segment.allows_gaps for segment in self._segments)
+        """True when a segment may have been rewritten by the log cleaner (reads may meet offset gaps); it
+        stays true after retention removed such segments, until a reset. Any thread, lock-free."""
+        return self._has_compacted
 
     @property
     def is_closed(self) -> bool:
@@ -941,6 +943,7 @@ class PartitionLog:
             with self._lock:
                 self._segments = [segment]
                 self._bases = [new_start_offset]
+                self._has_compacted = False
                 self._log_start_offset = self._log_end_offset = new_start_offset
                 self._durable_end_offset = self._hwm = new_start_offset
                 self._leader_epochs = epochs
@@ -1059,6 +1062,7 @@ class PartitionLog:
                 raise
             with self._lock:
                 self._segments[slot] = new
+                self._has_compacted = True
                 self._doom(old)
         except OSError as error:
             self.fence(error)
