@@ -158,7 +158,9 @@ class LogCleanerService:
                     plog.replace_with_cleaned, copy.base_offset, copy.old_size_bytes, copy.next_offset,
                     copy.size_bytes, copy.index_entries, hook))
                 swapped += int(bool(done))
-        except (OffsetOutOfRange, StorageError, OSError) as exc:
+        except (OffsetOutOfRange, StorageError, OSError, AssertionError) as exc:
+            if isinstance(exc, AssertionError) and not (plog.is_closed or replica.deleted):
+                raise  # a programmer error, not a topic deleted under the pass
             metrics.child(metrics.cleaner_runs_total, "error", reason).inc()
             log.warning("cleaner pass on %s/%d failed: %r", replica.topic, replica.partition, exc)
             return 0

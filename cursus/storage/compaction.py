@@ -24,10 +24,11 @@ A record is described by :class:`RecordInfo` (:func:`describe_record` decodes a 
 from __future__ import annotations
 
 import bisect
+import struct
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
-from cursus.wire.batch import TXN_CONTROL_MARKER_PAYLOAD, decode_record
+from cursus.wire.batch import RECORD_VERSION_2, RECORD_VERSION_3, TXN_CONTROL_MARKER_PAYLOAD, decode_record
 
 
 @dataclass(frozen=True, slots=True)
@@ -49,11 +50,58 @@ class RecordInfo:
     time_ms: int
 
 
+_HEAD = struct.Struct(">HQ")
+_U32 = struct.Struct(">I")
+_TRANSACTION_MARKER_BIT = 1 << 9
+
+
 def describe_record(record: bytes | memoryview, offset: int, time_ms: int) -> RecordInfo:
-    """Decode one stored CBV2 record (without its u32 length) into a :class:`RecordInfo`.
+    """Describe one stored CBV2 record (without its u32 length) as a :class:`RecordInfo`.
+
+    Fast path: walks the head, topic, partition, offset and payload, then only the optional groups before
+    the key (timestamp, producer) and the key itself (facts B3.2 field order); a marker is recognised by its
+    ``transaction_marker`` presence bit or its payload. Anything unexpected falls back to the strict decoder
+    (:func:`describe_record_strict`).
 
     Raises:
         InvalidFrame: the bytes are not a valid record (the chunk passed its CRC: a bug upstream).
+    """
+    view = memoryview(record)
+    try:
+        version, presence = _HEAD.unpack_from(view, 0)
+        if version not in (RECORD_VERSION_2, RECORD_VERSION_3):
+            return describe_record_strict(record, offset, time_ms)
+        position = _HEAD.size
+        position += _U32.size + _U32.unpack_from(view, position)[0] + 12  # topic, partition i32, offset u64
+        payload_length = _U32.unpack_from(view, position)[0]
+        payload_start = position + _U32.size
+        position = payload_start + payload_length
+        if presence & 1:  # timestamp i64
+            position += 8
+        if presence & 2:  # producer id string, seq u64, epoch i64
+            position += _U32.size + _U32.unpack_from(view, position)[0] + 16
+        key = None
+        if presence & 4:
+            key_length = _U32.unpack_from(view, position)[0]
+            start = position + _U32.size
+            if start + key_length > len(view):
+                return describe_record_strict(record, offset, time_ms)
+            key = bytes(view[start:start + key_length]).decode("utf-8")
+        if position > len(view) or payload_start + payload_length > len(view):
+            return describe_record_strict(record, offset, time_ms)
+    except (struct.error, UnicodeDecodeError):
+        return describe_record_strict(record, offset, time_ms)
+    marker = bool(presence & _TRANSACTION_MARKER_BIT) or (
+        payload_length == len(TXN_CONTROL_MARKER_PAYLOAD)
+        and view[payload_start:payload_start + payload_length] == TXN_CONTROL_MARKER_PAYLOAD)
+    return RecordInfo(offset, key, payload_length == 0, marker, time_ms)
+
+
+def describe_record_strict(record: bytes | memoryview, offset: int, time_ms: int) -> RecordInfo:
+    """:func:`describe_record` through the strict decoder (:func:`cursus.wire.batch.decode_record`).
+
+    Raises:
+        InvalidFrame: the bytes are not a valid record.
     """
     r = decode_record(record)
     marker = r.transaction_marker is not None or r.payload == TXN_CONTROL_MARKER_PAYLOAD

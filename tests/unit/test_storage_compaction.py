@@ -13,9 +13,16 @@ from hypothesis import strategies as st
 
 from cursus.storage import PartitionLog
 from cursus.storage.cleaner import Throttle, clean_pass
-from cursus.storage.compaction import RecordInfo, latest_offsets, plan, runs
+from cursus.storage.compaction import (
+    RecordInfo,
+    describe_record,
+    describe_record_strict,
+    latest_offsets,
+    plan,
+    runs,
+)
 from cursus.storage.swap import cleaned_file_name, swap_file_name
-from cursus.wire.batch import Record, decode_record, encode_record
+from cursus.wire.batch import TXN_CONTROL_MARKER_PAYLOAD, Record, decode_record, encode_record
 from tests.unit.test_storage_support import records_section, small_config, split_section
 
 KEYS = ["a", "b", "c", "d", "e"]
@@ -74,6 +81,23 @@ def test_planner_agrees_with_the_model(records: list[tuple[str | None, bool, int
     # a second pass over the survivors changes nothing (idempotent)
     again = plan([infos[o] for o in kept], now_ms=now_ms, delete_retention_ms=RETENTION_MS, aborted=aborted)
     assert again == kept
+
+
+_text = st.text(alphabet=st.characters(codec="utf-8", exclude_categories=["Cs"]), max_size=12)
+
+
+@given(key=st.none() | _text, payload=st.sampled_from([b"", b"v", TXN_CONTROL_MARKER_PAYLOAD, b"x" * 300]),
+       timestamp=st.none() | st.integers(0, 2**62), producer=st.none() | _text, marker=st.none() | st.just("abort"),
+       event_id=st.none() | _text, version=st.sampled_from([2, 3]))
+def test_fast_record_description_matches_the_strict_decoder(key, payload, timestamp, producer, marker,
+                                                            event_id, version) -> None:
+    record = Record("topic", 3, payload, 77, version=version, key=key, timestamp=timestamp, producer_id=producer,
+                    seq_num=5 if producer is not None else 0, producer_epoch=1 if producer is not None else 0,
+                    transactional_id="tx" if marker else None,
+                    transaction_marker=marker, event_id=event_id if version == 3 else None)
+    raw = encode_record(record)
+    assert describe_record(raw, 77, 9) == describe_record_strict(raw, 77, 9)
+    assert describe_record(memoryview(raw), 77, 9).key == key
 
 
 @given(st.lists(st.integers(0, 200), unique=True))
