@@ -170,11 +170,9 @@ def _walk(segment: Segment, start_position: int, start_offset: int, file_size: i
         walk.end_position = position
         walk.next_offset = header.next_offset
     if segment.compacted_next_offset is not None:
-        if walk.next_offset > segment.compacted_next_offset:
-            walk.bad_position, walk.bad_reason = walk.last_chunk_position or 0, "chunk past the cleaned end"
-            walk.bad_is_fatal = True
-        else:
-            walk.next_offset = segment.compacted_next_offset  # a cleaned segment may end in a gap
+        # A cleaned segment may end in a gap (its marker holds its end); after a truncation into it, it is the
+        # active segment and appends may have gone past the marker.
+        walk.next_offset = max(walk.next_offset, segment.compacted_next_offset)
     return walk
 
 

@@ -303,3 +303,29 @@ def test_a_crash_at_any_swap_point_leaves_old_or_new(tmp_path: Path, point: str)
     else:
         assert len(after) < len(before)  # committed: the swap was completed
     reopened.close()
+
+
+@pytest.mark.parametrize("where", ["gap", "record"])
+def test_truncation_into_a_cleaned_segment_then_appends_survive_recovery(tmp_path: Path, where: str) -> None:
+    directory = tmp_path / "p"
+    config = small_config(segment_bytes=400, index_interval_bytes=64)
+    log, _ = _fill(directory)
+    stats = clean_pass(log, log.log_end_offset, now_ms=2_000, delete_retention_ms=RETENTION_MS)
+    _swap_all(log, stats)
+    stored = [o for o, _ in _read_everything(log)]
+    segment = next(s for s in log.segments_info() if s.is_compacted and s.next_offset - s.base_offset > 2)
+    inside = [o for o in stored if segment.base_offset < o < segment.next_offset]
+    gaps = [o for o in range(segment.base_offset + 1, segment.next_offset) if o not in stored]
+    cut = gaps[0] if where == "gap" and gaps else inside[0] if inside else gaps[0]
+    log.truncate_to(cut)
+    assert log.log_end_offset == cut
+    assert [o for o, _ in _read_everything(log)] == [o for o in stored if o < cut]
+    _append(log, [("new", b"after-cut")] * 3, 2, 3_000)
+    expected = [o for o in stored if o < cut] + [cut, cut + 1, cut + 2]
+    assert [o for o, _ in _read_everything(log)] == expected
+    log.close()
+    for clean in (True, False):
+        reopened = PartitionLog.open(directory, config, clean_shutdown=clean)
+        assert reopened.log_end_offset == cut + 3
+        assert [o for o, _ in _read_everything(reopened)] == expected
+        reopened.close()
