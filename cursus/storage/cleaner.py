@@ -125,61 +125,83 @@ def build_offset_map(log: PartitionLog, start: int, end: int, aborted: Sequence[
     return latest_offsets(infos(), aborted)
 
 
+class _Copy:
+    """The cleaned copy being written: chunk bytes back to back plus the sparse index (append rule)."""
+
+    def __init__(self, log: PartitionLog, base_offset: int, throttle: Throttle) -> None:
+        self.path = log.directory / cleaned_file_name(base_offset)
+        self.base_offset = base_offset
+        self.interval = log.config.index_interval_bytes
+        self.throttle = throttle
+        self.entries: list[tuple[int, int]] = []
+        self.position = self._last_index_position = 0
+        self.fd = os.open(self.path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+
+    def write_chunk(self, chunk_base_offset: int, data: bytes | memoryview) -> None:
+        if self.position - self._last_index_position >= self.interval:
+            self.entries.append((chunk_base_offset - self.base_offset, self.position))
+            self._last_index_position = self.position
+        view = memoryview(data)
+        while view:
+            view = view[os.write(self.fd, view):]
+        self.position += len(data)
+        self.throttle.consume(len(data))
+
+
 def copy_segment(log: PartitionLog, segment: SegmentInfo, latest: dict[str, int], *, now_ms: int,
                  delete_retention_ms: int, aborted: Sequence[tuple[int, int]], throttle: Throttle,
                  stats: PassStats, crash_hook: Callable[[str], None] | None = None) -> CleanedCopy | None:
     """Pass step 2 for one segment: write and fsync its cleaned copy, or ``None`` when nothing goes.
 
+    Streams chunk by chunk (memory: one chunk). Nothing is written while every record survives; at the first
+    chunk that loses one, the copy is started with the chunks before it (their stored bytes, re-read), and a
+    chunk that keeps all its records is copied as it is stored (same header and CRC).
+
     Raises:
         OSError: writing the copy failed (the partial copy is removed).
     """
-    planned: list[tuple[ChunkHeader, list[tuple[int, memoryview]]]] = []
-    removed = 0
     start = max(segment.base_offset, log.log_start_offset)
-    for header, chunk in _chunks(log, start, segment.next_offset, throttle, stats):
-        records = _infos(chunk[HEADER_SIZE:], header)
-        keep = set(plan([info for info, _ in records], now_ms=now_ms, delete_retention_ms=delete_retention_ms,
-                        aborted=aborted, latest=latest))
-        kept = [(info.offset, record) for info, record in records if info.offset in keep]
-        removed += len(records) - len(kept)
-        planned.append((header, kept))
-    stats.bytes_before += segment.size_bytes
-    if removed == 0:
-        stats.bytes_after += segment.size_bytes
-        return None
-    path = log.directory / cleaned_file_name(segment.base_offset)
-    entries: list[tuple[int, int]] = []
-    position = last_index_position = 0
-    interval = log.config.index_interval_bytes
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+    copy: _Copy | None = None
+    removed = 0
     try:
-        for header, kept in planned:
-            by_offset = dict(kept)
-            for first, count in runs([offset for offset, _ in kept]):
+        for header, chunk in _chunks(log, start, segment.next_offset, throttle, stats):
+            records = _infos(chunk[HEADER_SIZE:], header)
+            keep = set(plan([info for info, _ in records], now_ms=now_ms, delete_retention_ms=delete_retention_ms,
+                            aborted=aborted, latest=latest))
+            if copy is None:
+                if len(keep) == len(records):
+                    continue
+                copy = _Copy(log, segment.base_offset, throttle)
+                for earlier, stored in _chunks(log, start, header.base_offset, throttle, stats):
+                    copy.write_chunk(earlier.base_offset, stored)
+            removed += len(records) - len(keep)
+            if len(keep) == len(records):
+                copy.write_chunk(header.base_offset, chunk)
+                continue
+            by_offset = {info.offset: record for info, record in records if info.offset in keep}
+            for first, count in runs(sorted(keep)):
                 body = b"".join(by_offset[offset] for offset in range(first, first + count))
-                data = encode_header(first, count, body, header.append_time_ms, header.leader_epoch) + body
-                if position - last_index_position >= interval:
-                    entries.append((first - segment.base_offset, position))
-                    last_index_position = position
-                view = memoryview(data)
-                while view:
-                    view = view[os.write(fd, view):]
-                position += len(data)
-                throttle.consume(len(data))
-        os.fsync(fd)
+                copy.write_chunk(first, encode_header(first, count, body, header.append_time_ms,
+                                                      header.leader_epoch) + body)
+        stats.bytes_before += segment.size_bytes
+        if copy is None:
+            stats.bytes_after += segment.size_bytes
+            return None
+        os.fsync(copy.fd)
     except BaseException:
-        os.close(fd)
-        discard_cleaned(log.directory, segment.base_offset)
+        if copy is not None:
+            os.close(copy.fd)
+            discard_cleaned(log.directory, segment.base_offset)
         raise
-    os.close(fd)
+    os.close(copy.fd)
     fsync_dir(log.directory)
     if crash_hook is not None:
         crash_hook("after_cleaned_written")
-    stats.bytes_after += position
+    stats.bytes_after += copy.position
     stats.records_removed += removed
     stats.segments_rewritten += 1
-    return CleanedCopy(segment.base_offset, segment.size_bytes, segment.next_offset, position, tuple(entries),
-                       removed)
+    return CleanedCopy(segment.base_offset, segment.size_bytes, segment.next_offset, copy.position,
+                       tuple(copy.entries), removed)
 
 
 def clean_pass(log: PartitionLog, cleanable_end: int, *, now_ms: int, delete_retention_ms: int,
