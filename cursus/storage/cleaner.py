@@ -10,8 +10,8 @@ A pass (:func:`clean_pass`) runs on the cleaner thread, never on the event loop 
    consecutive offsets, each run one new chunk (same base offset as its first record, same append time and
    leader epoch as the original chunk, new CRC32C over the new header and body). Record bytes are copied
    unchanged: each stored CBV2 record carries its absolute offset (no offset deltas exist in the format),
-   so no record is re-encoded. The copy and its sparse index (same interval rule as appends) are built,
-   the copy is fsynced.
+   so no record is re-encoded; a chunk that keeps every record is copied as stored. The copy is streamed
+   (memory: one chunk) with its sparse index (same interval rule as appends), then fsynced.
 3. *Swap*: the caller runs :meth:`PartitionLog.replace_with_cleaned` on the writer thread for each copy
    (crash-safe rename protocol of :mod:`cursus.storage.swap`).
 
