@@ -21,12 +21,13 @@ import asyncio
 import functools
 import logging
 import time
+import weakref
 from concurrent.futures import ThreadPoolExecutor
 from typing import TYPE_CHECKING
 
 from cursus.metadata.state import MetadataState, PartitionAssignment
 from cursus.metadata.topics import is_compacted_policy, is_internal_topic
-from cursus.storage import OffsetOutOfRange, StorageError
+from cursus.storage import OffsetOutOfRange, PartitionLog, StorageError
 from cursus.storage import faults as storage_faults
 from cursus.storage.cleaner import PassStats, Throttle, clean_pass, cleanable_segments
 from cursus.storage.compaction import dirty_ratio
@@ -69,8 +70,9 @@ class LogCleanerService:
     def __init__(self, broker: Broker) -> None:
         self._broker = broker
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="cursus-cleaner")
-        #: Per partition: the cleanable end the last pass covered (Kafka's cleaner checkpoint, in memory).
-        self._cleaned_through: dict[tuple[str, int], int] = {}
+        #: Per partition log: the cleanable end the last pass covered (Kafka's cleaner checkpoint, in memory;
+        #: keyed by the log object, so a deleted and recreated topic starts afresh).
+        self._cleaned_through: weakref.WeakKeyDictionary[PartitionLog, int] = weakref.WeakKeyDictionary()
         self._running = False
         self._closed = False
 
@@ -97,7 +99,9 @@ class LogCleanerService:
 
     def dirty(self, replica: Replica, end: int) -> tuple[int, int]:
         """``(dirty bytes, cleanable bytes)`` of ``replica``'s log below ``end``."""
-        through = self._cleaned_through.get((replica.topic, replica.partition), -1)
+        through = self._cleaned_through.get(replica.log, -1)
+        if through > replica.log.log_end_offset:  # the log was reset (TRUNCATE) since
+            through = -1
         segments = cleanable_segments(replica.log.segments_info(), end)
         total = sum(s.size_bytes for s in segments)
         dirty_bytes = sum(s.size_bytes for s in segments if not s.is_compacted and s.next_offset > through)
@@ -165,7 +169,7 @@ class LogCleanerService:
             log.warning("cleaner pass on %s/%d failed: %r", replica.topic, replica.partition, exc)
             return 0
         duration = time.monotonic() - started
-        self._cleaned_through[(replica.topic, replica.partition)] = end
+        self._cleaned_through[plog] = end
         metrics.child(metrics.cleaner_runs_total, "success", reason).inc()
         metrics.cleaner_bytes_read_total.inc(stats.bytes_read)
         metrics.cleaner_bytes_cleaned_total.inc(max(0, stats.bytes_before - stats.bytes_after))
