@@ -10,7 +10,7 @@ import pytest
 
 from tests.integration.conftest import connect
 from tests.integration.helpers import consume_all as _consume_all
-from tests.integration.helpers import create_topic, error_of, publish_batch
+from tests.integration.helpers import create_topic, error_of, ok_fields, publish_batch
 from tests.integration.txnsupport import Session, read_all
 
 KEYS = [f"k{n}" for n in range(8)]
@@ -160,3 +160,30 @@ def test_kill_mid_clean_leaves_old_or_new_segment(broker_factory, topic_name, po
     assert expected in broker.output()
     data = broker.log_dir / "topics" / topic_name / "0"
     assert not [p.name for p in data.iterdir() if p.name.endswith((".swap", ".cleaned"))]
+
+
+def _earliest(conn, topic: str) -> int:
+    text = ok_fields(conn.command(f"LIST_OFFSETS topic={topic} partition=0"))["offsets"]
+    return {k: int(v) for k, _, v in (part.partition("=") for part in text.split(":")[1:])}["earliest"]
+
+
+def test_retention_applies_to_delete_compact_and_never_to_compact(broker_factory, topic_name):
+    settings = {**CLEANER, "log_retention_bytes": 12_000, "log_retention_check_interval_ms": 100}
+    broker = broker_factory(settings=settings).start()
+    both, only = f"{topic_name}-both", f"{topic_name}-only"
+    with connect(broker) as conn:
+        create_topic(conn, both, cleanup_policy="delete,compact")
+        create_topic(conn, only, cleanup_policy="compact")
+        latest = {}
+        for topic in (both, only):
+            latest[topic] = publish_rounds(conn, topic, 0, 400)
+        wait_for(lambda: _earliest(conn, both) > 0, 20, "retention on the delete,compact topic")
+        wait_for(lambda: f"cleaned {only}/0" in broker.output(), 20, "a cleaner pass on the compact topic")
+        assert _earliest(conn, only) == 0  # compact alone: retention never deletes its segments
+        records = consume_all(conn, only)
+        check_offsets(records)
+        assert latest_of(records) == latest[only]
+        start = _earliest(conn, both)
+        kept = _consume_all(conn, both, 0, start)
+        check_offsets(kept)
+        assert kept[-1].offset == 399 and all(latest[both][r.key] == r.payload for r in kept if r.offset >= 392)
