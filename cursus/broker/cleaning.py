@@ -20,6 +20,7 @@ from __future__ import annotations
 import asyncio
 import functools
 import logging
+import threading
 import time
 import weakref
 from concurrent.futures import ThreadPoolExecutor
@@ -29,7 +30,7 @@ from cursus.metadata.state import MetadataState, PartitionAssignment
 from cursus.metadata.topics import is_compacted_policy, is_internal_topic
 from cursus.storage import OffsetOutOfRange, PartitionLog, StorageError
 from cursus.storage import faults as storage_faults
-from cursus.storage.cleaner import PassStats, Throttle, clean_pass, cleanable_segments
+from cursus.storage.cleaner import PassAborted, PassStats, Throttle, clean_pass, cleanable_segments
 from cursus.storage.compaction import dirty_ratio
 
 if TYPE_CHECKING:
@@ -75,6 +76,8 @@ class LogCleanerService:
         self._cleaned_through: weakref.WeakKeyDictionary[PartitionLog, int] = weakref.WeakKeyDictionary()
         self._running = False
         self._closed = False
+        #: Set at close: a running (maybe throttled) pass stops at its next chunk.
+        self._stop = threading.Event()
 
     @property
     def interval_s(self) -> float:
@@ -153,7 +156,8 @@ class LogCleanerService:
         started = time.monotonic()
         run = functools.partial(clean_pass, plog, end, now_ms=broker.clock.wall_ms(),
                                 delete_retention_ms=config.log_cleaner_delete_retention_ms, aborted=aborted,
-                                throttle=Throttle(config.log_cleaner_io_max_bytes_per_second), crash_hook=hook)
+                                throttle=Throttle(config.log_cleaner_io_max_bytes_per_second, sleep=self._stop.wait,
+                                                  stopped=self._stop.is_set), crash_hook=hook)
         try:
             stats: PassStats = await asyncio.get_running_loop().run_in_executor(self._executor, run)
             swapped = 0
@@ -162,6 +166,8 @@ class LogCleanerService:
                     plog.replace_with_cleaned, copy.base_offset, copy.old_size_bytes, copy.next_offset,
                     copy.size_bytes, copy.index_entries, hook))
                 swapped += int(bool(done))
+        except PassAborted:
+            return 0
         except (OffsetOutOfRange, StorageError, OSError, AssertionError) as exc:
             if isinstance(exc, AssertionError) and not (plog.is_closed or replica.deleted):
                 raise  # a programmer error, not a topic deleted under the pass
@@ -184,4 +190,5 @@ class LogCleanerService:
     def close(self) -> None:
         """Stop scheduling and wait for a running pass (blocking: call it off the loop)."""
         self._closed = True
+        self._stop.set()
         self._executor.shutdown(wait=True, cancel_futures=True)

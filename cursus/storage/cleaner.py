@@ -33,23 +33,36 @@ from cursus.storage.log import PartitionLog, SegmentInfo
 from cursus.storage.swap import cleaned_file_name, discard_cleaned
 
 
-class Throttle:
-    """Paces I/O to ``bytes_per_second`` (0: unlimited) by sleeping when ahead of the budget.
+class PassAborted(Exception):
+    """The pass was stopped (broker shutdown); its copies are discarded, nothing was swapped."""
 
-    ``clock`` (seconds, monotonic) and ``sleep`` are injectable for tests. Thread-safety: one thread.
+
+class Throttle:
+    """Paces I/O to ``bytes_per_second`` (0: unlimited) by sleeping when ahead of the budget, and stops a
+    pass: :meth:`consume` raises :class:`PassAborted` once ``stopped()`` is true.
+
+    ``clock`` (seconds, monotonic) and ``sleep`` are injectable (tests; the broker passes an event's
+    ``wait`` so shutdown wakes a throttled pass). Thread-safety: one thread.
     """
 
     def __init__(self, bytes_per_second: int, clock: Callable[[], float] = time.monotonic,
-                 sleep: Callable[[float], None] = time.sleep) -> None:
+                 sleep: Callable[[float], object] = time.sleep, stopped: Callable[[], bool] | None = None) -> None:
         self.bytes_per_second = bytes_per_second
         self._clock = clock
         self._sleep = sleep
+        self._stopped = stopped
         self._start = clock()
         self._bytes = 0
         self.slept_s = 0.0
 
     def consume(self, size_bytes: int) -> None:
-        """Account ``size_bytes`` of I/O; sleep until the average rate is back at the limit."""
+        """Account ``size_bytes`` of I/O; sleep until the average rate is back at the limit.
+
+        Raises:
+            PassAborted: ``stopped()`` is true.
+        """
+        if self._stopped is not None and self._stopped():
+            raise PassAborted("log cleaner stopped")
         if self.bytes_per_second <= 0:
             return
         self._bytes += size_bytes

@@ -12,7 +12,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from cursus.storage import PartitionLog
-from cursus.storage.cleaner import Throttle, clean_pass
+from cursus.storage.cleaner import PassAborted, Throttle, clean_pass
 from cursus.storage.compaction import (
     RecordInfo,
     describe_record,
@@ -329,3 +329,20 @@ def test_truncation_into_a_cleaned_segment_then_appends_survive_recovery(tmp_pat
         assert reopened.log_end_offset == cut + 3
         assert [o for o, _ in _read_everything(reopened)] == expected
         reopened.close()
+
+
+def test_a_stopped_pass_aborts_and_leaves_no_copy(tmp_path: Path) -> None:
+    directory = tmp_path / "p"
+    log, latest = _fill(directory)
+    consumed = [0]
+
+    def stopped() -> bool:
+        consumed[0] += 1
+        return consumed[0] > 40  # stop midway through the copies
+
+    with pytest.raises(PassAborted):
+        clean_pass(log, log.log_end_offset, now_ms=2_000, delete_retention_ms=RETENTION_MS,
+                   throttle=Throttle(0, stopped=stopped))
+    assert not [p.name for p in directory.iterdir() if p.name.endswith(".cleaned")]
+    assert _latest_seen(log) == latest
+    log.close()
