@@ -49,6 +49,18 @@ def _parse_int(value: Any) -> int:
         raise ValueError(f"expected an integer, got {value!r}") from None
 
 
+def _parse_float(value: Any) -> float:
+    if isinstance(value, bool):
+        raise ValueError(f"expected a number, got {value!r}")
+    try:
+        number = float(value if isinstance(value, int | float) else str(value).strip())
+    except ValueError:
+        raise ValueError(f"expected a number, got {value!r}") from None
+    if number != number or number in (float("inf"), float("-inf")):
+        raise ValueError(f"expected a finite number, got {value!r}")
+    return number
+
+
 def _parse_members(value: Any) -> tuple[str, ...]:
     """``static_cluster_members``: a YAML list or a comma-separated string of ``<id>@<host>:<port>``."""
     items = value if isinstance(value, (list, tuple)) else [] if value in (None, "") else str(value).split(",")
@@ -190,6 +202,10 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("replica_fetch_backoff_ms", _I, 100, "ms", "Wait after a failed replica fetch or a failed committed-HWM submit before retrying.", 1),
     Setting("replica_ack_timeout_ms", _I, 10_000, "ms", "How long an acks=all PUBLISH waits for the captured ISR and the committed HWM; then it answers replication_unavailable outcome=unknown (retryable: idempotent retries deduplicate).", 1),
     Setting("loop_probe_interval_ms", _I, 100, "ms", "How often the stall probe checks the event loop's lateness (cursus_event_loop_max_stall_seconds).", 1),
+    Setting("log_cleanup_interval", _parse_float, 300.0, "s", "How often the log cleaner checks compacted topics' partitions (cleanup_policy compact or delete,compact); seconds, fractions allowed.", 0),
+    Setting("log_min_cleanable_dirty_ratio", _parse_float, 0.5, "ratio", "Clean a compacted partition once this share of its cleanable bytes (closed segments below the HWM and LSO) was never cleaned; 0 cleans at every check.", 0),
+    Setting("log_cleaner_delete_retention_ms", _I, 86_400_000, "ms", "A tombstone (keyed record with an empty value) survives cleaning this long after its append, so lagging consumers see the delete.", 0),
+    Setting("log_cleaner_io_max_bytes_per_second", _I, 64 * MIB, "bytes/s", "Log cleaner read plus write rate limit; 0 is unlimited.", 0),
 )
 
 SETTINGS_BY_NAME: Mapping[str, Setting] = {s.name: s for s in SETTINGS}

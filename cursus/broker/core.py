@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from cursus.broker import group_log
+from cursus.broker.cleaning import LogCleanerService
 from cursus.broker.config import BrokerConfig
 from cursus.broker.fdlimit import check_partition_headroom
 from cursus.broker.metrics import BrokerMetrics
@@ -45,7 +46,7 @@ from cursus.metadata.commands import (
     PutTopic,
 )
 from cursus.metadata.state import BrokerInfo, MetadataState, PartitionAssignment
-from cursus.metadata.topics import TopicDefinition, TopicSpec, is_internal_topic
+from cursus.metadata.topics import TopicDefinition, TopicSpec, is_compacted_policy, is_internal_topic
 from cursus.replication.hwm import HwmCommitter, LocalHwmCommitter
 from cursus.replication.node import ReplicationNode, internal_address
 from cursus.storage import (
@@ -189,6 +190,8 @@ class Broker:
         self._shutting_down = False
         #: Large (de)compression, checksums and partition reads run here, off the event loop.
         self.offload = Offload(config.offload_threshold_bytes, config.offload_threads)
+        #: The log cleaner of compacted topics (its own thread; see cursus.broker.cleaning).
+        self.cleaner = LogCleanerService(self)
         self.stall_probe = StallProbe(config.loop_probe_interval_ms / 1000.0, metrics.loop_max_stall,
                                       metrics.loop_stall)
         self.stall_probe.start()
@@ -516,6 +519,7 @@ class Broker:
         if self.replication is not None:  # no fetch is served or sent from here on
             await self.replication.close()
         await self.loop.run_in_executor(None, self.offload.close)  # no read in flight when the logs close
+        await self.loop.run_in_executor(None, self.cleaner.close)  # no pass in flight when the logs close
         for task in list(self._group_tasks):
             task.cancel()
         await asyncio.gather(*self._group_tasks, return_exceptions=True)
@@ -647,6 +651,12 @@ class Broker:
         # partition is counted as local.
         check_partition_headroom(wanted - (current.partitions if current else 0),
                                  reserve=self.config.max_client_connections + FD_RESERVE)
+        if self.metadata.state.cluster and spec.cleanup_policy is not None and is_compacted_policy(spec.cleanup_policy):
+            # TODO(issue 18, lifecycle): call cursus.metadata.lifecycle.require_lifecycle_protocol(
+            #     self.metadata.state, "compaction policy") here once that module lands: every active broker
+            #     must advertise the lifecycle protocol before a compaction policy is accepted
+            #     (unsupported_topic_policy otherwise).
+            pass
         command = CreateTopic(uuid.uuid4().hex, spec, self.config.default_partitions, self.config.log_cleanup_policy,
                               default_replication_factor=self.config.default_replication_factor)
         try:
@@ -724,6 +734,8 @@ class Broker:
             defn = self.metadata.get(topic)
             if defn is None or replica.fenced is not None or is_internal_topic(topic):
                 continue  # broker-owned topics have unlimited retention (compaction bounds them)
+            if defn.policy.cleanup_policy == "compact":
+                continue  # compact only: the cleaner bounds it, retention never deletes segments
             retention_ms = self._retention_ms(defn)
             retention_bytes = defn.policy.retention_bytes or self.config.log_retention_bytes
             segments = replica.log.segments_info()

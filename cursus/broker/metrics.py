@@ -73,6 +73,23 @@ class BrokerMetrics:
             self.auth_failures_total.labels(reason)
         self.retention_deletions_total = Counter(
             "cursus_storage_retention_deleted_segments_total", "Segments deleted by retention.", registry=r)
+        self.cleaner_runs_total = Counter(
+            "cursus_broker_log_compaction_runs_total", "Log cleaner passes, by result and trigger.",
+            ["result", "reason"], registry=r)
+        self.cleaner_bytes_read_total = Counter(
+            "cursus_log_cleaner_bytes_read_total", "Chunk bytes the log cleaner read.", registry=r)
+        self.cleaner_bytes_cleaned_total = Counter(
+            "cursus_log_cleaner_bytes_cleaned_total", "Bytes the log cleaner removed from compacted segments.",
+            registry=r)
+        self.cleaner_last_run_seconds = Gauge(
+            "cursus_log_cleaner_last_run_duration_seconds", "Duration of the last log cleaner pass.", registry=r)
+        self.cleaner_dirty_ratio = Gauge(
+            "cursus_log_cleaner_dirty_ratio", "Share of a compacted partition's cleanable bytes not cleaned yet.",
+            ["topic", "partition"], registry=r)
+        self.cleaner_gated_total = Counter(
+            "cursus_log_cleaner_gated_total",
+            "Cleaner checks skipped because the cluster gate was closed (replica not in ISR, epoch mismatch).",
+            registry=r)
         self.ready = Gauge("cursus_broker_ready", "1 when the broker is ready to serve.", registry=r)
         self.metadata_commit_seconds = Histogram(
             "cursus_cluster_metadata_commit_seconds", "Metadata command submit-to-applied latency through Raft.",

@@ -175,6 +175,7 @@ class BrokerServer:
             asyncio.create_task(self._every(self.config.log_retention_check_interval_ms, broker.enforce_retention)),
             asyncio.create_task(self._every(min(self.config.producer_state_ttl_ms, 60_000),
                                             broker.expire_producers)),
+            asyncio.create_task(self._every(broker.cleaner.interval_s * 1000.0, broker.cleaner.run_once)),
         ]
         await self._stopping.wait()
         for task in periodic:
@@ -185,7 +186,7 @@ class BrokerServer:
         self._stopping.set()
 
     @staticmethod
-    async def _every(interval_ms: int, job: object) -> None:
+    async def _every(interval_ms: float, job: object) -> None:
         """Run ``job`` (sync or async callable) every ``interval_ms``; errors are logged, never fatal."""
         while True:
             await asyncio.sleep(interval_ms / 1000.0)

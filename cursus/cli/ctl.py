@@ -225,7 +225,8 @@ def build_parser() -> argparse.ArgumentParser:
     create.add_argument("--min-isr", help="minimum in-sync replicas override, or 'default'")
     create.add_argument("--idempotent", action="store_true", default=None)
     create.add_argument("--event-sourcing", action="store_true", default=None)
-    create.add_argument("--cleanup-policy", choices=["delete"], help="delete (compaction is not available yet)")
+    create.add_argument("--cleanup-policy", choices=["delete", "compact", "delete,compact"],
+                        help="delete, or compact / delete,compact (latest record per key; not for event sourcing)")
     create.add_argument("--retention-hours", type=_non_negative)
     create.add_argument("--retention-bytes", type=_non_negative)
     create.add_argument("--partitioner", choices=["hash_key", "round_robin"])

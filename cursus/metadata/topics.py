@@ -251,6 +251,11 @@ class TopicSpec(Args):
         return out
 
 
+def is_compacted_policy(cleanup_policy: str) -> bool:
+    """True for ``compact`` and ``delete,compact`` (the log cleaner keeps the latest record per key)."""
+    return "compact" in cleanup_policy.split(",")
+
+
 def apply_create(
     current: TopicDefinition | None,
     spec: TopicSpec,
@@ -270,7 +275,7 @@ def apply_create(
     Raises:
         BrokerError: ``invalid_partitions`` (shrink), ``invalid_idempotent`` / ``invalid_event_sourcing``
             (immutable), ``invalid_min_in_sync_replicas`` (above the stored replication factor),
-            ``unsupported_topic_policy``.
+            ``invalid_topic_policy`` (``compact`` or ``delete,compact`` for an event-sourcing topic).
     """
     name = spec.topic
     # The replication factor that will be stored: a new topic gets the requested value capped by the
@@ -281,10 +286,14 @@ def apply_create(
     if isinstance(min_isr, int):
         check_min_isr(min_isr, stored_rf)
 
-    # Policies that are stored but not yet enforced are refused rather than silently ignored.
-    if spec.cleanup_policy is not None and spec.cleanup_policy != "delete":
-        raise BrokerError.of("unsupported_topic_policy", field="cleanup_policy", value=spec.cleanup_policy,
-                             reason="compaction is not available yet")
+    # Compaction (spec "ALTER_TOPIC_CONFIG"): an event-sourcing topic needs its whole history, so neither a new
+    # nor an existing one may be compacted (a restated event_sourcing=false cannot bypass this).
+    cleanup = spec.cleanup_policy if spec.cleanup_policy is not None else (
+        current.policy.cleanup_policy if current is not None else default_cleanup_policy)
+    event_sourcing = current.event_sourcing if current is not None else bool(spec.event_sourcing)
+    if is_compacted_policy(cleanup) and (event_sourcing or bool(spec.event_sourcing)):
+        raise BrokerError.of("invalid_topic_policy", field="cleanup_policy", value=cleanup,
+                             reason="event-sourcing topics cannot be compacted")
 
     if current is None:
         policy = TopicPolicy(

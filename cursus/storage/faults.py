@@ -16,6 +16,11 @@ the write path is one attribute check. Format: comma-separated ``key=value`` pai
     cut loses the page cache.
 ``fsync_delay_ms=<n>``
     Sleep ``n`` ms before every segment fsync (widens crash windows for chaos tests).
+``cleaner_crash_at=<point>``
+    The log cleaner kills its own process (``SIGKILL``, like ``kill -9``) at ``<point>`` of its first
+    segment swap: ``after_cleaned_written`` (copy fsynced, no commit yet), ``after_swap_marker`` (commit
+    point written), ``after_rename`` (new file in place, old index), ``after_index`` (index rewritten,
+    marker not final). See :mod:`cursus.storage.swap`.
 
 Tests running in-process may replace :data:`ACTIVE` with :func:`parse` output (``monkeypatch.setattr``);
 production code never does.
@@ -25,6 +30,7 @@ from __future__ import annotations
 
 import errno
 import os
+import signal
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -40,6 +46,12 @@ class Faults:
     fsync_fail_match: str | None = None
     lose_unsynced: bool = False
     fsync_delay_ms: int = 0
+    cleaner_crash_at: str | None = None
+
+    def cleaner_point(self, point: str) -> None:
+        """Kill this process with ``SIGKILL`` when ``point`` is the armed cleaner crash point."""
+        if self.cleaner_crash_at == point:
+            os.kill(os.getpid(), signal.SIGKILL)
 
     def before_segment_fsync(self, segment_path: Path) -> None:
         """Apply the delay, then raise the injected fsync failure if it is armed for ``segment_path``.
@@ -73,7 +85,7 @@ def parse(text: str | None) -> Faults | None:
         if not sep:
             raise ValueError(f"{ENVIRONMENT_VARIABLE}: expected key=value, got {item!r}")
         values[key.strip()] = value.strip()
-    known = {"fsync_fail_file", "fsync_fail_match", "lose_unsynced", "fsync_delay_ms"}
+    known = {"fsync_fail_file", "fsync_fail_match", "lose_unsynced", "fsync_delay_ms", "cleaner_crash_at"}
     unknown = set(values) - known
     if unknown:
         raise ValueError(f"{ENVIRONMENT_VARIABLE}: unknown keys {sorted(unknown)}")
@@ -83,6 +95,7 @@ def parse(text: str | None) -> Faults | None:
         fsync_fail_match=values.get("fsync_fail_match") or None,
         lose_unsynced=values.get("lose_unsynced", "0") not in ("", "0", "false", "no"),
         fsync_delay_ms=int(values.get("fsync_delay_ms", "0")),
+        cleaner_crash_at=values.get("cleaner_crash_at") or None,
     )
 
 

@@ -47,7 +47,7 @@ from cursus.storage.chunk import (
 )
 from cursus.storage.epochs import EpochEnd, end_offset_for_epoch, truncate_from_end, truncate_from_start
 from cursus.storage.errors import CorruptLogError, OffsetOutOfRange, StorageFencedError, invariant
-from cursus.storage.offset_index import U32_MAX
+from cursus.storage.offset_index import U32_MAX, OffsetIndex
 from cursus.storage.producer_state import (
     ProducerState,
     delete_snapshots,
@@ -62,6 +62,7 @@ from cursus.storage.recovery import (
     write_reset_marker,
 )
 from cursus.storage.segment import Segment, WindowReader
+from cursus.storage.swap import commit_swap, discard_cleaned, finish_swap, write_compacted_marker
 
 logger = logging.getLogger("cursus.storage")
 
@@ -137,6 +138,8 @@ class SegmentInfo:
     size_bytes: int
     last_append_time_ms: int | None
     is_active: bool
+    #: Rewritten by the log cleaner at least once (its chunks may leave offset gaps).
+    is_compacted: bool = False
 
 
 def _chunk_error(expected_offset: int, base_offset: int, record_count: int, body: Buffer,
@@ -198,6 +201,18 @@ class _ReadState:
     bytes_left: int
     count: int = 0
     done: bool = False
+    #: Offset of the first record taken (moves forward over a cleaned segment's gap while nothing is taken).
+    first_offset: int = -1
+    #: Take the first record even when it alone exceeds ``bytes_left``.
+    at_least_one: bool = True
+
+    def skip_gap(self, to_offset: int) -> None:
+        """Nothing was taken yet and the offsets before ``to_offset`` are a cleaned gap: start there."""
+        assert self.count == 0 and to_offset >= self.next_offset
+        self.next_offset = min(to_offset, self.limit_offset)
+        self.first_offset = self.next_offset
+        if self.next_offset >= self.limit_offset:
+            self.done = True
 
     def take(self, count: int, size_bytes: int) -> None:
         self.next_offset += count
@@ -218,6 +233,8 @@ class _Pin:
     truncations: int
     #: Average bytes per record in the segment (chunk headers included), to size read-ahead.
     record_bytes_average: float
+    #: The segment's size when pinned (a cleaned segment may end in an offset gap: its walk stops here).
+    size_bytes: int = 0
 
 
 class PartitionLog:
@@ -256,6 +273,8 @@ class PartitionLog:
         #: Idempotent-producer state of every chunk appended (writer thread), see :attr:`producer_state`.
         self._producer_state = ProducerState(config.producer_state_ttl_ms)
         self._closed = False
+        #: Some segment was rewritten by the log cleaner (see :meth:`has_compacted_segments`).
+        self._has_compacted = any(segment.allows_gaps for segment in segments)
 
     @classmethod
     def open(cls, directory: Path, config: LogConfig, *, clean_shutdown: bool = False,
@@ -334,6 +353,11 @@ class PartitionLog:
         """Idempotent-producer state of the chunks appended so far. Owned by the writer thread: read it
         only while no append runs (at open, to copy it)."""
         return self._producer_state
+
+    def has_compacted_segments(self) -> bool:
+        """True when a segment may have been rewritten by the log cleaner (reads may meet offset gaps); it
+        stays true after retention removed such segments, until a reset. Any thread, lock-free."""
+        return self._has_compacted
 
     @property
     def is_closed(self) -> bool:
@@ -507,14 +531,20 @@ class PartitionLog:
 
     # ---------------------------------------------------------------------------------------- read
 
-    def read(self, offset: int, *, max_offset: int, max_records: int, max_bytes: int) -> ReadResult:
+    def read(self, offset: int, *, max_offset: int, max_records: int, max_bytes: int,
+             at_least_one: bool = True) -> ReadResult:
         """Read records from ``offset`` up to (excluding) ``max_offset``. Any thread.
 
         ``max_offset`` is capped at :attr:`durable_end_offset`. Returns at most ``max_records`` records and
         at most ``max_bytes`` of records section, but at least one record when one is available. Whole
         chunk bodies are copied as they are; length prefixes are walked only in the first chunk (to skip to
         ``offset``) and the last (to cut). Each chunk's CRC is verified. An ``offset`` at or past the
-        readable end (up to the LEO) gives an empty result.
+        readable end (up to the LEO) gives an empty result. ``at_least_one=False`` makes ``max_bytes`` strict.
+
+        A result is one contiguous run ``[first_offset, next_offset)``. In a segment rewritten by the log
+        cleaner the offsets may have gaps: a read from inside a gap starts at the next stored record
+        (``first_offset > offset``), and a read stops before a gap (read on from ``next_offset``). An empty
+        result's ``next_offset`` may lie past ``offset`` when only a gap lies in between.
 
         Raises:
             OffsetOutOfRange: ``offset`` below :attr:`log_start_offset` or above :attr:`log_end_offset`
@@ -531,7 +561,8 @@ class PartitionLog:
                 return ReadResult(offset, 0, b"", offset)
             pin = self._pin(offset)
         assert pin is not None
-        state = _ReadState(offset, limit_offset, max_records, max_bytes)
+        state = _ReadState(offset, limit_offset, max_records, max_bytes, first_offset=offset,
+                           at_least_one=at_least_one)
         parts: list[memoryview] = []
         try:
             while True:
@@ -547,7 +578,9 @@ class PartitionLog:
             if pin is not None:
                 with self._lock:
                     self._unpin(pin.segment)
-        return ReadResult(offset, state.count, b"".join(parts), state.next_offset)
+        if state.count == 0:
+            return ReadResult(state.next_offset, 0, b"", state.next_offset)
+        return ReadResult(state.first_offset, state.count, b"".join(parts), state.next_offset)
 
     def _pin(self, offset: int) -> _Pin | None:
         """Pin the segment holding ``offset`` and find the index position to start from. Lock held."""
@@ -562,7 +595,7 @@ class PartitionLog:
         record_bytes_average = segment.size_bytes / max(1, segment.next_offset - segment.base_offset)
         position_offset, position = segment.index.lookup(offset)
         return _Pin(segment, position, position_offset, segment.next_offset, segment.truncations,
-                    record_bytes_average)
+                    record_bytes_average, segment.size_bytes)
 
     def _unpin(self, segment: Segment) -> None:
         """Release a pin; close a deleted segment when its last reader leaves. Lock held."""
@@ -581,10 +614,18 @@ class PartitionLog:
         window = WindowReader(pin.segment, readahead)
         position = pin.position
         header = self._header_at(window, pin, position, pin.position_offset)
-        while header.next_offset <= state.next_offset:  # walk from the index entry to the first chunk
+        while header is not None and header.next_offset <= state.next_offset:  # walk to the first chunk
             position += header.size_bytes
             header = self._header_at(window, pin, position, header.next_offset)
         while True:
+            if header is None or header.base_offset > state.next_offset:  # a gap left by the cleaner
+                if state.count:
+                    state.done = True  # a result is one contiguous run of offsets
+                else:
+                    state.skip_gap(pin.next_offset if header is None else header.base_offset)
+                if header is None or state.done:
+                    return
+                continue
             chunks, end = self._plan(window, pin, position, header, state)
             data = window.view(position, end - position)
             if data is None:
@@ -612,20 +653,28 @@ class PartitionLog:
         while (estimated_records < state.records_left
                and estimated_bytes + RECORD_LENGTH_SIZE <= state.bytes_left
                and header.next_offset < state.limit_offset and header.next_offset < pin.next_offset):
-            header = self._header_at(window, pin, end, header.next_offset)
+            following = self._header_at(window, pin, end, header.next_offset)
+            if following is None or following.base_offset != header.next_offset:
+                break  # the end of a cleaned segment, or a gap: the caller stops there
+            header = following
             chunks.append((end, header))
             estimated_records += header.record_count
             estimated_bytes += header.body_length
             end += header.size_bytes
         return chunks, end
 
-    def _header_at(self, window: WindowReader, pin: _Pin, position: int, expected_offset: int) -> ChunkHeader:
-        """The header at ``position``, which must be a chunk starting at ``expected_offset``."""
+    def _header_at(self, window: WindowReader, pin: _Pin, position: int,
+                   expected_offset: int) -> ChunkHeader | None:
+        """The header at ``position``, which must be a chunk starting at ``expected_offset`` (in a cleaned
+        segment: at or after it). ``None`` at the end of a cleaned segment whose last offsets are a gap."""
+        gaps = pin.segment.allows_gaps
+        if gaps and position >= pin.size_bytes:
+            return None
         header = window.header(position)
         if header is None:
             self._read_anomaly(pin, position, expected_offset, "invalid chunk header")
         assert header is not None
-        if header.base_offset != expected_offset:
+        if header.base_offset != expected_offset and not (gaps and header.base_offset > expected_offset):
             self._read_anomaly(pin, position, expected_offset,
                                f"chunk base offset {header.base_offset} does not continue the log")
         return header
@@ -643,7 +692,8 @@ class PartitionLog:
             parts.append(body[start:])
             state.take(wanted, header.body_length - start)
         else:
-            end, count = cut_records(body, start, wanted, state.bytes_left, at_least_one=state.count == 0)
+            end, count = cut_records(body, start, wanted, state.bytes_left,
+                                     at_least_one=state.count == 0 and state.at_least_one)
             if count:
                 parts.append(body[start:end])
                 state.take(count, end - start)
@@ -702,6 +752,9 @@ class PartitionLog:
                 position, chunk_offset = pin.position, pin.position_offset
                 while offset < min(end_offset, pin.next_offset):
                     header = self._header_at(window, pin, position, chunk_offset)
+                    if header is None:  # a cleaned segment ending in a gap
+                        offset = pin.next_offset
+                        break
                     chunk_offset = header.next_offset
                     if header.next_offset > offset:
                         chunk = window.view(position, header.size_bytes)
@@ -809,17 +862,23 @@ class PartitionLog:
         if segment.next_offset == offset:
             return
         assert segment.base_offset < offset < segment.next_offset and segment.index is not None
+        if segment.allows_gaps:  # the cut may fall into a gap: record the new end first
+            write_compacted_marker(self.directory, segment.base_offset, offset)
+            segment.compacted_next_offset = offset
         window = WindowReader(segment, READ_AHEAD_BYTES_MIN)
         _, position = segment.index.lookup(offset)
         previous_time_ms: int | None = None
-        header = window.header(position)
+        header = window.header(position) if position < segment.size_bytes else None
         while header is not None and header.next_offset <= offset:
             previous_time_ms = header.append_time_ms
             position += header.size_bytes
-            header = window.header(position)
-        if header is None or header.base_offset > offset:
+            header = window.header(position) if position < segment.size_bytes else None
+        if segment.allows_gaps and (header is None or header.base_offset >= offset):
+            cut_position, last_time_ms = position, previous_time_ms  # cut at a chunk boundary
+            segment.truncate(cut_position)
+        elif header is None or header.base_offset > offset:
             raise CorruptLogError(segment.path, position, offset, "cannot find the chunk to cut")
-        if header.base_offset == offset:
+        elif header.base_offset == offset:
             assert position > 0  # the segment keeps at least one chunk (its base is below offset)
             cut_position, last_time_ms = position, previous_time_ms
             segment.truncate(cut_position)
@@ -884,6 +943,7 @@ class PartitionLog:
             with self._lock:
                 self._segments = [segment]
                 self._bases = [new_start_offset]
+                self._has_compacted = False
                 self._log_start_offset = self._log_end_offset = new_start_offset
                 self._durable_end_offset = self._hwm = new_start_offset
                 self._leader_epochs = epochs
@@ -905,8 +965,8 @@ class PartitionLog:
         """Every segment, oldest first, for retention decisions. Any thread."""
         with self._lock:
             last = len(self._segments) - 1
-            return [SegmentInfo(s.base_offset, s.next_offset, s.size_bytes, s.last_append_time_ms, n == last)
-                    for n, s in enumerate(self._segments)]
+            return [SegmentInfo(s.base_offset, s.next_offset, s.size_bytes, s.last_append_time_ms, n == last,
+                                s.allows_gaps) for n, s in enumerate(self._segments)]
 
     def delete_segments_before(self, offset: int) -> int:
         """Delete whole closed segments whose ``next_offset <= offset``; never the active one.
@@ -952,6 +1012,62 @@ class PartitionLog:
             self.fence(error)
             raise
         return count
+
+    def replace_with_cleaned(self, base_offset: int, old_size_bytes: int, next_offset: int, size_bytes: int,
+                             index_entries: Sequence[tuple[int, int]],
+                             crash_hook: Callable[[str], None] | None = None) -> bool:
+        """Swap the closed segment at ``base_offset`` for its cleaned copy ``<base>.log.cleaned`` (written and
+        fsynced by the cleaner, ``size_bytes`` long, chunks at or after ``base_offset`` with gaps allowed,
+        ``index_entries`` its sparse index). Writer thread only. Crash-safe, see :mod:`cursus.storage.swap`.
+
+        Readers that pinned the old segment keep reading the old file through its open descriptor (its inode
+        outlives the rename); readers pinning afterwards read the new one. Nothing else changes: offsets,
+        the LEO, the HWM and the leader epochs stay as they were.
+
+        Returns:
+            True when swapped; False (the copy is deleted) when the segment no longer exists, became
+            active, or changed size since the cleaner read it (retention or truncation ran meanwhile).
+
+        Raises:
+            StorageFencedError: the log is fenced; OSError: an I/O error (the log is then fenced; recovery
+                completes or discards the swap).
+        """
+        self._check_writable()
+        with self._lock:
+            slot = bisect_right(self._bases, base_offset) - 1
+            old = self._segments[slot] if slot >= 0 else None
+            usable = (old is not None and old.base_offset == base_offset and slot < len(self._segments) - 1
+                      and old.size_bytes == old_size_bytes and old.next_offset == next_offset
+                      and self._segments[slot + 1].base_offset == next_offset)
+        if not usable or old is None:
+            discard_cleaned(self.directory, base_offset)
+            return False
+        try:
+            commit_swap(self.directory, base_offset, next_offset, size_bytes, crash_hook)
+            new = Segment.open_existing(self.directory, base_offset)
+            try:
+                new.size_bytes = size_bytes
+                new.next_offset = next_offset
+                new.compacted_next_offset = next_offset
+                new.last_append_time_ms = old.last_append_time_ms  # retention by time sees the same age
+                new.first_append_time_ms = old.first_append_time_ms
+                new.index_path.unlink(missing_ok=True)  # the old index object keeps its own inode
+                new.index = OffsetIndex(new.index_path, base_offset, self.config.index_interval_bytes,
+                                        index_entries, rewrite=True)
+                if crash_hook is not None:
+                    crash_hook("after_index")
+                finish_swap(self.directory, base_offset)
+            except BaseException:
+                new.close()
+                raise
+            with self._lock:
+                self._segments[slot] = new
+                self._has_compacted = True
+                self._doom(old)
+        except OSError as error:
+            self.fence(error)
+            raise
+        return True
 
     def _doom(self, segment: Segment) -> None:
         """Mark a removed segment deleted; close it now unless a reader still pins it. Lock held."""

@@ -1,7 +1,7 @@
 """Partition log recovery at open, in numbered idempotent passes (Kafka ``LogLoader`` style).
 
 Pass 1  Remove leftover temp files (``*.tmp``) and orphan indexes; finish an interrupted reset
-        (``reset.pending``).
+        (``reset.pending``); complete or discard an interrupted cleaner swap (:mod:`cursus.storage.swap`).
 Pass 2  List and open the segments; finish an interrupted retention (delete segments wholly below the
         checkpointed log start offset). A log with no segment gets an empty one.
 Pass 3  Clean shutdown with a checkpoint: trust it. Load each index (rebuild it if missing or broken,
@@ -39,7 +39,15 @@ from cursus.storage.epochs import truncate_from_start
 from cursus.storage.errors import CorruptLogError
 from cursus.storage.offset_index import U32_MAX, OffsetIndex
 from cursus.storage.producer_state import delete_snapshots
-from cursus.storage.segment import INDEX_SUFFIX, LOG_SUFFIX, Segment, WindowReader, parse_file_base_offset
+from cursus.storage.segment import (
+    COMPACTED_SUFFIX,
+    INDEX_SUFFIX,
+    LOG_SUFFIX,
+    Segment,
+    WindowReader,
+    parse_file_base_offset,
+)
+from cursus.storage.swap import finish_interrupted_swaps, read_compacted_next_offset
 
 logger = logging.getLogger("cursus.storage")
 
@@ -126,7 +134,8 @@ def _walk(segment: Segment, start_position: int, start_offset: int, file_size: i
         reason = ""
         if header is None:
             reason = "truncated chunk header" if view is None else "invalid chunk header"
-        elif header.base_offset != walk.next_offset:
+        elif header.base_offset != walk.next_offset and not (
+                segment.allows_gaps and header.base_offset > walk.next_offset):
             reason = f"chunk base offset {header.base_offset} does not continue the log"
         elif header.base_offset - segment.base_offset > U32_MAX:
             reason = "chunk base offset too far from the segment base offset"
@@ -160,6 +169,10 @@ def _walk(segment: Segment, start_position: int, start_offset: int, file_size: i
         position += header.size_bytes
         walk.end_position = position
         walk.next_offset = header.next_offset
+    if segment.compacted_next_offset is not None:
+        # A cleaned segment may end in a gap (its marker holds its end); after a truncation into it, it is the
+        # active segment and appends may have gone past the marker.
+        walk.next_offset = max(walk.next_offset, segment.compacted_next_offset)
     return walk
 
 
@@ -282,6 +295,7 @@ def _pass1_cleanup(directory: Path, checkpoint: Checkpoint | None, stats: Recove
     for base in _segment_bases(directory, INDEX_SUFFIX):
         if base not in log_bases:
             (directory / f"{base:020d}{INDEX_SUFFIX}").unlink(missing_ok=True)
+    stats.temp_files_removed += finish_interrupted_swaps(directory)
     marker = directory / RESET_MARKER_FILE_NAME
     if not marker.exists():
         return checkpoint
@@ -296,6 +310,7 @@ def _pass1_cleanup(directory: Path, checkpoint: Checkpoint | None, stats: Recove
     for base in sorted(log_bases, reverse=True):
         (directory / f"{base:020d}{LOG_SUFFIX}").unlink(missing_ok=True)
         (directory / f"{base:020d}{INDEX_SUFFIX}").unlink(missing_ok=True)
+        (directory / f"{base:020d}{COMPACTED_SUFFIX}").unlink(missing_ok=True)
         stats.segments_deleted += 1
     Segment.create(directory, new_start_offset, 1).close()
     checkpoint = Checkpoint(new_start_offset, new_start_offset, new_start_offset, tuple(epochs))
@@ -313,6 +328,7 @@ def _pass2_open_segments(directory: Path, checkpoint: Checkpoint | None, stats: 
             logger.info("%s: deleting segment %d below the log start offset", directory, bases[0])
             (directory / f"{bases[0]:020d}{LOG_SUFFIX}").unlink()
             (directory / f"{bases[0]:020d}{INDEX_SUFFIX}").unlink(missing_ok=True)
+            finish_interrupted_swaps(directory)  # its .compacted marker is an orphan now
             stats.segments_deleted += 1
             bases.pop(0)
     if not bases:
@@ -331,6 +347,7 @@ def _pass2_open_segments(directory: Path, checkpoint: Checkpoint | None, stats: 
     try:
         for base in bases:
             segments.append(Segment.open_existing(directory, base))
+            segments[-1].compacted_next_offset = read_compacted_next_offset(directory, base)
     except BaseException:
         for segment in segments:
             segment.close()

@@ -26,6 +26,10 @@ from cursus.storage.offset_index import OffsetIndex
 
 LOG_SUFFIX = ".log"
 INDEX_SUFFIX = ".index"
+#: Marker of a segment rewritten by the log cleaner (JSON ``{"version": 1, "next_offset": N}``): its chunks
+#: may leave gaps between offsets, and its ``next_offset`` is the one recorded here (see
+#: :mod:`cursus.storage.cleaner`).
+COMPACTED_SUFFIX = ".compacted"
 #: File-name digits: 20 zero-padded digits sort numerically under ``ls`` (Kafka's convention).
 OFFSET_DIGITS = 20
 
@@ -40,6 +44,12 @@ def index_file_name(base_offset: int) -> str:
     """``<base_offset:020d>.index``."""
     assert base_offset >= 0
     return f"{base_offset:0{OFFSET_DIGITS}d}{INDEX_SUFFIX}"
+
+
+def compacted_file_name(base_offset: int) -> str:
+    """``<base_offset:020d>.compacted``."""
+    assert base_offset >= 0
+    return f"{base_offset:0{OFFSET_DIGITS}d}{COMPACTED_SUFFIX}"
 
 
 def parse_file_base_offset(name: str, suffix: str) -> int | None:
@@ -85,6 +95,7 @@ class Segment:
         "directory", "base_offset", "path", "index_path", "index", "fd",
         "size_bytes", "next_offset", "first_append_time_ms", "last_append_time_ms",
         "pins", "doomed", "truncations", "_pending", "_pending_position", "_pending_bytes",
+        "compacted_next_offset",
     )
 
     def __init__(self, directory: Path, base_offset: int, fd: int, size_bytes: int) -> None:
@@ -111,6 +122,9 @@ class Segment:
         self._pending: list[bytes] = []
         self._pending_position = size_bytes
         self._pending_bytes = 0
+        #: Set for a segment rewritten by the log cleaner: its chunks may leave offset gaps (never
+        #: backwards) and this is its ``next_offset`` (the next segment's base). ``None`` otherwise.
+        self.compacted_next_offset: int | None = None
 
     # ------------------------------------------------------------------------------------ opening
 
@@ -222,10 +236,21 @@ class Segment:
 
     # ------------------------------------------------------------------------------------ cleanup
 
+    @property
+    def compacted_path(self) -> Path:
+        """The ``.compacted`` marker beside the segment (present only for a cleaned segment)."""
+        return self.directory / compacted_file_name(self.base_offset)
+
+    @property
+    def allows_gaps(self) -> bool:
+        """True for a cleaned segment: consecutive chunks may skip offsets (forward only)."""
+        return self.compacted_next_offset is not None
+
     def unlink(self) -> None:
-        """Remove the ``.log`` and ``.index`` files; the fd stays usable until :meth:`close`."""
+        """Remove the ``.log``, ``.index`` and ``.compacted`` files; the fd stays usable until :meth:`close`."""
         self.path.unlink(missing_ok=True)
         self.index_path.unlink(missing_ok=True)
+        self.compacted_path.unlink(missing_ok=True)
 
     def close(self) -> None:
         """Close the segment and index fds (idempotent). Buffered ``lose_unsynced`` bytes are dropped."""

@@ -44,8 +44,8 @@ def test_create_reply_and_patch_semantics(shared_broker, topic_name):
         assert grown["revision"] == "2" and grown["partitions"] == "3" and grown["replication_factor"] == "1"
         assert error_of(conn.command(f"CREATE topic={topic_name} partitions=1")).code == "invalid_partitions"
         assert error_of(conn.command(f"CREATE topic={topic_name} idempotent=true")).code == "invalid_idempotent"
-        assert error_of(conn.command(f"CREATE topic={topic_name} cleanup_policy=compact")).code == \
-            "unsupported_topic_policy"
+        assert error_of(conn.command(f"CREATE topic={topic_name} cleanup_policy=sometimes")).code == \
+            "invalid_topic_policy"
         assert error_of(conn.command(f"CREATE topic={topic_name} partitioner=random")).code == "invalid_topic_policy"
         assert error_of(conn.command(f"CREATE topic={topic_name} retention_hours=-1")).code == \
             "invalid_retention_hours"

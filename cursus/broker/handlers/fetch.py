@@ -167,10 +167,42 @@ def _read_reply(partition_log: PartitionLog, topic: str, partition: int, offset:
                                         max_bytes=max_bytes)
             records, count = filter_records(result.records, result.first_offset, result.record_count, hidden,
                                             markers)
+    next_offset = result.next_offset
+    if result.record_count and partition_log.has_compacted_segments():
+        records, count, next_offset = _read_on_over_gaps(partition_log, records, count, next_offset, hwm,
+                                                         max_records, max_bytes, hidden, markers)
     seq_start, seq_end = _seq_span(records, count)
     header = encode_batch_header(topic, partition, acks="1", seq_start=seq_start, seq_end=seq_end,
                                  record_count=count)
-    return [header, records], result.next_offset
+    return [header, records], next_offset
+
+
+#: Most contiguous runs one reply of a compacted partition gathers.
+_GAP_READS_MAX = 64
+
+
+def _read_on_over_gaps(partition_log: PartitionLog, records: bytes, count: int, next_offset: int, hwm: int,
+                       max_records: int, max_bytes: int, hidden: tuple[tuple[int, int], ...],
+                       markers: tuple[int, ...]) -> tuple[bytes, int, int]:
+    """A read stops at an offset gap the log cleaner left: fill the reply with the following runs, within
+    ``max_records`` and (strictly) ``max_bytes``. Returns (records section, count, next offset)."""
+    parts = [records]
+    size = len(records)
+    for _ in range(_GAP_READS_MAX):
+        if count >= max_records or next_offset >= hwm or max_bytes - size < 4:
+            break
+        more = partition_log.read(next_offset, max_offset=hwm, max_records=max_records - count,
+                                  max_bytes=max_bytes - size, at_least_one=False)
+        if more.record_count == 0:
+            break
+        section, kept = more.records, more.record_count
+        if hidden:
+            section, kept = filter_records(section, more.first_offset, more.record_count, hidden, markers)
+        parts.append(section)
+        size += len(section)
+        count += kept
+        next_offset = more.next_offset
+    return b"".join(parts), count, next_offset
 
 
 def _seq_span(records: bytes, count: int) -> tuple[int, int]:

@@ -1,0 +1,78 @@
+"""Log compaction in a three-broker cluster: each replica cleans its own log, only below the committed HWM and
+only while every replica is in the ISR (spec "ALTER_TOPIC_CONFIG"); a paused follower closes the gate."""
+
+from __future__ import annotations
+
+import re
+import time
+from pathlib import Path
+
+import pytest
+
+from cursus.client.connection import Connection
+from tests.cluster.clustersupport import Cluster, wait_for
+from tests.cluster.replsupport import leader_proc, read_partition, wait_isr
+from tests.integration.helpers import create_topic, ok_fields, publish_batch
+
+CLEANER = {"log_segment_bytes": 4096, "log_cleanup_interval": 0.1, "log_min_cleanable_dirty_ratio": 0.01,
+           "log_index_interval_bytes": 256}
+KEYS = [f"k{n}" for n in range(8)]
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory: pytest.TempPathFactory, pki) -> Cluster:
+    c = Cluster(Path(tmp_path_factory.mktemp("compaction")), pki, **CLEANER)
+    try:
+        c.start()
+        yield c
+    finally:
+        c.stop()
+
+
+def _publish(c: Connection, topic: str, start: int, count: int, acks: str) -> dict[str, bytes]:
+    latest = {}
+    for first in range(start, start + count, 20):
+        keys = [KEYS[n % len(KEYS)] for n in range(first, first + 20)]
+        values = [f"{k}:{first + i}:".encode() + b"x" * 60 for i, k in enumerate(keys)]
+        frame = publish_batch(c, topic, 0, values, keys=keys, acks=acks)
+        assert frame.status.name == "OK", frame
+        latest.update(zip(keys, values, strict=True))
+    return latest
+
+
+def _cleaned_ends(broker, topic: str) -> list[int]:
+    return [int(m) for m in re.findall(rf"cleaned {re.escape(topic)}/0 below offset (\d+)", broker.output())]
+
+
+def test_replicas_clean_only_below_the_committed_hwm_with_a_full_isr(cluster: Cluster) -> None:
+    topic = "compacted-cluster"
+    with Connection(*cluster.brokers[0].address, timeout_s=10) as c:
+        create_topic(c, topic, 1, replication_factor="3", cleanup_policy="compact")
+    wait_isr(cluster, topic, 3)
+    leader = leader_proc(cluster, topic)
+    follower = next(b for b in cluster.brokers if b is not leader)
+    follower.pause()  # the ISR shrinks: no replica may clean
+    try:
+        with Connection(*leader.address, timeout_s=10) as c:
+            latest = _publish(c, topic, 0, 300, acks="1")
+        wait_isr(cluster, topic, 2, via=leader)
+        time.sleep(1.0)  # an observation window of ten cleaner intervals: nothing may be cleaned
+        assert all(not _cleaned_ends(b, topic) for b in cluster.brokers if b is not follower)
+    finally:
+        follower.resume()
+    wait_isr(cluster, topic, 3, timeout=30)
+    with Connection(*leader.address, timeout_s=10) as c:
+        latest.update(_publish(c, topic, 300, 40, acks="all"))
+    # every replica cleans its own log, below the committed HWM it knew
+    for broker in cluster.brokers:
+        wait_for(lambda b=broker: _cleaned_ends(b, topic), 30, f"{broker.log_dir.name} cleans")
+    with Connection(*leader.address, timeout_s=10) as c:  # a cluster leader's HWM is the committed one
+        text = ok_fields(c.command(f"LIST_OFFSETS topic={topic} partition=0"))["offsets"]
+    committed = {k: int(v) for k, _, v in (part.partition("=") for part in text.split(":")[1:])}["hwm"]
+    assert committed == 340
+    for broker in cluster.brokers:
+        assert all(end <= committed for end in _cleaned_ends(broker, topic))
+    records = read_partition(cluster, topic)
+    offsets = [r.offset for r in records]
+    assert offsets == sorted(set(offsets)) and len(records) < 340
+    assert {r.key: r.payload for r in records} == latest
