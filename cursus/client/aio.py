@@ -72,6 +72,8 @@ class AsyncConnection:
         self._decoder = FrameDecoder()
         self._next_request_id = 1
         self._lock = asyncio.Lock()
+        #: Requests written whose (last) reply has not been read yet.
+        self._unanswered = 0
 
     @classmethod
     async def open(cls, host: str, port: int, *, compression: Compression | str = Compression.NONE,
@@ -120,6 +122,23 @@ class AsyncConnection:
             self.closed = True
             self._writer.close()
 
+    def stale(self) -> bool:
+        """See :meth:`cursus.client.connection.Connection.stale`: closed, or idle with the broker's EOF (or
+        stray bytes) already received; a stale connection is closed here."""
+        if self.closed:
+            return True
+        if self._unanswered or self._lock.locked():
+            return False
+        if self._decoder.buffered_bytes or self._reader.at_eof() or self._reader.exception() is not None \
+                or len(getattr(self._reader, "_buffer", b"")):
+            self._fail()
+            return True
+        return False
+
+    def _answered(self) -> None:
+        if self._unanswered:
+            self._unanswered -= 1
+
     async def _read_frame(self, timeout_s: float | None) -> Frame:
         async with asyncio.timeout(timeout_s):
             while True:
@@ -137,6 +156,7 @@ class AsyncConnection:
         assert self.compression is not None, "negotiation has not completed"
         request_id = self._next_request_id
         self._next_request_id += 1
+        self._unanswered += 1
         self._writer.write(encode_frame(Kind.REQUEST, command, Status.NONE, request_id, payload,
                                         compression=self.compression))
         async with asyncio.timeout(self.timeout_s):
@@ -147,6 +167,7 @@ class AsyncConnection:
         request_id = await self._send(command, payload)
         frame = await self._read_frame(timeout_s if timeout_s is not None else self.timeout_s)
         check_correlation(frame, request_id, command)
+        self._answered()
         return frame
 
     async def read_frame(self) -> Frame:
@@ -173,6 +194,7 @@ class AsyncConnection:
             try:
                 frame = await self._read_frame(self.timeout_s if timeout_s is None else timeout_s)
                 check_correlation(frame, request_id, command)
+                self._answered()
                 return frame
             except BaseException:
                 self._fail()
@@ -199,6 +221,8 @@ class AsyncConnection:
                     frame = await self._read_frame(self.timeout_s)
                     check_correlation(frame, request_id, command)
                     finished = frame.status in (Status.STREAM_END, Status.ERROR)
+                    if finished:
+                        self._answered()
                     yield frame
                     if finished:
                         return
@@ -267,7 +291,7 @@ class AsyncClient:
         lock = self._opening.setdefault(address, asyncio.Lock())
         async with lock:
             conn = self._connections.get(address)
-            if conn is not None and not conn.closed:
+            if conn is not None and not conn.stale():
                 return conn
             conn = await open_connection(self.options, address)
             if self._closed:

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import json
 import random
+import select
 import socket
 import ssl
 import threading
@@ -401,6 +402,8 @@ class Connection:
         self._next_request_id = 1
         self._lock = threading.Lock()
         self._timeout_current: float | None = timeout_s
+        #: Requests written whose (last) reply has not been read yet (pipelining, streams, acks=0 sends).
+        self._unanswered = 0
         raw = socket.create_connection((host, port), timeout=timeout_s)
         try:
             raw.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
@@ -446,6 +449,28 @@ class Connection:
         except OSError:
             pass
 
+    def stale(self) -> bool:
+        """True when the connection is closed, or idle and the broker closed it meanwhile (e.g. after
+        ``client_idle_timeout_ms``): nothing is in flight and the socket is readable (EOF or stray bytes), so a
+        request written now would be lost with an unknown outcome. A stale connection is closed here; the
+        caller opens a new one. Never blocks (a connection in use by another thread is not stale)."""
+        if self.closed:
+            return True
+        if self._unanswered or not self._lock.acquire(blocking=False):
+            return False
+        try:
+            if self._decoder.buffered_bytes or (isinstance(self.sock, ssl.SSLSocket) and self.sock.pending()):
+                readable = True
+            else:
+                readable = bool(select.select([self.sock], [], [], 0)[0])
+        except (OSError, ValueError):
+            readable = True
+        finally:
+            self._lock.release()
+        if readable:
+            self._fail()
+        return readable
+
     def _read_frame(self) -> Frame:
         while True:
             frame = self._decoder.next_frame()
@@ -456,12 +481,17 @@ class Connection:
                 raise ConnectionClosed(f"{self.host}:{self.port} closed the connection")
             self._decoder.feed(data)
 
+    def _answered(self) -> None:
+        if self._unanswered:
+            self._unanswered -= 1
+
     def _send(self, command: Command, payload: bytes) -> int:
         if self.closed:
             raise ConnectionClosed(f"connection to {self.host}:{self.port} is closed")
         request_id = self._next_request_id
         self._next_request_id += 1
         assert self.compression is not None, "negotiation has not completed"
+        self._unanswered += 1
         self.sock.sendall(encode_frame(Kind.REQUEST, command, Status.NONE, request_id, payload,
                                        compression=self.compression))
         return request_id
@@ -478,6 +508,7 @@ class Connection:
         self._set_timeout(self.timeout_s if timeout_s is None else timeout_s)
         frame = self._read_frame()
         check_correlation(frame, request_id, command)
+        self._answered()
         return frame
 
     def read_frame(self) -> Frame:
@@ -509,6 +540,7 @@ class Connection:
                 self._set_timeout(self.timeout_s if timeout_s is None else timeout_s)
                 frame = self._read_frame()
                 check_correlation(frame, request_id, command)
+                self._answered()
                 return frame
             except BaseException:
                 self._fail()
@@ -541,6 +573,7 @@ class Connection:
                     check_correlation(frame, request_id, command)
                     if frame.status in (Status.STREAM_END, Status.ERROR):
                         finished = True
+                        self._answered()
                     yield frame
                     if finished:
                         return
@@ -714,7 +747,7 @@ class Client:
             if self._closed:
                 raise ClientClosedError("client is closed")
             conn = self._connections.get(address)
-            if conn is not None and not conn.closed:
+            if conn is not None and not conn.stale():
                 return conn
         conn = self.options.connect(address)
         with self._lock:

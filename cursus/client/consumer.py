@@ -534,7 +534,7 @@ class Consumer(_ConsumerSettings):
         """Write the next CONSUME of ``cursor`` (no wait) on the prefetch connection; best effort."""
         conn = self._prefetch_connections.get(cursor.leader)
         try:
-            if conn is None or conn.closed:
+            if conn is None or conn.stale():
                 conn = self._prefetch_connections[cursor.leader] = self.options.connect(cursor.leader)
             request_id = conn.send(Command.CONSUME, encode_crq2(CommandPayload((), self._core.fields(cursor, 0))))
         except (OSError, ProtocolError, CursusError):
@@ -770,7 +770,7 @@ class AsyncConsumer(_ConsumerSettings):
         """See :meth:`Consumer._prefetch`."""
         conn = self._prefetch_connections.get(cursor.leader)
         try:
-            if conn is None or conn.closed:
+            if conn is None or conn.stale():
                 conn = self._prefetch_connections[cursor.leader] = await open_connection(self.options,
                                                                                          cursor.leader)
             request_id = await conn.send(Command.CONSUME,
