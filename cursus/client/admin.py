@@ -391,6 +391,20 @@ def create_fields(topic: str, partitions: int | None = None, **settings: object)
     return fields
 
 
+#: The settings :meth:`Admin.alter_topic` patches through CREATE (the mutable ones; min ISR has its own command).
+ALTERABLE_SETTINGS = ("partitions", "cleanup_policy", "retention_hours", "retention_bytes", "partitioner",
+                      "auth_policy", "read_acl", "write_acl")
+
+
+def alter_patch(**settings: Any) -> dict[str, Any]:
+    """The given (non-None) alterable settings; ``TypeError`` for any other name (immutable or unknown)."""
+    unknown = set(settings) - set(ALTERABLE_SETTINGS)
+    if unknown:
+        raise TypeError(f"not alterable: {', '.join(sorted(unknown))} (alterable: {', '.join(ALTERABLE_SETTINGS)}, "
+                        "min_in_sync_replicas)")
+    return {k: v for k, v in settings.items() if v is not None}
+
+
 def _delete_result(frame: Frame, topic: str) -> DeleteResult:
     fields = ok_fields(frame)
     return DeleteResult(fields.get("topic", topic), _bool(fields, "deleted"), _bool(fields, "cleanup_pending"))
@@ -464,6 +478,42 @@ class Admin:
         fields = {"topic": topic, "min_in_sync_replicas": str(min_in_sync_replicas)}
         return parse_topic_config(ok_fields(self.client.call(Command.ALTER_TOPIC_CONFIG, fields,
                                                              retry_safe=True)))
+
+    def alter_topic(self, topic: str, *, partitions: int | None = None,
+                    min_in_sync_replicas: int | str | None = None, cleanup_policy: str | None = None,
+                    retention_hours: int | None = None, retention_bytes: int | None = None,
+                    partitioner: str | None = None, auth_policy: str | None = None,
+                    read_acl: Sequence[str] | str | None = None,
+                    write_acl: Sequence[str] | str | None = None) -> TopicConfig:
+        """Change the mutable settings of an existing topic; omitted (None) settings keep their value.
+
+        Everything but the minimum ISR is a presence-aware CREATE patch of the existing topic (spec "CREATE":
+        partitions can only grow; 0 retention means the broker default; an empty ACL list clears it); the
+        minimum ISR goes through ALTER_TOPIC_CONFIG (``"default"`` removes the override), after the patch.
+        Immutable flags (idempotent, event_sourcing, replication_factor) are not alterable.
+
+        Returns:
+            The resulting :class:`TopicConfig` (``revision`` unchanged when nothing changed).
+
+        Raises:
+            TopicNotFoundError: no such topic (alter never creates one).
+            ValidationError: ``invalid_partitions`` (a decrease), ``invalid_min_in_sync_replicas``,
+                ``unsupported_topic_policy`` (a cleanup policy the broker refuses) and other bad values.
+            ValueError: nothing to change.
+        """
+        patch = alter_patch(partitions=partitions, cleanup_policy=cleanup_policy, retention_hours=retention_hours,
+                            retention_bytes=retention_bytes, partitioner=partitioner, auth_policy=auth_policy,
+                            read_acl=read_acl, write_acl=write_acl)
+        if not patch and min_in_sync_replicas is None:
+            raise ValueError("alter_topic needs at least one setting to change")
+        config = None
+        self.metadata(topic)  # TopicNotFoundError: CREATE would create it
+        if patch:
+            config = self.create_topic(topic, **patch)
+        if min_in_sync_replicas is not None:
+            config = self.alter_topic_config(topic, min_in_sync_replicas=min_in_sync_replicas)
+        assert config is not None
+        return config
 
     def delete_topic(self, topic: str, *, if_exists: bool = False) -> DeleteResult:
         """Delete ``topic`` and its data. With ``if_exists`` a missing topic gives ``deleted=False``.
@@ -570,6 +620,21 @@ class AsyncAdmin:
         fields = {"topic": topic, "min_in_sync_replicas": str(min_in_sync_replicas)}
         return parse_topic_config(ok_fields(await self.client.call(Command.ALTER_TOPIC_CONFIG, fields,
                                                                    retry_safe=True)))
+
+    async def alter_topic(self, topic: str, *, min_in_sync_replicas: int | str | None = None,
+                          **settings: Any) -> TopicConfig:
+        """See :meth:`Admin.alter_topic` (settings as keyword arguments)."""
+        patch = alter_patch(**settings)
+        if not patch and min_in_sync_replicas is None:
+            raise ValueError("alter_topic needs at least one setting to change")
+        config = None
+        await self.metadata(topic)
+        if patch:
+            config = await self.create_topic(topic, **patch)
+        if min_in_sync_replicas is not None:
+            config = await self.alter_topic_config(topic, min_in_sync_replicas=min_in_sync_replicas)
+        assert config is not None
+        return config
 
     async def delete_topic(self, topic: str, *, if_exists: bool = False) -> DeleteResult:
         """See :meth:`Admin.delete_topic`."""

@@ -5,11 +5,23 @@ timeout, multi-topic and pattern group consumers."""
 from __future__ import annotations
 
 import asyncio
+import json
+import os
 import select
+import subprocess
+import sys
 
 import pytest
 
-from cursus.client import AsyncProducer, Client, Consumer, DeliveryFailedError, DeliveryUnknownError, Producer
+from cursus.client import (
+    Admin,
+    AsyncProducer,
+    Client,
+    Consumer,
+    DeliveryFailedError,
+    DeliveryUnknownError,
+    Producer,
+)
 from cursus.wire import Command
 from tests.integration.conftest import connect
 from tests.integration.helpers import create_topic
@@ -93,3 +105,65 @@ def test_idempotent_producer_restarts_sequence_after_unknown_outcome(broker_fact
     with Consumer(topic_name, _address(broker)) as consumer:
         values = [r.value for r in consumer.records(until_end=True)]
     assert values == [b"r1", b"r3", b"r4"]
+
+
+# ------------------------------------------------------------------------------ cursusctl topic alter, produce progress
+
+
+def ctl(broker, *args: str, stdin=None) -> subprocess.CompletedProcess[str]:
+    env = {**os.environ, "CURSUS_BROKER": _address(broker)}
+    return subprocess.run([sys.executable, "-m", "cursus.cli.ctl", *args], stdin=stdin, capture_output=True,
+                          text=True, env=env, timeout=60)
+
+
+def test_topic_alter_covers_every_mutable_setting(shared_broker, topic_name):
+    broker = shared_broker
+    assert ctl(broker, "topic", "create", topic_name, "--partitions", "1").returncode == 0
+    done = ctl(broker, "--json", "topic", "alter", topic_name, "--partitions", "3", "--retention-hours", "5",
+               "--retention-bytes", "4096", "--cleanup-policy", "delete", "--partitioner", "round_robin",
+               "--min-isr", "1")
+    assert done.returncode == 0, done.stderr
+    doc = json.loads(done.stdout)
+    assert doc["result"] == "updated"
+    assert (doc["partitions"], doc["retention_hours"], doc["retention_bytes"], doc["partitioner"],
+            doc["cleanup_policy"], doc["min_in_sync_replicas"]) == (3, 5, 4096, "round_robin", "delete", 1)
+    again = json.loads(ctl(broker, "--json", "topic", "alter", topic_name, "--partitions", "3").stdout)
+    assert again["result"] == "unchanged" and again["revision"] == doc["revision"]
+    reset = json.loads(ctl(broker, "--json", "topic", "alter", topic_name, "--min-isr", "default").stdout)
+    assert reset["min_in_sync_replicas"] is None and reset["partitions"] == 3
+    shrink = ctl(broker, "topic", "alter", topic_name, "--partitions", "2")
+    assert shrink.returncode != 0 and "partitions" in shrink.stderr
+    missing = ctl(broker, "topic", "alter", f"{topic_name}-missing", "--retention-hours", "1")
+    assert missing.returncode != 0 and "topic_not_found" in missing.stderr
+    with Admin(_address(broker)) as admin:
+        assert f"{topic_name}-missing" not in admin.list_topics()  # alter never creates
+        assert admin.alter_topic(topic_name, retention_hours=0).retention_hours == 0
+        with pytest.raises(TypeError):
+            admin.alter_topic(topic_name, idempotent=True)  # type: ignore[call-arg]
+    nothing = ctl(broker, "topic", "alter", topic_name)
+    assert nothing.returncode == 2 and "at least one setting" in nothing.stderr
+
+
+def test_produce_progress_shows_total_and_percentage_when_the_size_is_known(shared_broker, topic_name, tmp_path):
+    broker = shared_broker
+    path = tmp_path / "lines.txt"
+    path.write_text("".join(f"record-{i}\n" for i in range(2500)))
+    size = path.stat().st_size
+    assert ctl(broker, "topic", "create", topic_name, "--partitions", "2").returncode == 0
+    by_file = ctl(broker, "--json", "produce", topic_name, "--file", str(path), "--progress", "lines")
+    assert by_file.returncode == 0, by_file.stderr
+    last = by_file.stderr.strip().splitlines()[-1]
+    assert "2,500 records" in last and "(100%)" in last and " of " in last, by_file.stderr
+    summary = json.loads(by_file.stdout)
+    assert (summary["records"], summary["failed"], summary["input_bytes"], summary["input_size"]) == \
+        (2500, 0, size, size)
+    with open(path, "rb") as sized_stdin:  # stdin redirected from a file: its size is known too
+        by_stdin = ctl(broker, "produce", topic_name, "--progress", "lines", stdin=sized_stdin)
+    assert by_stdin.returncode == 0 and "(100%)" in by_stdin.stderr
+    assert "records" in by_stdin.stdout and "2500" in by_stdin.stdout.replace(",", "")  # the summary line
+    piped = subprocess.run(
+        [sys.executable, "-m", "cursus.cli.ctl", "--json", "produce", topic_name, "--progress", "lines"],
+        input="a\nb\n", capture_output=True, text=True, timeout=60,
+        env={**os.environ, "CURSUS_BROKER": _address(broker)})
+    assert piped.returncode == 0 and "2 records" in piped.stderr and "%" not in piped.stderr
+    assert "input_size" not in json.loads(piped.stdout)
