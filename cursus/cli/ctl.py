@@ -550,7 +550,7 @@ def _alter_topic(admin: Admin, args: argparse.Namespace, out: Output) -> None:
                          "--retention-hours, --retention-bytes, --partitioner, --auth-policy, --read-acl, "
                          "--write-acl")
     before = admin.metadata(args.name).revision
-    config = admin.alter_topic(args.name, min_in_sync_replicas=args.min_isr, **settings)  # type: ignore[arg-type]
+    config = admin.alter_topic(args.name, min_in_sync_replicas=args.min_isr, **settings)
     outcome = "unchanged" if config.revision == before else "updated"
     _show_config(out, {"result": outcome, **config.to_dict()}, f"topic {config.topic}")
 
