@@ -50,7 +50,7 @@ from concurrent.futures import Future
 from typing import IO, Any
 
 from cursus import __version__
-from cursus.client.admin import Admin, TopicMetadata
+from cursus.client.admin import Admin, TopicMetadata, merge_group_offsets
 from cursus.client.connection import (
     DEFAULT_ADDRESS,
     Backoff,
@@ -931,9 +931,14 @@ def cmd_group(args: argparse.Namespace, options: ConnectionOptions, out: Output)
                     out.line(name)
             return EXIT_OK
         status = _group_status(client, args.group)
+        if args.group_command == "offsets":  # log ends from the partition leaders, not the coordinator's replica
+            with Admin(client=client) as admin:
+                topics = sorted({str(o.get("topic")) for o in status.get("offsets") or []})
+                rows = merge_group_offsets(status, {t: admin.list_offsets(t) for t in topics})
+            offsets = [{"topic": r.topic, "partition": r.partition, "committed_offset": r.committed,
+                        "log_end_offset": r.log_end, "lag": r.lag, "owner": r.owner} for r in rows]
     name = status.get("group_name", args.group)
     members = status.get("members") or []
-    offsets = sorted(status.get("offsets") or [], key=lambda o: (str(o.get("topic")), int(o.get("partition", 0))))
     if args.group_command == "describe":
         if out.json_mode:
             out.json(status)

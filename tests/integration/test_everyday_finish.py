@@ -20,6 +20,7 @@ from cursus.client import (
     Consumer,
     DeliveryFailedError,
     DeliveryUnknownError,
+    GroupConsumer,
     Producer,
 )
 from cursus.wire import Command
@@ -167,3 +168,31 @@ def test_produce_progress_shows_total_and_percentage_when_the_size_is_known(shar
         env={**os.environ, "CURSUS_BROKER": _address(broker)})
     assert piped.returncode == 0 and "2 records" in piped.stderr and "%" not in piped.stderr
     assert "input_size" not in json.loads(piped.stdout)
+
+
+# ------------------------------------------------------------------------------ group lag from the partition leaders
+
+
+def test_group_offsets_use_the_partition_leaders_list_offsets(shared_broker, topic_name):
+    broker = shared_broker
+    group = f"g-{topic_name}"
+    with connect(broker) as conn:
+        create_topic(conn, topic_name, partitions=2)
+    with Producer(_address(broker), acks=1) as producer:
+        for i in range(12):
+            producer.send(topic_name, f"v{i}".encode(), partition=i % 2)
+    with GroupConsumer(topic_name, group, _address(broker), auto_commit=False) as consumer:
+        got = []
+        while len(got) < 12:
+            got.extend(consumer.poll(5))
+        consumer.commit({0: 2, 1: 6})
+        with Admin(_address(broker)) as admin:
+            bounds = {b.partition: b for b in admin.list_offsets(topic_name)}
+            rows = {o.partition: o for o in admin.group_offsets(group)}
+            assert {p: (o.committed, o.log_end, o.lag) for p, o in rows.items()} == \
+                {0: (2, bounds[0].hwm, bounds[0].hwm - 2), 1: (6, bounds[1].hwm, 0)}
+            assert admin.group_lag(group) == 4
+        shown = ctl(broker, "--json", "group", "offsets", group)
+    assert shown.returncode == 0, shown.stderr
+    doc = json.loads(shown.stdout)
+    assert doc["total_lag"] == 4 and [o["log_end_offset"] for o in doc["offsets"]] == [6, 6]
