@@ -31,6 +31,9 @@ from cursus.client.connection import (
     negotiation_request,
     options_from,
     parse_address,
+    probe_tls,
+    tls_failure,
+    tls_required_error,
 )
 from cursus.client.errors import ClientClosedError, CursusError, error_from_frame
 from cursus.wire import (
@@ -89,13 +92,28 @@ class AsyncConnection:
             ssl_context, server_hostname: TLS settings.
             principal, token: ``AUTH principal= token=`` right after negotiation.
         """
-        async with asyncio.timeout(timeout_s):
-            reader, writer = await asyncio.open_connection(
-                host, port, ssl=ssl_context, server_hostname=(server_hostname or host) if ssl_context else None,
-                limit=RECV_BYTES)
+        try:
+            async with asyncio.timeout(timeout_s):
+                reader, writer = await asyncio.open_connection(
+                    host, port, ssl=ssl_context, server_hostname=(server_hostname or host) if ssl_context else None,
+                    limit=RECV_BYTES)
+        except (OSError, ssl.SSLError) as exc:
+            mapped = tls_failure(exc, (host, port), ssl_context, before_reply=False)
+            if mapped is not None:
+                raise mapped from exc
+            raise
         conn = cls(host, port, reader, writer, preferred=compression_of(compression), timeout_s=timeout_s)
         try:
-            await conn._negotiate()
+            try:
+                await conn._negotiate()
+            except (OSError, ssl.SSLError) as exc:
+                mapped = tls_failure(exc, (host, port), ssl_context, before_reply=True)
+                if mapped is None and ssl_context is None and isinstance(exc, ConnectionClosed) \
+                        and await asyncio.to_thread(probe_tls, (host, port), timeout_s):
+                    mapped = tls_required_error((host, port))
+                if mapped is not None:
+                    raise mapped from exc
+                raise
             if principal is not None:
                 await conn._authenticate(principal, token or "")
         except BaseException:

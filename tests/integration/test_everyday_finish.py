@@ -10,11 +10,13 @@ import os
 import select
 import subprocess
 import sys
+import time
 
 import pytest
 
 from cursus.client import (
     Admin,
+    AsyncAdmin,
     AsyncProducer,
     Client,
     Consumer,
@@ -22,8 +24,11 @@ from cursus.client import (
     DeliveryUnknownError,
     GroupConsumer,
     Producer,
+    TlsError,
 )
+from cursus.client.connection import Backoff, make_ssl_context
 from cursus.wire import Command
+from tests.certs import make_pki
 from tests.integration.conftest import connect
 from tests.integration.helpers import create_topic
 
@@ -196,3 +201,68 @@ def test_group_offsets_use_the_partition_leaders_list_offsets(shared_broker, top
     assert shown.returncode == 0, shown.stderr
     doc = json.loads(shown.stdout)
     assert doc["total_lag"] == 4 and [o["log_end_offset"] for o in doc["offsets"]] == [6, 6]
+
+
+# ------------------------------------------------------------------------------ TLS messages, no retries, broker log
+
+
+def _log_lines(broker, needle: str) -> list[str]:
+    return [line for line in broker.output().splitlines() if needle in line]
+
+
+def test_tls_failures_are_specific_not_retried_and_logged_by_the_broker(broker_factory, tmp_path):
+    pki = make_pki(tmp_path / "pki")
+    other = make_pki(tmp_path / "other", name="other")
+    broker = broker_factory(settings={"use_tls": "true", "tls_cert_path": pki.server_cert,
+                                      "tls_key_path": pki.server_key, "tls_ca_path": pki.ca}).start()
+    address = _address(broker)
+    plain_broker = broker_factory("plain").start()
+    mtls = make_ssl_context(str(pki.ca), str(pki.client_cert), str(pki.client_key))
+    with Admin(address, ssl_context=mtls) as admin:
+        admin.list_topics()  # the right configuration works
+
+    cases = [
+        ({}, "tls_required", "the server requires TLS"),
+        ({"ssl_context": make_ssl_context(str(pki.ca))}, "tls_client_certificate_required",
+         "client certificate required"),
+        ({"ssl_context": make_ssl_context(str(other.ca), str(pki.client_cert), str(pki.client_key))},
+         "tls_certificate_verify_failed", "failed verification"),
+    ]
+    for overrides, code, text in cases:
+        started = time.monotonic()
+        with Admin(address, backoff=Backoff(initial_s=0.5, attempts_max=8), **overrides) as admin, \
+                pytest.raises(TlsError) as caught:
+            admin.list_topics()
+        assert caught.value.code == code and text in str(caught.value) and not caught.value.retryable
+        assert time.monotonic() - started < 2.0, f"{code} was retried"  # 8 retries would take > 4 s
+
+    async def async_case() -> str:
+        async with AsyncAdmin(address, backoff=Backoff(initial_s=0.5, attempts_max=8)) as admin:
+            try:
+                await admin.list_topics()
+            except TlsError as exc:
+                return exc.code
+        return "no error"
+    assert asyncio.run(async_case()) == "tls_required"
+
+    # cursusctl: the message says what to do; a missing file is named
+    tls_ctl = ctl(broker, "topic", "list")
+    assert tls_ctl.returncode == 1 and "the server requires TLS" in tls_ctl.stderr and "--tls" in tls_ctl.stderr
+    no_cert = ctl(broker, "--tls-ca", str(pki.ca), "topic", "list")
+    assert no_cert.returncode == 1 and "client certificate required" in no_cert.stderr
+    missing = ctl(broker, "--tls-ca", str(tmp_path / "nowhere" / "ca.crt"), "topic", "list")
+    assert missing.returncode == 2 and "TLS CA file not found" in missing.stderr and "nowhere/ca.crt" in missing.stderr
+    plain = ctl(plain_broker, "--tls-insecure", "--timeout", "2", "topic", "list")
+    assert plain.returncode == 1 and "may not use TLS on this port" in plain.stderr
+
+    # the broker logged each kind of failure, once per reason however often it happened
+    wait_lines = [("WRONG_VERSION_NUMBER", "plaintext client"),
+                  ("PEER_DID_NOT_RETURN_A_CERTIFICATE", "no certificate"),
+                  ("TLSV1_ALERT_UNKNOWN_CA", "does not trust")]
+    deadline = time.monotonic() + 10
+    while not all(_log_lines(broker, reason) for reason, _ in wait_lines):
+        assert time.monotonic() < deadline, broker.output()[-2000:]
+        time.sleep(0.05)
+    for reason, meaning in wait_lines:
+        lines = _log_lines(broker, reason)
+        assert len(lines) == 1 and "TLS handshake failed" in lines[0] and meaning in lines[0], lines
