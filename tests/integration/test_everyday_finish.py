@@ -17,8 +17,10 @@ import pytest
 from cursus.client import (
     Admin,
     AsyncAdmin,
+    AsyncGroupConsumer,
     AsyncProducer,
     Client,
+    ConflictError,
     Consumer,
     DeliveryFailedError,
     DeliveryUnknownError,
@@ -266,3 +268,98 @@ def test_tls_failures_are_specific_not_retried_and_logged_by_the_broker(broker_f
     for reason, meaning in wait_lines:
         lines = _log_lines(broker, reason)
         assert len(lines) == 1 and "TLS handshake failed" in lines[0] and meaning in lines[0], lines
+
+
+# ------------------------------------------------------------------------------ group consumers on topic lists and patterns
+
+
+def _fill(broker, topics: dict[str, int], per_partition: int = 3) -> set[tuple[str, int, bytes]]:
+    """Create the topics and write ``per_partition`` records to each partition; returns what was written."""
+    written = set()
+    with connect(broker) as conn:
+        for topic, partitions in topics.items():
+            create_topic(conn, topic, partitions=partitions)
+    with Producer(_address(broker), acks=1) as producer:
+        for topic, partitions in topics.items():
+            for p in range(partitions):
+                for i in range(per_partition):
+                    value = f"{topic}/{p}/{i}".encode()
+                    producer.send(topic, value, partition=p)
+                    written.add((topic, p, value))
+    return written
+
+
+def _drain(consumer, want: int, timeout_s: float = 20.0) -> list:
+    got: list = []
+    deadline = time.monotonic() + timeout_s
+    while len(got) < want and time.monotonic() < deadline:
+        got.extend(consumer.poll(0.5))
+    return got
+
+
+@pytest.mark.parametrize("mode", ["poll", "stream"])
+def test_group_consumer_reads_a_topic_list(shared_broker, topic_name, mode):
+    broker = shared_broker
+    a, b = f"{topic_name}-a", f"{topic_name}-b"
+    written = _fill(broker, {a: 2, b: 1})
+    group = f"g-{topic_name}"
+    assigned: list = []
+    with GroupConsumer([a, b], group, _address(broker), mode=mode, auto_commit=False,
+                       on_assigned=assigned.append, heartbeat_interval_s=0.5) as consumer:
+        assert consumer.assignment() == [(a, 0), (a, 1), (b, 0)]
+        assert assigned == [[(a, 0), (a, 1), (b, 0)]]
+        got = _drain(consumer, len(written))
+        assert {(r.topic, r.partition, r.value) for r in got} == written and len(got) == len(written)
+        assert consumer.positions() == {(a, 0): 3, (a, 1): 3, (b, 0): 3}
+        assert consumer.commit() == {(a, 0): 3, (a, 1): 3, (b, 0): 3}  # one request per topic
+        with pytest.raises(ConflictError):
+            consumer.commit({(a, 0): 1})  # offset_regression, typed
+    with Admin(_address(broker)) as admin:
+        status = admin.describe_group(group)
+        assert status["subscription"] == {"type": "topics", "topics": [a, b]}
+        assert {(o.topic, o.partition): o.committed for o in admin.group_offsets(group)} == \
+            {(a, 0): 3, (a, 1): 3, (b, 0): 3}
+    with GroupConsumer([a, b], group, _address(broker), auto_commit=False) as again:
+        assert _drain(again, 1, timeout_s=1.0) == []  # resumes at the committed offsets
+
+
+def test_group_consumer_pattern_follows_new_topics_and_async(shared_broker, topic_name):
+    broker = shared_broker
+    prefix = f"{topic_name}-pat"
+    first = _fill(broker, {f"{prefix}-1": 1})
+    _fill(broker, {f"{topic_name}-other": 1})  # does not match
+    group = f"g-{topic_name}"
+    with GroupConsumer(None, group, _address(broker), pattern=f"{prefix}-*", auto_commit=True,
+                       auto_commit_interval_s=0, heartbeat_interval_s=0.3) as consumer:
+        got = _drain(consumer, len(first))
+        assert {(r.topic, r.partition, r.value) for r in got} == first
+        second = _fill(broker, {f"{prefix}-2": 2})  # a new matching topic: the group rebalances to it
+        got = _drain(consumer, len(second))
+        assert {(r.topic, r.partition, r.value) for r in got} == second
+        assert consumer.assignment() == [(f"{prefix}-1", 0), (f"{prefix}-2", 0), (f"{prefix}-2", 1)]
+    with Admin(_address(broker)) as admin:
+        assert admin.describe_group(group)["subscription"] == {"type": "pattern", "pattern": f"{prefix}-*"}
+        assert admin.group_lag(group) == 0  # everything read was committed on close
+
+    async def read_async() -> set:
+        third = _fill(broker, {f"{prefix}-3": 1})
+        async with AsyncGroupConsumer(None, group, _address(broker), pattern=f"{prefix}-*",
+                                      auto_commit=False) as aconsumer:
+            assert (f"{prefix}-3", 0) in await aconsumer.assignment()
+            got: list = []
+            deadline = time.monotonic() + 20
+            while len(got) < len(third) and time.monotonic() < deadline:
+                got.extend(await aconsumer.poll(0.5))
+            assert await aconsumer.commit() == {(f"{prefix}-3", 0): 3}
+        return {(r.topic, r.partition, r.value) for r in got} ^ third
+
+    assert asyncio.run(read_async()) == set()  # only the new topic's records: the others were committed
+
+
+def test_group_consumer_subscription_arguments_are_checked():
+    with pytest.raises(ValueError):
+        GroupConsumer(None, "g")
+    with pytest.raises(ValueError):
+        GroupConsumer("t", "g", pattern="t-*")
+    with pytest.raises(ValueError):
+        GroupConsumer([], "g")
