@@ -27,6 +27,7 @@ from cursus.client.connection import (
     check_auth_reply,
     check_correlation,
     compression_of,
+    format_address,
     negotiated_compression,
     negotiation_request,
     options_from,
@@ -35,7 +36,7 @@ from cursus.client.connection import (
     tls_failure,
     tls_required_error,
 )
-from cursus.client.errors import ClientClosedError, CursusError, error_from_frame
+from cursus.client.errors import BrokerUnavailableError, ClientClosedError, CursusError, error_from_frame
 from cursus.wire import (
     Command,
     CommandPayload,
@@ -326,8 +327,9 @@ class AsyncClient:
 
     async def request(self, command: Command, payload: bytes, *, address: Address | None = None,
                       retry_safe: bool | None = None, timeout_s: float | None = None,
-                      follow_redirects: bool = True) -> Frame:
-        """Send one request and return its OK reply frame; see ``Client.request`` for the rules."""
+                      follow_redirects: bool = True, failover: bool = False) -> Frame:
+        """Send one request and return its OK reply frame; see ``Client.request`` for the rules (``failover``
+        included)."""
         safe = command in READ_ONLY_COMMANDS if retry_safe is None else retry_safe
         attempts = Attempts(address or self.bootstrap[0], self.options, safe, command.name,
                             follow_redirects=follow_redirects, rotation=() if address else self.bootstrap)
@@ -337,6 +339,9 @@ class AsyncClient:
             except (OSError, ProtocolError, CursusError) as exc:
                 if isinstance(exc, ClientClosedError):
                     raise
+                if failover and address is not None and not isinstance(exc, CursusError):
+                    raise BrokerUnavailableError(
+                        f"cannot connect to {format_address(address)} for {command.name}: {exc}") from exc
                 await asyncio.sleep(attempts.after_connect_failure(exc))
                 continue
             try:
@@ -354,11 +359,11 @@ class AsyncClient:
     async def call(self, command: Command, fields: Mapping[str, str] | None = None, *,
                    positionals: tuple[str, ...] = (), address: Address | None = None,
                    retry_safe: bool | None = None, timeout_s: float | None = None,
-                   follow_redirects: bool = True) -> Frame:
+                   follow_redirects: bool = True, failover: bool = False) -> Frame:
         """``request`` with a CRQ2 payload built from ``fields`` and ``positionals``."""
         payload = encode_crq2(CommandPayload(tuple(positionals), dict(fields or {})))
         return await self.request(command, payload, address=address, retry_safe=retry_safe,
-                                  timeout_s=timeout_s, follow_redirects=follow_redirects)
+                                  timeout_s=timeout_s, follow_redirects=follow_redirects, failover=failover)
 
     async def command(self, text: str, *, address: Address | None = None, retry_safe: bool | None = None,
                       timeout_s: float | None = None) -> Frame:
