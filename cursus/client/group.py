@@ -60,6 +60,7 @@ from cursus.client.errors import (
     CursusError,
     OffsetOutOfRangeError,
     ProtocolViolationError,
+    TlsError,
     error_from_frame,
 )
 from cursus.client.records import ConsumerRecord, decode_consumed_batch
@@ -77,7 +78,7 @@ _RESETS = ("earliest", "latest", "error")
 _MODES = ("poll", "stream")
 _R = TypeVar("_R")
 
-Callback = Callable[[list[int]], Any]
+Callback = Callable[[list[Any]], Any]  # partition numbers, or (topic, partition) pairs
 
 
 def _default_client_id() -> str:
@@ -708,9 +709,10 @@ class GroupConsumer(_GroupSettings):
 
     # ---------------------------------------------------------------------------------------- commits
 
-    def commit(self, offsets: Mapping[int, int] | None = None) -> dict[int, int]:
-        """Commit next offsets (default: everything poll returned so far) of owned partitions; returns what
-        was committed (offsets equal to the committed ones are left out). Joins first if needed. Durable on
+    def commit(self, offsets: Mapping[PartitionKey, int] | None = None) -> dict[PartitionKey, int]:
+        """Commit next offsets (default: everything poll returned so far) of owned partitions, keyed by
+        partition number (one topic) or ``(topic, partition)`` (a topic list or pattern; one request per
+        topic); returns what was committed (offsets equal to the committed ones are left out). Joins first if needed. Durable on
         the broker when this returns.
 
         Raises:
@@ -722,7 +724,7 @@ class GroupConsumer(_GroupSettings):
         with self._lock:
             return self._commit_now(self.state.pending_commits(offsets))
 
-    def _commit_now(self, offsets: Mapping[int, int]) -> dict[int, int]:
+    def _commit_now(self, offsets: Mapping[PartitionKey, int]) -> dict[PartitionKey, int]:
         committed = run_steps(commit_steps(self.state, offsets), self._call)
         if committed:
             self._last_commit = time.monotonic()
@@ -842,6 +844,9 @@ class _PartitionStreamThread(threading.Thread):
                     return
                 target = exc.earliest if self.owner.auto_offset_reset == "earliest" else exc.latest
                 self.offset = target if target is not None else self.offset
+            except TlsError as exc:  # a configuration mismatch: reconnecting cannot help
+                log.error("stream of %s/%d: %s", self.topic, self.partition, exc)
+                return
             except (OSError, ProtocolError, CursusError) as exc:
                 if self._halt.is_set():
                     return
@@ -1001,13 +1006,13 @@ class AsyncGroupConsumer(_GroupSettings):
                 if records:
                     return records
 
-    async def commit(self, offsets: Mapping[int, int] | None = None) -> dict[int, int]:
+    async def commit(self, offsets: Mapping[PartitionKey, int] | None = None) -> dict[PartitionKey, int]:
         """See :meth:`GroupConsumer.commit`."""
         await self._ensure_member()
         async with self._lock:
             return await self._commit_now(self.state.pending_commits(offsets))
 
-    async def _commit_now(self, offsets: Mapping[int, int]) -> dict[int, int]:
+    async def _commit_now(self, offsets: Mapping[PartitionKey, int]) -> dict[PartitionKey, int]:
         committed = await run_steps_async(commit_steps(self.state, offsets), self._call)
         if committed:
             self._last_commit = time.monotonic()
