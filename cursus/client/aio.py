@@ -142,14 +142,13 @@ class AsyncConnection:
             self._writer.close()
 
     def stale(self) -> bool:
-        """See :meth:`cursus.client.connection.Connection.stale`: closed, or idle with the broker's EOF (or
-        stray bytes) already received; a stale connection is closed here."""
+        """See :meth:`cursus.client.connection.Connection.stale`: closed, or idle with the broker's EOF already
+        received (the stream reader sees it without a read pending); a stale connection is closed here."""
         if self.closed:
             return True
         if self._unanswered or self._lock.locked():
             return False
-        if self._decoder.buffered_bytes or self._reader.at_eof() or self._reader.exception() is not None \
-                or len(getattr(self._reader, "_buffer", b"")):
+        if self._decoder.buffered_bytes or self._reader.at_eof() or self._reader.exception() is not None:
             self._fail()
             return True
         return False

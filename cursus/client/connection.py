@@ -185,6 +185,7 @@ _CERT_REFUSED_REASONS = frozenset({"SSLV3_ALERT_BAD_CERTIFICATE", "TLSV1_ALERT_U
                                    "SSLV3_ALERT_CERTIFICATE_REVOKED", "SSLV3_ALERT_UNSUPPORTED_CERTIFICATE",
                                    "TLSV1_ALERT_ACCESS_DENIED", "SSLV3_ALERT_HANDSHAKE_FAILURE"})
 
+
 def tls_failure(exc: BaseException, address: Address, ssl_context: ssl.SSLContext | None, *,
                 before_reply: bool) -> TlsError | None:
     """The :class:`~cursus.client.errors.TlsError` an ``exc`` raised while opening a connection stands for, or
@@ -218,7 +219,8 @@ def tls_failure(exc: BaseException, address: Address, ssl_context: ssl.SSLContex
 
 def probe_tls(address: Address, timeout_s: float) -> bool:
     """Whether ``address`` answers a TLS ClientHello (certificates unchecked; only for an error message after
-    a plaintext negotiation got no reply). Never raises."""
+    a plaintext negotiation got no reply, so once per such failure). A broker requiring client certificates
+    logs this probe as a handshake without one. Never raises."""
     context = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)
     context.check_hostname = False
     context.verify_mode = ssl.CERT_NONE
