@@ -14,6 +14,7 @@ logged.
 from __future__ import annotations
 
 import logging
+import os
 import ssl
 
 from cursus.broker.config import BrokerConfig, ConfigError
@@ -66,12 +67,17 @@ def server_context(config: BrokerConfig) -> ssl.SSLContext | None:
     """The listener's SSL context, or None when ``use_tls`` is false.
 
     Raises:
-        ConfigError: TLS enabled without a certificate/key, or unreadable certificate, key or CA files.
+        ConfigError: TLS enabled without a certificate/key, a missing file (named), or unreadable or invalid
+            certificate, key or CA files.
     """
     if not config.use_tls:
         return None
     if not config.tls_cert_path or not config.tls_key_path:
         raise ConfigError("invalid value for use_tls: tls_cert_path and tls_key_path are required")
+    for key, path in (("tls_cert_path", config.tls_cert_path), ("tls_key_path", config.tls_key_path),
+                      ("tls_ca_path", config.tls_ca_path)):
+        if path and not os.path.isfile(path):
+            raise ConfigError(f"invalid value for {key}: file not found: {path}")
     ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
     ctx.minimum_version = ssl.TLSVersion.TLSv1_2
     try:

@@ -363,3 +363,12 @@ def test_group_consumer_subscription_arguments_are_checked():
         GroupConsumer("t", "g", pattern="t-*")
     with pytest.raises(ValueError):
         GroupConsumer([], "g")
+
+
+def test_broker_names_a_missing_tls_file(broker_factory, tmp_path):
+    pki = make_pki(tmp_path / "pki")
+    missing = tmp_path / "nowhere" / "server.crt"
+    broker = broker_factory(settings={"use_tls": "true", "tls_cert_path": missing, "tls_key_path": pki.server_key})
+    broker.start(expect_ready=False)
+    assert broker.wait_exit(30) == 1
+    assert f"tls_cert_path: file not found: {missing}" in broker.output()
