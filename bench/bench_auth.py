@@ -19,6 +19,7 @@ import tempfile
 import time
 from pathlib import Path
 
+from bench.support import proc_cpu_s
 from cursus.client.connection import Connection
 from cursus.wire import Batch, Command, CommandPayload, Record, Status, encode_batch, encode_crq2
 
@@ -32,11 +33,6 @@ USERS = ",".join(f"user{i}:bench-token-{i:04d}-xxxxxxxxxxxxxxxx:*" for i in rang
 PRINCIPAL, TOKEN = "user7", "bench-token-0007-xxxxxxxxxxxxxxxx"  # the last user: a full pass over the list
 
 
-def _proc_cpu_s(pid: int) -> float:
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-
-
 def _connect(port: int, authenticated: bool) -> Connection:
     if authenticated:
         return Connection("127.0.0.1", port, timeout_s=30, principal=PRINCIPAL, token=TOKEN)
@@ -48,11 +44,11 @@ def _publish_loop(port: int, pid: int, authenticated: bool, payload: bytes, coun
     with _connect(port, authenticated) as conn:
         for _ in range(50):  # warm up
             assert conn.request(command, payload).status == Status.OK
-        cpu0, t0 = _proc_cpu_s(pid), time.perf_counter()
+        cpu0, t0 = proc_cpu_s(pid), time.perf_counter()
         for _ in range(count):
             frame = conn.request(command, payload)
             assert frame.status == Status.OK, frame.payload[:200]
-        return time.perf_counter() - t0, _proc_cpu_s(pid) - cpu0
+        return time.perf_counter() - t0, proc_cpu_s(pid) - cpu0
 
 
 def run() -> list[dict]:

@@ -18,35 +18,14 @@ import tempfile
 import time
 from pathlib import Path
 
+from bench.support import PAYLOAD_BYTES, RECORDS_PER_BATCH, proc_cpu_s, publisher
 from cursus.client.connection import Connection
-from cursus.wire import Batch, Command, Record, Status, encode_batch, encode_crq2, parse_command_text
+from cursus.wire import Batch, Command, Record, encode_batch, encode_crq2, parse_command_text
 
-RECORDS_PER_BATCH = 1000
-PAYLOAD_BYTES = 100
 CONNECTIONS = 4
 BATCHES_PER_CONNECTION = int(os.environ.get("CURSUS_BENCH_BATCHES", "150"))
 LATENCY_SAMPLES = int(os.environ.get("CURSUS_BENCH_LATENCY_SAMPLES", "500"))
 _U32 = struct.Struct(">I")
-
-
-def _proc_cpu_s(pid: int, tid: int | None = None) -> float:
-    """CPU seconds (user + system) of process ``pid``, or of its thread ``tid`` only."""
-    path = f"/proc/{pid}/stat" if tid is None else f"/proc/{pid}/task/{tid}/stat"
-    fields = Path(path).read_text().rsplit(")", 1)[1].split()
-    ticks = os.sysconf("SC_CLK_TCK")
-    return (int(fields[11]) + int(fields[12])) / ticks
-
-
-def _publisher(port: int, topic: str, partition: int, batches: int, out: mp.Queue) -> None:
-    records = [Record(topic=topic, partition=partition, payload=os.urandom(PAYLOAD_BYTES // 2).hex().encode())
-               for _ in range(RECORDS_PER_BATCH)]
-    payload = encode_batch(Batch(topic=topic, partition=partition, acks="1", records=records))
-    start_cpu = time.process_time()
-    with Connection("127.0.0.1", port, timeout_s=60) as conn:
-        for _ in range(batches):
-            frame = conn.request(Command.PUBLISH, payload)
-            assert frame.status == Status.OK, frame.payload[:200]
-    out.put(time.process_time() - start_cpu)
 
 
 def _consumer(port: int, topic: str, partition: int, expected: int, out: mp.Queue) -> None:
@@ -103,35 +82,35 @@ def run() -> list[dict]:
             assert broker.proc is not None
             pid = broker.proc.pid
 
-            cpu0 = _proc_cpu_s(pid)
-            elapsed, client_cpu = _timed_phase(_publisher, port, topic, BATCHES_PER_CONNECTION)
+            cpu0 = proc_cpu_s(pid)
+            elapsed, client_cpu = _timed_phase(publisher, port, topic, BATCHES_PER_CONNECTION)
             total = CONNECTIONS * BATCHES_PER_CONNECTION * RECORDS_PER_BATCH
             results.append({
                 "bench": "broker_publish_acks1", "records": total, "record_bytes": PAYLOAD_BYTES,
                 "batch_records": RECORDS_PER_BATCH, "connections": CONNECTIONS, "seconds": round(elapsed, 3),
                 "records_per_s": round(total / elapsed), "mb_per_s": round(total * PAYLOAD_BYTES / elapsed / 1e6, 1),
-                "broker_cpu_s": round(_proc_cpu_s(pid) - cpu0, 2), "client_cpu_s": round(client_cpu, 2),
+                "broker_cpu_s": round(proc_cpu_s(pid) - cpu0, 2), "client_cpu_s": round(client_cpu, 2),
             })
 
-            cpu0 = _proc_cpu_s(pid)
+            cpu0 = proc_cpu_s(pid)
             per_partition = BATCHES_PER_CONNECTION * RECORDS_PER_BATCH
             elapsed, client_cpu = _timed_phase(_consumer, port, topic, per_partition)
             results.append({
                 "bench": "broker_consume_raw", "records": total, "connections": CONNECTIONS,
                 "seconds": round(elapsed, 3), "records_per_s": round(total / elapsed),
-                "broker_cpu_s": round(_proc_cpu_s(pid) - cpu0, 2), "client_cpu_s": round(client_cpu, 2),
+                "broker_cpu_s": round(proc_cpu_s(pid) - cpu0, 2), "client_cpu_s": round(client_cpu, 2),
             })
 
             latencies = []
             record = Record(topic=topic, partition=0, payload=b"x" * PAYLOAD_BYTES)
             payload = encode_batch(Batch(topic=topic, partition=0, acks="1", records=[record]))
             with Connection("127.0.0.1", port) as conn:
-                cpu0, loop0 = _proc_cpu_s(pid), _proc_cpu_s(pid, pid)  # the main thread runs the event loop
+                cpu0, loop0 = proc_cpu_s(pid), proc_cpu_s(pid, pid)  # the main thread runs the event loop
                 for _ in range(LATENCY_SAMPLES):
                     t0 = time.perf_counter()
                     conn.request(Command.PUBLISH, payload)
                     latencies.append(time.perf_counter() - t0)
-                broker_cpu_s, loop_cpu_s = _proc_cpu_s(pid) - cpu0, _proc_cpu_s(pid, pid) - loop0
+                broker_cpu_s, loop_cpu_s = proc_cpu_s(pid) - cpu0, proc_cpu_s(pid, pid) - loop0
             latencies.sort()
             results.append({
                 "bench": "broker_publish_latency_acks1", "samples": len(latencies),

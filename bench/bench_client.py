@@ -24,6 +24,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
+from bench.support import proc_cpu_s
 from cursus.client import Admin, AsyncConsumer, AsyncProducer, Consumer, Producer
 
 RECORDS = int(os.environ.get("CURSUS_BENCH_SDK_RECORDS", "300000"))
@@ -31,13 +32,8 @@ PAYLOAD_BYTES = 100
 PARTITIONS = 4
 
 
-def _proc_cpu_s(pid: int) -> float:
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-
-
 def _measure(name: str, pid: int, records: int, body: Callable[[], int], **extra: object) -> dict:
-    broker_cpu0 = _proc_cpu_s(pid)
+    broker_cpu0 = proc_cpu_s(pid)
     cpu0 = time.process_time()
     started = time.perf_counter()
     count = body()
@@ -48,7 +44,7 @@ def _measure(name: str, pid: int, records: int, body: Callable[[], int], **extra
         "bench": name, "records": records, "record_bytes": PAYLOAD_BYTES, **extra, "seconds": round(elapsed, 3),
         "records_per_s": round(records / elapsed), "mb_per_s": round(records * PAYLOAD_BYTES / elapsed / 1e6, 1),
         "client_cpu_s": round(client_cpu, 2), "client_cpu_us_per_record": round(client_cpu / records * 1e6, 2),
-        "broker_cpu_s": round(_proc_cpu_s(pid) - broker_cpu0, 2),
+        "broker_cpu_s": round(proc_cpu_s(pid) - broker_cpu0, 2),
     }
 
 

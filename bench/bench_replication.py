@@ -22,6 +22,7 @@ import tempfile
 import time
 from pathlib import Path
 
+from bench.support import proc_cpu_s, publisher
 from cursus.client.connection import Connection
 from cursus.wire import Batch, Command, Record, Status, encode_batch
 
@@ -34,11 +35,6 @@ LATENCY_SAMPLES = int(os.environ.get("CURSUS_BENCH_REPL_LATENCY_SAMPLES", "500")
 FAILOVERS = 5
 TIMERS = {"broker_heartbeat_interval_ms": 100, "broker_session_timeout_ms": 600, "replica_lag_time_max_ms": 2000,
           "replica_fetch_wait_max_ms": 200, "replica_ack_timeout_ms": 10000}
-
-
-def _cpu_s(pid: int) -> float:
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 def _status(broker) -> dict:
@@ -63,18 +59,6 @@ def _wait(predicate, timeout: float, what: str):
     raise TimeoutError(what)
 
 
-def _publisher(port: int, topic: str, partition: int, batches: int, out: mp.Queue) -> None:
-    records = [Record(topic=topic, partition=partition, payload=os.urandom(PAYLOAD_BYTES // 2).hex().encode())
-               for _ in range(RECORDS_PER_BATCH)]
-    payload = encode_batch(Batch(topic=topic, partition=partition, acks="all", records=records))
-    start_cpu = time.process_time()
-    with Connection("127.0.0.1", port, timeout_s=60) as conn:
-        for _ in range(batches):
-            frame = conn.request(Command.PUBLISH, payload)
-            assert frame.status == Status.OK, frame.payload[:200]
-    out.put(time.process_time() - start_cpu)
-
-
 def _capacity(cluster) -> dict:
     with Connection(*cluster.brokers[0].address, timeout_s=30) as conn:
         assert conn.command(f"CREATE topic=cap partitions={CONNECTIONS} replication_factor=3").status == Status.OK
@@ -82,10 +66,11 @@ def _capacity(cluster) -> dict:
             for p in range(CONNECTIONS)]
     ports = [cluster.by_id(r["leader"]).port for r in rows]
     pids = [b.proc.pid for b in cluster.brokers]
-    cpu0 = [_cpu_s(pid) for pid in pids]
+    cpu0 = [proc_cpu_s(pid) for pid in pids]
     ctx = mp.get_context("fork")
     out: mp.Queue = ctx.Queue()
-    procs = [ctx.Process(target=_publisher, args=(ports[p], "cap", p, BATCHES_PER_CONNECTION, out))
+    procs = [ctx.Process(target=publisher, args=(ports[p], "cap", p, BATCHES_PER_CONNECTION, out),
+                         kwargs={"acks": "all"})
              for p in range(CONNECTIONS)]
     started = time.perf_counter()
     for proc in procs:
@@ -98,7 +83,7 @@ def _capacity(cluster) -> dict:
     return {"bench": "replication_capacity", "records": total, "record_bytes": PAYLOAD_BYTES,
             "batch_records": RECORDS_PER_BATCH, "connections": CONNECTIONS, "acks": "all", "replicas": 3,
             "seconds": round(elapsed, 3), "records_per_s": round(total / elapsed),
-            "broker_cpu_s": [round(_cpu_s(pid) - c, 2) for pid, c in zip(pids, cpu0, strict=True)],
+            "broker_cpu_s": [round(proc_cpu_s(pid) - c, 2) for pid, c in zip(pids, cpu0, strict=True)],
             "client_cpu_s": round(sum(out.get() for _ in procs), 2)}
 
 
@@ -110,7 +95,7 @@ def _sdk_producer(cluster) -> dict:
     _wait(lambda: len(_row(cluster.brokers[0], "sdk")["isr"]) == 3, 30, "isr")
     value = b"x" * PAYLOAD_BYTES
     pids = [b.proc.pid for b in cluster.brokers]
-    cpu0 = [_cpu_s(pid) for pid in pids]
+    cpu0 = [proc_cpu_s(pid) for pid in pids]
     client0 = time.process_time()
     started = time.perf_counter()
     with Producer(f"127.0.0.1:{cluster.brokers[0].port}", acks="all", idempotent=True) as producer:
@@ -120,7 +105,7 @@ def _sdk_producer(cluster) -> dict:
     elapsed = time.perf_counter() - started
     return {"bench": "replication_sdk_producer", "records": SDK_RECORDS, "acks": "all", "idempotent": True,
             "seconds": round(elapsed, 3), "records_per_s": round(SDK_RECORDS / elapsed),
-            "broker_cpu_s": [round(_cpu_s(pid) - c, 2) for pid, c in zip(pids, cpu0, strict=True)],
+            "broker_cpu_s": [round(proc_cpu_s(pid) - c, 2) for pid, c in zip(pids, cpu0, strict=True)],
             "client_cpu_s": round(time.process_time() - client0, 2)}
 
 

@@ -38,9 +38,11 @@ from __future__ import annotations
 
 import argparse
 import collections
+import io
 import json
 import os
 import re
+import stat
 import sys
 import time
 from collections.abc import Iterable, Iterator, Sequence
@@ -48,7 +50,7 @@ from concurrent.futures import Future
 from typing import IO, Any
 
 from cursus import __version__
-from cursus.client.admin import Admin, TopicMetadata
+from cursus.client.admin import Admin, TopicMetadata, merge_group_offsets
 from cursus.client.connection import (
     DEFAULT_ADDRESS,
     Backoff,
@@ -234,9 +236,19 @@ def build_parser() -> argparse.ArgumentParser:
                         help="open, deny_write, deny_read or acl (read/write ACLs, see docs/security.md)")
     create.add_argument("--read-acl", help="comma-separated principals")
     create.add_argument("--write-acl", help="comma-separated principals")
-    alter = topic_commands.add_parser("alter", parents=[common], help="change a topic's min ISR override")
+    alter = topic_commands.add_parser("alter", parents=[common],
+                                      help="change a topic's partitions, retention, policies or min ISR")
     alter.add_argument("name")
-    alter.add_argument("--min-isr", required=True, help="a number, or 'default' to remove the override")
+    alter.add_argument("--partitions", type=_positive, help="new partition count (can only grow)")
+    alter.add_argument("--min-isr", help="minimum in-sync replicas override, or 'default' to remove it")
+    alter.add_argument("--cleanup-policy", choices=["delete"], help="delete (compaction is not available yet)")
+    alter.add_argument("--retention-hours", type=_non_negative, help="time retention override (0: broker default)")
+    alter.add_argument("--retention-bytes", type=_non_negative,
+                       help="size retention per partition override (0: broker default)")
+    alter.add_argument("--partitioner", choices=["hash_key", "round_robin"])
+    alter.add_argument("--auth-policy", choices=["open", "deny_write", "deny_read", "acl"])
+    alter.add_argument("--read-acl", help="comma-separated principals ('' clears the list)")
+    alter.add_argument("--write-acl", help="comma-separated principals ('' clears the list)")
     delete = topic_commands.add_parser("delete", parents=[common], help="delete topics and their data")
     delete.add_argument("names", nargs="+", metavar="NAME")
     delete.add_argument("--if-exists", action="store_true")
@@ -255,6 +267,10 @@ def build_parser() -> argparse.ArgumentParser:
     produce.add_argument("--idempotent", action="store_true", help="idempotent producer (acks=all)")
     produce.add_argument("--batch-size", type=_positive, default=1000, help="records per batch (default 1000)")
     produce.add_argument("--linger-ms", type=_non_negative, default=5, help="batch linger (default 5 ms)")
+    produce.add_argument("--progress", choices=["auto", "bar", "lines", "off"], default="auto",
+                         help="progress on stderr: records, rate, and bytes read of the total with a percentage "
+                              "when the input size is known (a file or stdin redirected from one); auto (the "
+                              "default) draws a bar on a terminal, lines prints one line a second (for logs)")
 
     consume = commands.add_parser("consume", parents=[common], help="print records of a topic")
     consume.add_argument("topic")
@@ -467,8 +483,7 @@ def cmd_topic(args: argparse.Namespace, options: ConnectionOptions, out: Output)
             for name in args.names:  # several topics: one after the other, stopping at the first error
                 _create_topic(admin, args, name, out)
         elif action == "alter":
-            config = admin.alter_topic_config(args.name, min_in_sync_replicas=args.min_isr)
-            _show_config(out, config.to_dict(), f"topic {config.topic}")
+            _alter_topic(admin, args, out)
         elif action == "delete":
             for name in args.names:
                 result = admin.delete_topic(name, if_exists=args.if_exists)
@@ -524,6 +539,23 @@ def _create_topic(admin: Admin, args: argparse.Namespace, name: str, out: Output
     _show_config(out, {"result": outcome, **config.to_dict()}, f"topic {config.topic}")
 
 
+def _alter_topic(admin: Admin, args: argparse.Namespace, out: Output) -> None:
+    """``topic alter NAME --partitions/--min-isr/--retention-*/--cleanup-policy/...``: the mutable settings of
+    an existing topic (Admin.alter_topic); says whether the revision changed."""
+    settings = {"partitions": args.partitions, "cleanup_policy": args.cleanup_policy,
+                "retention_hours": args.retention_hours, "retention_bytes": args.retention_bytes,
+                "partitioner": args.partitioner, "auth_policy": args.auth_policy,
+                "read_acl": args.read_acl, "write_acl": args.write_acl}
+    if all(v is None for v in settings.values()) and args.min_isr is None:
+        raise UsageError("topic alter needs at least one setting: --partitions, --min-isr, --cleanup-policy, "
+                         "--retention-hours, --retention-bytes, --partitioner, --auth-policy, --read-acl, "
+                         "--write-acl")
+    before = admin.metadata(args.name).revision
+    config = admin.alter_topic(args.name, min_in_sync_replicas=args.min_isr, **settings)
+    outcome = "unchanged" if config.revision == before else "updated"
+    _show_config(out, {"result": outcome, **config.to_dict()}, f"topic {config.topic}")
+
+
 def _show_config(out: Output, doc: dict[str, Any], title: str) -> None:
     if out.json_mode:
         out.json(doc)
@@ -534,45 +566,104 @@ def _show_config(out: Output, doc: dict[str, Any], title: str) -> None:
     out.fields(title, {**doc, **extra})
 
 
-def _read_lines(path: str | None) -> Iterator[bytes]:
-    stream = open(path, "rb") if path else sys.stdin.buffer  # closed below
+def _open_input(path: str | None) -> tuple[IO[bytes], int | None]:
+    """The input stream and its size in bytes when known (a file, or stdin redirected from a regular file;
+    None for a pipe or a terminal)."""
+    stream = open(path, "rb") if path else sys.stdin.buffer
     try:
-        for line in stream:
-            if line.endswith(b"\n"):
+        info = os.fstat(stream.fileno())
+        size = info.st_size if stat.S_ISREG(info.st_mode) else None
+        if size is not None:
+            size = max(0, size - stream.tell())
+    except (OSError, ValueError, io.UnsupportedOperation):
+        size = None
+    return stream, size
+
+
+def _read_lines(stream: IO[bytes]) -> Iterator[tuple[bytes, int]]:
+    """Lines without their line ending, each with the number of input bytes it took."""
+    for line in stream:
+        taken = len(line)
+        if line.endswith(b"\n"):
+            line = line[:-1]
+            if line.endswith(b"\r"):
                 line = line[:-1]
-                if line.endswith(b"\r"):
-                    line = line[:-1]
-            yield line
-    finally:
-        if path:
-            stream.close()
+        yield line, taken
+
+
+def _size_text(size: float) -> str:
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if size < 1024 or unit == "GiB":
+            return f"{size:.0f} {unit}" if unit == "B" else f"{size:.1f} {unit}"
+        size /= 1024
+    return f"{size:.1f} GiB"
 
 
 class _Progress:
-    """A records/s progress bar on stderr when it is a terminal; nothing otherwise."""
+    """Produce progress on stderr: records, records/s and, when the input size is known (a file or a sized
+    stdin), bytes read of the total and the percentage. ``mode``: ``bar`` (a rich bar, for terminals),
+    ``lines`` (a plain line at most every ``interval_s`` and a last one at the end, for logs), or ``off``."""
 
-    def __init__(self, enabled: bool, topic: str) -> None:
+    def __init__(self, mode: str, topic: str, total_bytes: int | None, interval_s: float = 1.0) -> None:
+        self.mode = mode
+        self.topic = topic
+        self.total_bytes = total_bytes
+        self.interval_s = interval_s
+        self.records = 0
+        self.read_bytes = 0
         self._progress: Any = None
-        if enabled:
+        self._started = self._last_line = time.monotonic()
+        if mode == "bar":
             from rich.console import Console
-            from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
+            from rich.progress import (
+                BarColumn,
+                Progress,
+                SpinnerColumn,
+                TaskProgressColumn,
+                TextColumn,
+                TimeElapsedColumn,
+                TimeRemainingColumn,
+            )
 
-            self._progress = Progress(SpinnerColumn(), TextColumn("[bold]{task.description}"),
-                                      TextColumn("{task.completed:,} records"),
-                                      TextColumn("{task.fields[rate]:,.0f} rec/s"), TimeElapsedColumn(),
-                                      console=Console(file=sys.stderr), transient=True)
-            self._task = self._progress.add_task(f"producing to {topic}", total=None, rate=0.0)
+            columns: list[Any] = [SpinnerColumn(), TextColumn("[bold]{task.description}")]
+            if total_bytes is not None:
+                columns += [BarColumn(), TaskProgressColumn(), TimeRemainingColumn()]
+            columns += [TextColumn("{task.fields[records]:,} records"), TextColumn("{task.fields[rate]:,.0f} rec/s"),
+                        TimeElapsedColumn()]
+            self._progress = Progress(*columns, console=Console(file=sys.stderr), transient=True)
+            self._task = self._progress.add_task(f"producing to {topic}", total=total_bytes, records=0, rate=0.0)
             self._progress.start()
-        self._started = time.monotonic()
 
-    def update(self, count: int) -> None:
+    def percent(self) -> float | None:
+        """Input read so far in percent of the known size (None when unknown)."""
+        if self.total_bytes is None:
+            return None
+        return 100.0 if self.total_bytes == 0 else min(100.0, 100.0 * self.read_bytes / self.total_bytes)
+
+    def text(self) -> str:
+        """``N records (R rec/s)`` plus ``, X of Y (P%)`` when the size is known."""
+        elapsed = max(1e-6, time.monotonic() - self._started)
+        line = f"producing to {self.topic}: {self.records:,} records ({self.records / elapsed:,.0f} rec/s)"
+        percent = self.percent()
+        if percent is not None:
+            assert self.total_bytes is not None
+            line += f", {_size_text(self.read_bytes)} of {_size_text(self.total_bytes)} ({percent:.0f}%)"
+        return line
+
+    def update(self, records: int, read_bytes: int) -> None:
+        self.records, self.read_bytes = records, read_bytes
         if self._progress is not None:
             elapsed = max(1e-6, time.monotonic() - self._started)
-            self._progress.update(self._task, completed=count, rate=count / elapsed)
+            self._progress.update(self._task, completed=read_bytes, records=records, rate=records / elapsed)
+        elif self.mode == "lines" and time.monotonic() - self._last_line >= self.interval_s:
+            self._last_line = time.monotonic()
+            print(self.text(), file=sys.stderr, flush=True)
 
     def stop(self) -> None:
         if self._progress is not None:
             self._progress.stop()
+        elif self.mode == "lines":
+            print(self.text(), file=sys.stderr, flush=True)
 
 
 class _ProduceTally:
@@ -614,12 +705,18 @@ def cmd_produce(args: argparse.Namespace, options: ConnectionOptions, out: Outpu
         raise UsageError("--idempotent needs --acks all")
     producer = Producer(args.broker, acks=acks, idempotent=args.idempotent, batch_size=args.batch_size,
                         linger_ms=args.linger_ms, options=options)
-    progress = _Progress(sys.stderr.isatty() and not out.json_mode, args.topic)
+    stream, total_bytes = _open_input(args.file)
+    mode = args.progress
+    if mode == "auto":
+        mode = "bar" if sys.stderr.isatty() and not out.json_mode else "off"
+    progress = _Progress(mode, args.topic, total_bytes)
     started = time.monotonic()
     tally = _ProduceTally()
     failure: CursusError | None = None
+    read_bytes = records_read = 0
     try:
-        for index, line in enumerate(_read_lines(args.file)):
+        for index, (line, taken) in enumerate(_read_lines(stream)):
+            read_bytes += taken
             key = args.key
             value = line
             if sep is not None and sep in line:
@@ -627,12 +724,16 @@ def cmd_produce(args: argparse.Namespace, options: ConnectionOptions, out: Outpu
                 key = raw_key.decode("utf-8", "replace")
             tally.add(producer.send(args.topic, value, key=key, partition=args.partition))
             if index % 1000 == 999:
-                progress.update(index + 1)
+                progress.update(index + 1, read_bytes)
+            records_read = index + 1
         try:
             producer.flush()
         except DeliveryFailedError as exc:
             failure = exc
     finally:
+        if args.file:
+            stream.close()
+        progress.update(records_read, read_bytes)
         progress.stop()
         try:
             producer.close()
@@ -642,6 +743,7 @@ def cmd_produce(args: argparse.Namespace, options: ConnectionOptions, out: Outpu
     elapsed = max(1e-9, time.monotonic() - started)
     summary = {"topic": args.topic, "records": tally.delivered, "failed": tally.failed,
                "seconds": round(elapsed, 3), "records_per_s": round(tally.delivered / elapsed),
+               "input_bytes": read_bytes, **({"input_size": total_bytes} if total_bytes is not None else {}),
                "partitions": {str(p): v for p, v in sorted(tally.partitions.items())}}
     if out.json_mode:
         out.json(summary)
@@ -830,9 +932,14 @@ def cmd_group(args: argparse.Namespace, options: ConnectionOptions, out: Output)
                     out.line(name)
             return EXIT_OK
         status = _group_status(client, args.group)
+        if args.group_command == "offsets":  # log ends from the partition leaders, not the coordinator's replica
+            with Admin(client=client) as admin:
+                topics = sorted({str(o.get("topic")) for o in status.get("offsets") or []})
+                rows = merge_group_offsets(status, {t: admin.list_offsets(t) for t in topics})
+            offsets = [{"topic": r.topic, "partition": r.partition, "committed_offset": r.committed,
+                        "log_end_offset": r.log_end, "lag": r.lag, "owner": r.owner} for r in rows]
     name = status.get("group_name", args.group)
     members = status.get("members") or []
-    offsets = sorted(status.get("offsets") or [], key=lambda o: (str(o.get("topic")), int(o.get("partition", 0))))
     if args.group_command == "describe":
         if out.json_mode:
             out.json(status)

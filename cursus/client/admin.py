@@ -10,7 +10,7 @@ are safe to repeat (all but ``delete_topic(if_exists=False)``) are retried acros
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
 from cursus.client.aio import AsyncClient
@@ -323,12 +323,13 @@ class DeleteResult:
 
 @dataclass(frozen=True, slots=True)
 class GroupOffset:
-    """One topic-partition of a consumer group (GROUP_STATUS ``offsets``).
+    """One topic-partition of a consumer group: committed offset and owner from GROUP_STATUS, log end from
+    LIST_OFFSETS on the partition's leader (:func:`merge_group_offsets`).
 
     Attributes:
         topic, partition: the topic-partition.
         committed: the committed next offset (None: nothing committed).
-        log_end: the partition's HWM.
+        log_end: the partition's HWM, as its leader reports it.
         lag: records between the committed offset (or the log start) and the HWM.
         owner: the member holding the partition (None: nobody).
     """
@@ -352,6 +353,24 @@ def parse_group_offsets(status: Mapping[str, Any]) -> list[GroupOffset]:
                         int(o.get("log_end_offset") or 0), int(o.get("lag") or 0), o.get("owner") or None)
             for o in status.get("offsets") or []]
     return sorted(rows, key=lambda r: (r.topic, r.partition))
+
+
+def merge_group_offsets(status: Mapping[str, Any],
+                        bounds: Mapping[str, Sequence[PartitionOffsets]]) -> list[GroupOffset]:
+    """GROUP_STATUS ``offsets`` (committed offset, owner) with the log bounds the partition leaders report
+    (``bounds``: topic -> LIST_OFFSETS entries). The coordinator's own ``log_end_offset`` comes from its local
+    replica, which in a cluster may be a follower behind the leader (or hold no replica at all): the leader's
+    HWM and log start replace it; lag = HWM - committed (HWM - log start when nothing is committed), never
+    negative. A partition missing from ``bounds`` keeps the coordinator's figures."""
+    by_partition = {(topic, b.partition): b for topic, entries in bounds.items() for b in entries}
+    rows = []
+    for row in parse_group_offsets(status):
+        found = by_partition.get((row.topic, row.partition))
+        if found is not None:
+            start = row.committed if row.committed is not None else found.earliest
+            row = replace(row, log_end=found.hwm, lag=max(0, found.hwm - start))
+        rows.append(row)
+    return rows
 
 
 def _jsonable(value: Any) -> Any:
@@ -389,6 +408,20 @@ def create_fields(topic: str, partitions: int | None = None, **settings: object)
             raise ValueError(f"{key} value {text!r} contains whitespace")
         fields[key] = text
     return fields
+
+
+#: The settings :meth:`Admin.alter_topic` patches through CREATE (the mutable ones; min ISR has its own command).
+ALTERABLE_SETTINGS = ("partitions", "cleanup_policy", "retention_hours", "retention_bytes", "partitioner",
+                      "auth_policy", "read_acl", "write_acl")
+
+
+def alter_patch(**settings: Any) -> dict[str, Any]:
+    """The given (non-None) alterable settings; ``TypeError`` for any other name (immutable or unknown)."""
+    unknown = set(settings) - set(ALTERABLE_SETTINGS)
+    if unknown:
+        raise TypeError(f"not alterable: {', '.join(sorted(unknown))} (alterable: {', '.join(ALTERABLE_SETTINGS)}, "
+                        "min_in_sync_replicas)")
+    return {k: v for k, v in settings.items() if v is not None}
 
 
 def _delete_result(frame: Frame, topic: str) -> DeleteResult:
@@ -465,6 +498,42 @@ class Admin:
         return parse_topic_config(ok_fields(self.client.call(Command.ALTER_TOPIC_CONFIG, fields,
                                                              retry_safe=True)))
 
+    def alter_topic(self, topic: str, *, partitions: int | None = None,
+                    min_in_sync_replicas: int | str | None = None, cleanup_policy: str | None = None,
+                    retention_hours: int | None = None, retention_bytes: int | None = None,
+                    partitioner: str | None = None, auth_policy: str | None = None,
+                    read_acl: Sequence[str] | str | None = None,
+                    write_acl: Sequence[str] | str | None = None) -> TopicConfig:
+        """Change the mutable settings of an existing topic; omitted (None) settings keep their value.
+
+        Everything but the minimum ISR is a presence-aware CREATE patch of the existing topic (spec "CREATE":
+        partitions can only grow; 0 retention means the broker default; an empty ACL list clears it); the
+        minimum ISR goes through ALTER_TOPIC_CONFIG (``"default"`` removes the override), after the patch.
+        Immutable flags (idempotent, event_sourcing, replication_factor) are not alterable.
+
+        Returns:
+            The resulting :class:`TopicConfig` (``revision`` unchanged when nothing changed).
+
+        Raises:
+            TopicNotFoundError: no such topic (alter never creates one).
+            ValidationError: ``invalid_partitions`` (a decrease), ``invalid_min_in_sync_replicas``,
+                ``unsupported_topic_policy`` (a cleanup policy the broker refuses) and other bad values.
+            ValueError: nothing to change.
+        """
+        patch = alter_patch(partitions=partitions, cleanup_policy=cleanup_policy, retention_hours=retention_hours,
+                            retention_bytes=retention_bytes, partitioner=partitioner, auth_policy=auth_policy,
+                            read_acl=read_acl, write_acl=write_acl)
+        if not patch and min_in_sync_replicas is None:
+            raise ValueError("alter_topic needs at least one setting to change")
+        config = None
+        self.metadata(topic)  # TopicNotFoundError: CREATE would create it
+        if patch:
+            config = self.create_topic(topic, **patch)
+        if min_in_sync_replicas is not None:
+            config = self.alter_topic_config(topic, min_in_sync_replicas=min_in_sync_replicas)
+        assert config is not None
+        return config
+
     def delete_topic(self, topic: str, *, if_exists: bool = False) -> DeleteResult:
         """Delete ``topic`` and its data. With ``if_exists`` a missing topic gives ``deleted=False``.
 
@@ -530,13 +599,16 @@ class Admin:
         return json_reply(self.client.call(Command.GROUP_STATUS, {"group": group}))
 
     def group_offsets(self, group: str) -> list[GroupOffset]:
-        """Committed offset, HWM, lag and owner of every topic-partition of ``group``. Raises as
-        :meth:`describe_group`."""
-        return parse_group_offsets(self.describe_group(group))
+        """Committed offset and owner of every topic-partition of ``group`` (GROUP_STATUS on its coordinator),
+        with HWM and lag from LIST_OFFSETS on each partition's leader (:func:`merge_group_offsets`). Raises as
+        :meth:`describe_group`, and ``TopicNotFoundError`` when a topic goes away meanwhile."""
+        status = self.describe_group(group)
+        topics = sorted({str(o.get("topic")) for o in status.get("offsets") or []})
+        return merge_group_offsets(status, {t: self.list_offsets(t) for t in topics})
 
     def group_lag(self, group: str) -> int:
-        """Total lag of ``group`` (records between its committed offsets and the HWMs). Raises as
-        :meth:`describe_group`."""
+        """Total lag of ``group`` (records between its committed offsets and the leaders' HWMs). Raises as
+        :meth:`group_offsets`."""
         return sum(o.lag for o in self.group_offsets(group))
 
     def close(self) -> None:
@@ -570,6 +642,21 @@ class AsyncAdmin:
         fields = {"topic": topic, "min_in_sync_replicas": str(min_in_sync_replicas)}
         return parse_topic_config(ok_fields(await self.client.call(Command.ALTER_TOPIC_CONFIG, fields,
                                                                    retry_safe=True)))
+
+    async def alter_topic(self, topic: str, *, min_in_sync_replicas: int | str | None = None,
+                          **settings: Any) -> TopicConfig:
+        """See :meth:`Admin.alter_topic` (settings as keyword arguments)."""
+        patch = alter_patch(**settings)
+        if not patch and min_in_sync_replicas is None:
+            raise ValueError("alter_topic needs at least one setting to change")
+        config = None
+        await self.metadata(topic)
+        if patch:
+            config = await self.create_topic(topic, **patch)
+        if min_in_sync_replicas is not None:
+            config = await self.alter_topic_config(topic, min_in_sync_replicas=min_in_sync_replicas)
+        assert config is not None
+        return config
 
     async def delete_topic(self, topic: str, *, if_exists: bool = False) -> DeleteResult:
         """See :meth:`Admin.delete_topic`."""
@@ -613,7 +700,9 @@ class AsyncAdmin:
 
     async def group_offsets(self, group: str) -> list[GroupOffset]:
         """See :meth:`Admin.group_offsets`."""
-        return parse_group_offsets(await self.describe_group(group))
+        status = await self.describe_group(group)
+        topics = sorted({str(o.get("topic")) for o in status.get("offsets") or []})
+        return merge_group_offsets(status, {t: await self.list_offsets(t) for t in topics})
 
     async def group_lag(self, group: str) -> int:
         """See :meth:`Admin.group_lag`."""

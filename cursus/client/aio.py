@@ -27,12 +27,16 @@ from cursus.client.connection import (
     check_auth_reply,
     check_correlation,
     compression_of,
+    format_address,
     negotiated_compression,
     negotiation_request,
     options_from,
     parse_address,
+    probe_tls,
+    tls_failure,
+    tls_required_error,
 )
-from cursus.client.errors import ClientClosedError, CursusError, error_from_frame
+from cursus.client.errors import BrokerUnavailableError, ClientClosedError, CursusError, error_from_frame
 from cursus.wire import (
     Command,
     CommandPayload,
@@ -72,6 +76,8 @@ class AsyncConnection:
         self._decoder = FrameDecoder()
         self._next_request_id = 1
         self._lock = asyncio.Lock()
+        #: Requests written whose (last) reply has not been read yet.
+        self._unanswered = 0
 
     @classmethod
     async def open(cls, host: str, port: int, *, compression: Compression | str = Compression.NONE,
@@ -87,13 +93,28 @@ class AsyncConnection:
             ssl_context, server_hostname: TLS settings.
             principal, token: ``AUTH principal= token=`` right after negotiation.
         """
-        async with asyncio.timeout(timeout_s):
-            reader, writer = await asyncio.open_connection(
-                host, port, ssl=ssl_context, server_hostname=(server_hostname or host) if ssl_context else None,
-                limit=RECV_BYTES)
+        try:
+            async with asyncio.timeout(timeout_s):
+                reader, writer = await asyncio.open_connection(
+                    host, port, ssl=ssl_context, server_hostname=(server_hostname or host) if ssl_context else None,
+                    limit=RECV_BYTES)
+        except (OSError, ssl.SSLError) as exc:
+            mapped = tls_failure(exc, (host, port), ssl_context, before_reply=False)
+            if mapped is not None:
+                raise mapped from exc
+            raise
         conn = cls(host, port, reader, writer, preferred=compression_of(compression), timeout_s=timeout_s)
         try:
-            await conn._negotiate()
+            try:
+                await conn._negotiate()
+            except (OSError, ssl.SSLError) as exc:
+                mapped = tls_failure(exc, (host, port), ssl_context, before_reply=True)
+                if mapped is None and ssl_context is None and isinstance(exc, ConnectionClosed) \
+                        and await asyncio.to_thread(probe_tls, (host, port), timeout_s):
+                    mapped = tls_required_error((host, port))
+                if mapped is not None:
+                    raise mapped from exc
+                raise
             if principal is not None:
                 await conn._authenticate(principal, token or "")
         except BaseException:
@@ -120,6 +141,22 @@ class AsyncConnection:
             self.closed = True
             self._writer.close()
 
+    def stale(self) -> bool:
+        """See :meth:`cursus.client.connection.Connection.stale`: closed, or idle with the broker's EOF already
+        received (the stream reader sees it without a read pending); a stale connection is closed here."""
+        if self.closed:
+            return True
+        if self._unanswered or self._lock.locked():
+            return False
+        if self._decoder.buffered_bytes or self._reader.at_eof() or self._reader.exception() is not None:
+            self._fail()
+            return True
+        return False
+
+    def _answered(self) -> None:
+        if self._unanswered:
+            self._unanswered -= 1
+
     async def _read_frame(self, timeout_s: float | None) -> Frame:
         async with asyncio.timeout(timeout_s):
             while True:
@@ -137,6 +174,7 @@ class AsyncConnection:
         assert self.compression is not None, "negotiation has not completed"
         request_id = self._next_request_id
         self._next_request_id += 1
+        self._unanswered += 1
         self._writer.write(encode_frame(Kind.REQUEST, command, Status.NONE, request_id, payload,
                                         compression=self.compression))
         async with asyncio.timeout(self.timeout_s):
@@ -147,6 +185,7 @@ class AsyncConnection:
         request_id = await self._send(command, payload)
         frame = await self._read_frame(timeout_s if timeout_s is not None else self.timeout_s)
         check_correlation(frame, request_id, command)
+        self._answered()
         return frame
 
     async def read_frame(self) -> Frame:
@@ -173,6 +212,7 @@ class AsyncConnection:
             try:
                 frame = await self._read_frame(self.timeout_s if timeout_s is None else timeout_s)
                 check_correlation(frame, request_id, command)
+                self._answered()
                 return frame
             except BaseException:
                 self._fail()
@@ -199,6 +239,8 @@ class AsyncConnection:
                     frame = await self._read_frame(self.timeout_s)
                     check_correlation(frame, request_id, command)
                     finished = frame.status in (Status.STREAM_END, Status.ERROR)
+                    if finished:
+                        self._answered()
                     yield frame
                     if finished:
                         return
@@ -267,7 +309,7 @@ class AsyncClient:
         lock = self._opening.setdefault(address, asyncio.Lock())
         async with lock:
             conn = self._connections.get(address)
-            if conn is not None and not conn.closed:
+            if conn is not None and not conn.stale():
                 return conn
             conn = await open_connection(self.options, address)
             if self._closed:
@@ -284,8 +326,9 @@ class AsyncClient:
 
     async def request(self, command: Command, payload: bytes, *, address: Address | None = None,
                       retry_safe: bool | None = None, timeout_s: float | None = None,
-                      follow_redirects: bool = True) -> Frame:
-        """Send one request and return its OK reply frame; see ``Client.request`` for the rules."""
+                      follow_redirects: bool = True, failover: bool = False) -> Frame:
+        """Send one request and return its OK reply frame; see ``Client.request`` for the rules (``failover``
+        included)."""
         safe = command in READ_ONLY_COMMANDS if retry_safe is None else retry_safe
         attempts = Attempts(address or self.bootstrap[0], self.options, safe, command.name,
                             follow_redirects=follow_redirects, rotation=() if address else self.bootstrap)
@@ -295,6 +338,9 @@ class AsyncClient:
             except (OSError, ProtocolError, CursusError) as exc:
                 if isinstance(exc, ClientClosedError):
                     raise
+                if failover and address is not None and not isinstance(exc, CursusError):
+                    raise BrokerUnavailableError(
+                        f"cannot connect to {format_address(address)} for {command.name}: {exc}") from exc
                 await asyncio.sleep(attempts.after_connect_failure(exc))
                 continue
             try:
@@ -312,11 +358,11 @@ class AsyncClient:
     async def call(self, command: Command, fields: Mapping[str, str] | None = None, *,
                    positionals: tuple[str, ...] = (), address: Address | None = None,
                    retry_safe: bool | None = None, timeout_s: float | None = None,
-                   follow_redirects: bool = True) -> Frame:
+                   follow_redirects: bool = True, failover: bool = False) -> Frame:
         """``request`` with a CRQ2 payload built from ``fields`` and ``positionals``."""
         payload = encode_crq2(CommandPayload(tuple(positionals), dict(fields or {})))
         return await self.request(command, payload, address=address, retry_safe=retry_safe,
-                                  timeout_s=timeout_s, follow_redirects=follow_redirects)
+                                  timeout_s=timeout_s, follow_redirects=follow_redirects, failover=failover)
 
     async def command(self, text: str, *, address: Address | None = None, retry_safe: bool | None = None,
                       timeout_s: float | None = None) -> Frame:

@@ -18,12 +18,16 @@ The retry decisions are plain functions shared with the asyncio flavour in :mod:
 
 from __future__ import annotations
 
+import errno
 import json
+import os
 import random
+import select
 import socket
 import ssl
 import threading
 import time
+import weakref
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
@@ -38,6 +42,7 @@ from cursus.client.errors import (
     NotLeaderError,
     ProtocolViolationError,
     RequestTimeoutError,
+    TlsError,
     error_from_frame,
 )
 from cursus.wire import (
@@ -155,6 +160,9 @@ def make_ssl_context(ca_file: str | None = None, cert_file: str | None = None, k
     """
     if (cert_file is None) != (key_file is None):
         raise ValueError("a client certificate needs both cert_file and key_file")
+    for what, path in (("CA file", ca_file), ("client certificate", cert_file), ("client key", key_file)):
+        if path is not None and not os.path.isfile(path):
+            raise FileNotFoundError(errno.ENOENT, f"TLS {what} not found", path)
     context = ssl.create_default_context(ssl.Purpose.SERVER_AUTH, cafile=ca_file)
     context.minimum_version = ssl.TLSVersion.TLSv1_2
     if cert_file is not None:
@@ -162,7 +170,76 @@ def make_ssl_context(ca_file: str | None = None, cert_file: str | None = None, k
     if not verify:
         context.check_hostname = False
         context.verify_mode = ssl.CERT_NONE
+    _CLIENT_CERTIFICATE[context] = cert_file is not None
     return context
+
+
+#: Whether a context made by :func:`make_ssl_context` carries a client certificate (contexts made elsewhere
+#: are unknown and get the less specific messages).
+_CLIENT_CERTIFICATE: weakref.WeakKeyDictionary[ssl.SSLContext, bool] = weakref.WeakKeyDictionary()
+
+#: OpenSSL alert reasons a TLS client receives when the broker refuses its certificate (or its absence).
+_CERT_REQUIRED_REASONS = frozenset({"TLSV13_ALERT_CERTIFICATE_REQUIRED"})
+_CERT_REFUSED_REASONS = frozenset({"SSLV3_ALERT_BAD_CERTIFICATE", "TLSV1_ALERT_UNKNOWN_CA",
+                                   "SSLV3_ALERT_CERTIFICATE_UNKNOWN", "SSLV3_ALERT_CERTIFICATE_EXPIRED",
+                                   "SSLV3_ALERT_CERTIFICATE_REVOKED", "SSLV3_ALERT_UNSUPPORTED_CERTIFICATE",
+                                   "TLSV1_ALERT_ACCESS_DENIED", "SSLV3_ALERT_HANDSHAKE_FAILURE"})
+
+
+def tls_failure(exc: BaseException, address: Address, ssl_context: ssl.SSLContext | None, *,
+                before_reply: bool) -> TlsError | None:
+    """The :class:`~cursus.client.errors.TlsError` an ``exc`` raised while opening a connection stands for, or
+    None when it is an ordinary (retryable) transport failure. Pure: it only inspects ``exc``.
+
+    Args:
+        exc: from the TLS handshake or the negotiation read.
+        address: the broker, for the message.
+        ssl_context: the connection's context (None: plaintext).
+        before_reply: the connection ended (EOF) before the negotiation reply arrived.
+    """
+    where = format_address(address)
+    if isinstance(exc, ssl.SSLCertVerificationError):
+        verify = str(exc.verify_message or exc.reason or "verification failed")
+        return TlsError("tls_certificate_verify_failed",
+                        f"the certificate of {where} failed verification ({verify}): give the CA that signed it "
+                        "(--tls-ca FILE) or, for development only, --tls-insecure", fields={"reason": verify})
+    reason = getattr(exc, "reason", None) if isinstance(exc, ssl.SSLError) else None
+    has_cert = _CLIENT_CERTIFICATE.get(ssl_context) if ssl_context is not None else None
+    if reason in _CERT_REQUIRED_REASONS or (reason in _CERT_REFUSED_REASONS and has_cert is False) or (
+            ssl_context is not None and before_reply and has_cert is False and isinstance(exc, ConnectionClosed)):
+        return TlsError("tls_client_certificate_required",
+                        f"client certificate required: {where} uses mutual TLS; give a certificate its CA "
+                        "signed (--tls-cert FILE --tls-key FILE, or make_ssl_context(ca, cert_file, key_file))")
+    if reason in _CERT_REFUSED_REASONS:
+        return TlsError("tls_client_certificate_refused",
+                        f"{where} refused the client certificate ({reason}): it must be signed by a CA the "
+                        "broker trusts (its tls_ca_path) and be valid now", fields={"reason": str(reason)})
+    return None
+
+
+def probe_tls(address: Address, timeout_s: float) -> bool:
+    """Whether ``address`` answers a TLS ClientHello (certificates unchecked; only for an error message after
+    a plaintext negotiation got no reply, so once per such failure). A broker requiring client certificates
+    logs this probe as a handshake without one. Never raises."""
+    context = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)
+    context.check_hostname = False
+    context.verify_mode = ssl.CERT_NONE
+    try:
+        with socket.create_connection(address, timeout=timeout_s) as raw, \
+                context.wrap_socket(raw, server_hostname=address[0]):
+            return True
+    except ssl.SSLError as exc:  # a TLS alert is still TLS; a plaintext peer gives EOF or a version error
+        return not isinstance(exc, ssl.SSLEOFError) and exc.reason not in ("WRONG_VERSION_NUMBER",
+                                                                         "UNEXPECTED_EOF_WHILE_READING")
+    except OSError:
+        return False
+
+
+def tls_required_error(address: Address) -> TlsError:
+    """``tls_required``: a plaintext client reached a TLS listener."""
+    return TlsError("tls_required", f"the server requires TLS: {format_address(address)} speaks TLS on this port; "
+                                    "connect with --tls (system trust store) or --tls-ca FILE, or "
+                                    "ssl_context=make_ssl_context(...) in the SDK")
 
 
 def ok_text_fields(text: str) -> dict[str, str]:
@@ -401,18 +478,35 @@ class Connection:
         self._next_request_id = 1
         self._lock = threading.Lock()
         self._timeout_current: float | None = timeout_s
+        #: Requests written whose (last) reply has not been read yet (pipelining, streams, acks=0 sends).
+        self._unanswered = 0
         raw = socket.create_connection((host, port), timeout=timeout_s)
         try:
             raw.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
             self.sock: socket.socket = (
                 ssl_context.wrap_socket(raw, server_hostname=server_hostname or host) if ssl_context else raw
             )
-        except BaseException:
+        except BaseException as exc:
             raw.close()
+            mapped = tls_failure(exc, (host, port), ssl_context, before_reply=False)
+            if mapped is not None:
+                raise mapped from exc
+            if isinstance(exc, ssl.SSLEOFError):
+                raise ConnectionClosed(f"{host}:{port} closed the connection during the TLS handshake: the server "
+                                       "may not use TLS on this port") from exc
             raise
         self._decoder = FrameDecoder()
         try:
-            self._negotiate()
+            try:
+                self._negotiate()
+            except (OSError, ssl.SSLError) as exc:
+                mapped = tls_failure(exc, (host, port), ssl_context, before_reply=True)
+                if mapped is None and ssl_context is None and isinstance(exc, ConnectionClosed) \
+                        and probe_tls((host, port), timeout_s):
+                    mapped = tls_required_error((host, port))
+                if mapped is not None:
+                    raise mapped from exc
+                raise
             if principal is not None:
                 self._authenticate(principal, token or "")
         except BaseException:
@@ -446,6 +540,28 @@ class Connection:
         except OSError:
             pass
 
+    def stale(self) -> bool:
+        """True when the connection is closed, or idle and the broker closed it meanwhile (e.g. after
+        ``client_idle_timeout_ms``): nothing is in flight and the socket is readable (EOF or stray bytes), so a
+        request written now would be lost with an unknown outcome. A stale connection is closed here; the
+        caller opens a new one. Never blocks (a connection in use by another thread is not stale)."""
+        if self.closed:
+            return True
+        if self._unanswered or not self._lock.acquire(blocking=False):
+            return False
+        try:
+            if self._decoder.buffered_bytes or (isinstance(self.sock, ssl.SSLSocket) and self.sock.pending()):
+                readable = True
+            else:
+                readable = bool(select.select([self.sock], [], [], 0)[0])
+        except (OSError, ValueError):
+            readable = True
+        finally:
+            self._lock.release()
+        if readable:
+            self._fail()
+        return readable
+
     def _read_frame(self) -> Frame:
         while True:
             frame = self._decoder.next_frame()
@@ -456,12 +572,17 @@ class Connection:
                 raise ConnectionClosed(f"{self.host}:{self.port} closed the connection")
             self._decoder.feed(data)
 
+    def _answered(self) -> None:
+        if self._unanswered:
+            self._unanswered -= 1
+
     def _send(self, command: Command, payload: bytes) -> int:
         if self.closed:
             raise ConnectionClosed(f"connection to {self.host}:{self.port} is closed")
         request_id = self._next_request_id
         self._next_request_id += 1
         assert self.compression is not None, "negotiation has not completed"
+        self._unanswered += 1
         self.sock.sendall(encode_frame(Kind.REQUEST, command, Status.NONE, request_id, payload,
                                        compression=self.compression))
         return request_id
@@ -478,6 +599,7 @@ class Connection:
         self._set_timeout(self.timeout_s if timeout_s is None else timeout_s)
         frame = self._read_frame()
         check_correlation(frame, request_id, command)
+        self._answered()
         return frame
 
     def read_frame(self) -> Frame:
@@ -509,6 +631,7 @@ class Connection:
                 self._set_timeout(self.timeout_s if timeout_s is None else timeout_s)
                 frame = self._read_frame()
                 check_correlation(frame, request_id, command)
+                self._answered()
                 return frame
             except BaseException:
                 self._fail()
@@ -541,6 +664,7 @@ class Connection:
                     check_correlation(frame, request_id, command)
                     if frame.status in (Status.STREAM_END, Status.ERROR):
                         finished = True
+                        self._answered()
                     yield frame
                     if finished:
                         return
@@ -714,7 +838,7 @@ class Client:
             if self._closed:
                 raise ClientClosedError("client is closed")
             conn = self._connections.get(address)
-            if conn is not None and not conn.closed:
+            if conn is not None and not conn.stale():
                 return conn
         conn = self.options.connect(address)
         with self._lock:

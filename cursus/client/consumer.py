@@ -25,6 +25,7 @@ can apply committed offsets (facts decision 14).
 
 from __future__ import annotations
 
+import asyncio
 import time
 from collections.abc import (
     AsyncIterator,
@@ -100,6 +101,9 @@ class PartitionCursor:
     position: int
     leader: Address
 
+
+#: One CONSUME's routing steps: yields (action, argument), is sent each result (see consume_steps).
+ConsumeSteps = Generator[tuple[str, Any], Any, "Frame | None"]
 
 #: One poll's fetches: yields (cursor, wait_ms), is sent the records, returns the batch (see poll_plan).
 PollPlan = Generator[tuple["PartitionCursor", int], list[ConsumerRecord], list[ConsumerRecord]]
@@ -238,6 +242,44 @@ class ConsumerCore:
             if records:
                 return records
             index += 1
+
+    def consume_steps(self, cursor: PartitionCursor, wait_ms: int, redirects_max: int) -> ConsumeSteps:
+        """One CONSUME of ``cursor`` with its routing decisions, as a generator the transports drive.
+
+        It yields what to do and is sent the result (or thrown the request's typed error):
+
+        * ``("consume", fields)``: send CONSUME to ``cursor.leader`` (no redirects followed, ``failover``: a
+          leader that cannot be reached raises ``BrokerUnavailableError`` at once) -> the reply frame;
+        * ``("leader", None)``: re-read metadata -> the partition's leader address now;
+        * ``("backoff", attempt)``: wait the backoff delay of ``attempt`` -> None;
+        * ``("bounds", None)``: LIST_OFFSETS of the partition -> ``(earliest, latest)``.
+
+        ``NOT_LEADER`` moves the cursor to the leader it names (or the metadata's); an unreachable leader moves
+        it to the metadata's leader, backing off while the metadata still names the dead one (a failover in
+        progress); ``OFFSET_OUT_OF_RANGE`` applies ``auto_offset_reset``. Returns the reply frame, or None
+        after a reset or when ``redirects_max + 1`` attempts found no leader (the next poll tries again).
+
+        Raises:
+            OffsetOutOfRangeError: ``auto_offset_reset="error"``; other typed errors of the request.
+        """
+        fields = self.fields(cursor, wait_ms)
+        for attempt in range(redirects_max + 1):
+            try:
+                frame: Frame = yield "consume", fields
+                return frame
+            except NotLeaderError as exc:
+                cursor.leader = exc.leader or (yield "leader", None)
+            except BrokerUnavailableError:
+                dead = cursor.leader
+                cursor.leader = yield "leader", None
+                if cursor.leader == dead:
+                    yield "backoff", attempt
+            except OffsetOutOfRangeError as exc:
+                if not self.on_out_of_range(cursor, exc):
+                    earliest, latest = yield "bounds", None
+                    self.reset(cursor, earliest, latest)
+                return None
+        return None
 
     def take_prefetch(self) -> Prefetch | None:
         """Return and forget the outstanding prefetch (its reply must then be read or its connection
@@ -492,29 +534,30 @@ class Consumer(_ConsumerSettings):
         return records
 
     def _consume(self, cursor: PartitionCursor, wait_ms: int) -> Frame | None:
-        fields = self._core.fields(cursor, wait_ms)
-        for attempt in range(self.options.redirects_max + 1):
+        """Drive :meth:`ConsumerCore.consume_steps` with blocking I/O."""
+        steps = self._core.consume_steps(cursor, wait_ms, self.options.redirects_max)
+        reply: Any = None
+        error: CursusError | None = None
+        while True:
             try:
-                return self._client.call(Command.CONSUME, fields, address=cursor.leader,
-                                         timeout_s=self.options.timeout_s + wait_ms / 1000.0,
-                                         follow_redirects=False, failover=True)
-            except NotLeaderError as exc:
-                cursor.leader = exc.leader or self._refresh_leader(cursor.partition)
-                continue
-            except BrokerUnavailableError:
-                # The leader is gone (killed, partitioned): ask the cluster who leads now. During a failover
-                # the metadata may still name it: back off, and the next poll asks again.
-                dead = cursor.leader
-                cursor.leader = self._refresh_leader(cursor.partition)
-                if cursor.leader == dead:
-                    time.sleep(self.options.backoff.delay_s(attempt))
-                continue
-            except OffsetOutOfRangeError as exc:
-                if not self._core.on_out_of_range(cursor, exc):
-                    bounds = self._list_offsets(cursor.partition)[0]
-                    self._core.reset(cursor, bounds.earliest, bounds.latest)
-                return None
-        return None
+                action, argument = steps.throw(error) if error is not None else steps.send(reply)
+            except StopIteration as done:
+                return done.value
+            reply, error = None, None
+            if action == "consume":
+                try:
+                    reply = self._client.call(Command.CONSUME, argument, address=cursor.leader,
+                                              timeout_s=self.options.timeout_s + wait_ms / 1000.0,
+                                              follow_redirects=False, failover=True)
+                except CursusError as exc:
+                    error = exc
+            elif action == "leader":
+                reply = self._refresh_leader(cursor.partition)
+            elif action == "backoff":
+                time.sleep(self.options.backoff.delay_s(argument))
+            else:
+                bounds = self._list_offsets(cursor.partition)[0]
+                reply = (bounds.earliest, bounds.latest)
 
     def _prefetched_reply(self, cursor: PartitionCursor) -> Frame | None:
         """The reply of the prefetched CONSUME when it answers ``cursor`` now; None otherwise (an error
@@ -534,7 +577,7 @@ class Consumer(_ConsumerSettings):
         """Write the next CONSUME of ``cursor`` (no wait) on the prefetch connection; best effort."""
         conn = self._prefetch_connections.get(cursor.leader)
         try:
-            if conn is None or conn.closed:
+            if conn is None or conn.stale():
                 conn = self._prefetch_connections[cursor.leader] = self.options.connect(cursor.leader)
             request_id = conn.send(Command.CONSUME, encode_crq2(CommandPayload((), self._core.fields(cursor, 0))))
         except (OSError, ProtocolError, CursusError):
@@ -770,7 +813,7 @@ class AsyncConsumer(_ConsumerSettings):
         """See :meth:`Consumer._prefetch`."""
         conn = self._prefetch_connections.get(cursor.leader)
         try:
-            if conn is None or conn.closed:
+            if conn is None or conn.stale():
                 conn = self._prefetch_connections[cursor.leader] = await open_connection(self.options,
                                                                                          cursor.leader)
             request_id = await conn.send(Command.CONSUME,
@@ -780,26 +823,32 @@ class AsyncConsumer(_ConsumerSettings):
         self._core.prefetched = Prefetch(cursor.partition, cursor.position, cursor.leader, request_id, conn)
 
     async def _consume(self, cursor: PartitionCursor, wait_ms: int) -> Frame | None:
-        fields = self._core.fields(cursor, wait_ms)
-        for _ in range(self.options.redirects_max + 1):
+        """Drive :meth:`ConsumerCore.consume_steps` with asyncio I/O (the same decisions as the blocking
+        consumer, failover included)."""
+        steps = self._core.consume_steps(cursor, wait_ms, self.options.redirects_max)
+        reply: Any = None
+        error: CursusError | None = None
+        while True:
             try:
-                return await self._client.call(Command.CONSUME, fields, address=cursor.leader,
-                                               timeout_s=self.options.timeout_s + wait_ms / 1000.0,
-                                               follow_redirects=False)
-            except NotLeaderError as exc:
-                if exc.leader is None:
-                    self._metadata = None
-                    cursor.leader = (await self.metadata()).leader_address(cursor.partition) or \
-                        self._client.bootstrap[0]
-                else:
-                    cursor.leader = exc.leader
-                continue
-            except OffsetOutOfRangeError as exc:
-                if not self._core.on_out_of_range(cursor, exc):
-                    bounds = (await self._list_offsets(cursor.partition))[0]
-                    self._core.reset(cursor, bounds.earliest, bounds.latest)
-                return None
-        return None
+                action, argument = steps.throw(error) if error is not None else steps.send(reply)
+            except StopIteration as done:
+                return done.value
+            reply, error = None, None
+            if action == "consume":
+                try:
+                    reply = await self._client.call(Command.CONSUME, argument, address=cursor.leader,
+                                                    timeout_s=self.options.timeout_s + wait_ms / 1000.0,
+                                                    follow_redirects=False, failover=True)
+                except CursusError as exc:
+                    error = exc
+            elif action == "leader":
+                self._metadata = None
+                reply = (await self.metadata()).leader_address(cursor.partition) or self._client.bootstrap[0]
+            elif action == "backoff":
+                await asyncio.sleep(self.options.backoff.delay_s(argument))
+            else:
+                bounds = (await self._list_offsets(cursor.partition))[0]
+                reply = (bounds.earliest, bounds.latest)
 
     async def poll(self, timeout_s: float | None = None) -> list[ConsumerRecord]:
         """See :meth:`Consumer.poll`."""

@@ -50,6 +50,7 @@ __all__ = [
     "RequestTimeoutError",
     "RoutingError",
     "SequenceError",
+    "TlsError",
     "TopicNotFoundError",
     "UnsupportedFeatureError",
     "ValidationError",
@@ -289,6 +290,22 @@ class ProtocolViolationError(InternalError):
 
     def __init__(self, message: str = "", *, fields: Mapping[str, str] | None = None) -> None:
         super().__init__("protocol_error", message, retryable=False, fields=fields)
+
+
+class TlsError(AuthorizationError):
+    """The connection's TLS does not match the broker's, so no retry can succeed until the configuration
+    changes (never retryable; the SDK's retry loops stop at once). Codes:
+
+    * ``tls_required``: a plaintext client on a TLS listener ("the server requires TLS");
+    * ``tls_client_certificate_required``: the broker requires a client certificate (mutual TLS) and none
+      was given;
+    * ``tls_client_certificate_refused``: the broker refused the client certificate given;
+    * ``tls_certificate_verify_failed``: the broker's certificate failed verification (unknown CA, expired,
+      wrong host name); ``fields["reason"]`` is OpenSSL's verify message.
+    """
+
+    def __init__(self, code: str, message: str = "", *, fields: Mapping[str, str] | None = None) -> None:
+        super().__init__(code, message, retryable=False, fields=fields)
 
 
 class DeliveryFailedError(CursusError):

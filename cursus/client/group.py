@@ -1,7 +1,8 @@
 """Group consumers: :class:`GroupConsumer` (blocking) and :class:`AsyncGroupConsumer` (asyncio).
 
-A group consumer shares one topic with the other members of its consumer group (spec section 6 "Consumer
-Group Protocol", "SDK Offset and Group Contract"):
+A group consumer shares one topic, a topic list or the topics matching a pattern with the other members of
+its consumer group (spec section 6 "Consumer Group Protocol", "SDK Offset and Group Contract"; REGISTER_GROUP
+selectors, see :class:`GroupMembership`):
 
 1. ``JOIN_GROUP`` (``SYNC_GROUP`` only when the join reply carries no assignment), then ``FETCH_OFFSET`` for
    every assigned partition: the broker's committed offset is where reading resumes (``auto_offset_reset``
@@ -50,6 +51,7 @@ from cursus.client.connection import (
     Connection,
     ConnectionOptions,
     ok_fields,
+    ok_text_fields,
     options_from,
 )
 from cursus.client.consumer import AsyncConsumer, Consumer
@@ -58,13 +60,15 @@ from cursus.client.errors import (
     CursusError,
     OffsetOutOfRangeError,
     ProtocolViolationError,
+    TlsError,
     error_from_frame,
 )
 from cursus.client.records import ConsumerRecord, decode_consumed_batch
 from cursus.client.signals import sigterm_exits
 from cursus.wire import Command, CommandPayload, Frame, ProtocolError, Status, encode_crq2
 
-__all__ = ["AsyncGroupConsumer", "GroupConsumer", "GroupMembership", "REJOIN_CODES"]
+__all__ = ["AsyncGroupConsumer", "GroupConsumer", "GroupMembership", "PartitionKey", "REJOIN_CODES",
+           "parse_topic_assignments"]
 
 log = logging.getLogger("cursus.client.group")
 
@@ -74,7 +78,7 @@ _RESETS = ("earliest", "latest", "error")
 _MODES = ("poll", "stream")
 _R = TypeVar("_R")
 
-Callback = Callable[[list[int]], Any]
+Callback = Callable[[list[Any]], Any]  # partition numbers, or (topic, partition) pairs
 
 
 def _default_client_id() -> str:
@@ -89,17 +93,44 @@ def parse_partition_list(text: str) -> list[int]:
     return sorted({int(tok) for tok in text[start + 1:end].replace(",", " ").split() if tok.strip()})
 
 
+#: A partition as the group consumer names it: the partition number in a one-topic group, a
+#: ``(topic, partition)`` pair in a group subscribed to a topic list or a pattern.
+PartitionKey = Any
+
+
+def parse_topic_assignments(text: str) -> list[tuple[str, int]]:
+    """``t1:P0,t2:P3`` (facts A6 JOIN_GROUP/SYNC_GROUP ``topic_assignments=``) as sorted (topic, partition)
+    pairs; empty text is no partitions. Raises ``ValueError`` for a malformed entry."""
+    pairs = set()
+    for entry in text.split(","):
+        entry = entry.strip()
+        if not entry:
+            continue
+        topic, sep, partition = entry.rpartition(":P")
+        if not sep or not topic or not partition.isdigit():
+            raise ValueError(f"malformed topic assignment {entry!r}")
+        pairs.add((topic, int(partition)))
+    return sorted(pairs)
+
+
 @dataclass(slots=True)
 class GroupMembership:
     """The group-consumer decisions without I/O: request fields, reply parsing, positions and commits.
 
+    A group reads one topic (``topic``; partitions are keyed by number), or a topic list (``topics``) or an
+    :mod:`fnmatch` pattern (``pattern``), which the broker expands to concrete topics (spec REGISTER_GROUP);
+    then partitions are keyed by ``(topic, partition)`` pairs, the group is registered with that selector
+    before the first JOIN, and JOIN/SYNC/HEARTBEAT/LEAVE omit ``topic=`` (replies carry
+    ``topic_assignments=``).
+
     Attributes:
-        topic, group, client_id: as configured.
+        topic, group, client_id: as configured (``topic`` is ``""`` for a topic list or pattern).
+        topics, pattern: the multi-topic selector (empty / None for a one-topic group).
         member_id: the full id the broker gave (None before the first join).
         generation: the current generation (0 before the first join).
-        assignment: owned partitions, sorted.
-        processed: partition -> next offset after everything handed to the application.
-        committed: partition -> the offset last committed (or fetched) for it.
+        assignment: owned partition keys, sorted.
+        processed: partition key -> next offset after everything handed to the application.
+        committed: partition key -> the offset last committed (or fetched) for it.
         rejoin_needed: a fencing error was seen; the next poll rejoins.
     """
 
@@ -108,14 +139,41 @@ class GroupMembership:
     client_id: str
     member_id: str | None = None
     generation: int = 0
-    assignment: tuple[int, ...] = ()
+    assignment: tuple[PartitionKey, ...] = ()
     rejoin_needed: bool = True
-    processed: dict[int, int] = field(default_factory=dict)
-    committed: dict[int, int] = field(default_factory=dict)
+    processed: dict[PartitionKey, int] = field(default_factory=dict)
+    committed: dict[PartitionKey, int] = field(default_factory=dict)
+    topics: tuple[str, ...] = ()
+    pattern: str | None = None
+
+    @property
+    def multi_topic(self) -> bool:
+        """True for a topic-list or pattern subscription (keys are ``(topic, partition)``)."""
+        return bool(self.topics) or self.pattern is not None
+
+    def topic_partition(self, key: PartitionKey) -> tuple[str, int]:
+        """``(topic, partition)`` of a partition key."""
+        return (key[0], int(key[1])) if self.multi_topic else (self.topic, int(key))
+
+    def key(self, topic: str, partition: int) -> PartitionKey:
+        """The partition key of ``topic``/``partition``."""
+        return (topic, partition) if self.multi_topic else partition
+
+    def key_of(self, record: ConsumerRecord) -> PartitionKey:
+        """The partition key of a consumed record."""
+        return self.key(record.topic, record.partition)
+
+    def register_fields(self) -> dict[str, str]:
+        """REGISTER_GROUP fields of a multi-topic group (``topics=a,b`` or ``pattern=P``)."""
+        if self.pattern is not None:
+            return {"group": self.group, "pattern": self.pattern}
+        return {"group": self.group, "topics": ",".join(self.topics)}
 
     def join_fields(self) -> dict[str, str]:
         """JOIN_GROUP fields; a member that had an id asks to keep it (``generation=`` marks the resume)."""
-        fields = {"topic": self.topic, "group": self.group, "member": self.member_id or self.client_id}
+        fields = {"group": self.group, "member": self.member_id or self.client_id}
+        if not self.multi_topic:
+            fields = {"topic": self.topic, **fields}
         if self.member_id is not None:
             fields["generation"] = str(self.generation)
         return fields
@@ -124,22 +182,36 @@ class GroupMembership:
         """Apply a JOIN_GROUP reply; returns True when it carried an assignment (else SYNC_GROUP)."""
         self.member_id = reply.get("member") or self.member_id or self.client_id
         self.generation = int(reply.get("generation", "0"))
+        if self.multi_topic:
+            if "topic_assignments" not in reply:
+                return False
+            self.assignment = tuple(parse_topic_assignments(reply["topic_assignments"]))
+            return True
         if "assignments=" in raw and "[" in raw:
             self.assignment = tuple(parse_partition_list(raw))
             return True
         return False
 
     def on_sync(self, raw: str) -> None:
-        """Apply a SYNC_GROUP reply (the partitions in its first ``[...]``)."""
-        self.assignment = tuple(parse_partition_list(raw))
+        """Apply a SYNC_GROUP reply (the partitions in its first ``[...]``, or its ``topic_assignments=``)."""
+        if self.multi_topic:
+            self.assignment = tuple(parse_topic_assignments(ok_text_fields(raw).get("topic_assignments", "")))
+        else:
+            self.assignment = tuple(parse_partition_list(raw))
 
     def member_fields(self) -> dict[str, str]:
-        """topic, group, member and generation (HEARTBEAT, commits, SYNC_GROUP)."""
+        """topic (one-topic groups), group, member and generation (HEARTBEAT, commits, SYNC_GROUP)."""
         assert self.member_id is not None
-        return {"topic": self.topic, "group": self.group, "member": self.member_id,
-                "generation": str(self.generation)}
+        fields = {"group": self.group, "member": self.member_id, "generation": str(self.generation)}
+        return fields if self.multi_topic else {"topic": self.topic, **fields}
 
-    def pending_commits(self, offsets: Mapping[int, int] | None = None) -> dict[int, int]:
+    def leave_fields(self) -> dict[str, str]:
+        """LEAVE_GROUP fields (``topic=`` only for a one-topic group)."""
+        assert self.member_id is not None
+        fields = {"group": self.group, "member": self.member_id}
+        return fields if self.multi_topic else {"topic": self.topic, **fields}
+
+    def pending_commits(self, offsets: Mapping[PartitionKey, int] | None = None) -> dict[PartitionKey, int]:
         """Offsets to commit, minus those already committed at that value.
 
         Without ``offsets``: every processed position of an owned partition beyond its committed offset.
@@ -152,18 +224,31 @@ class GroupMembership:
                     if p in owned and o > self.committed.get(p, -1) and o >= 0}
         return {p: o for p, o in sorted(offsets.items()) if o != self.committed.get(p)}
 
-    def commit_request(self, offsets: Mapping[int, int]) -> tuple[Command, dict[str, str]]:
-        """COMMIT_OFFSET for one partition, BATCH_COMMIT ``offsets=P<p>:<n>,...`` for several."""
+    def commit_request(self, offsets: Mapping[PartitionKey, int]) -> tuple[Command, dict[str, str]]:
+        """COMMIT_OFFSET for one partition, BATCH_COMMIT ``offsets=P<p>:<n>,...`` for several, all of one
+        topic (see :meth:`commit_requests` for several topics)."""
         fields = self.member_fields()
+        by_partition = {self.topic_partition(k): o for k, o in offsets.items()}
+        topics = {t for t, _ in by_partition}
+        assert len(topics) == 1, "one topic per commit request"
+        (topic,) = topics
         if len(offsets) == 1:
-            ((partition, offset),) = offsets.items()
-            return Command.COMMIT_OFFSET, {"topic": self.topic, "partition": str(partition), "group": self.group,
+            (((_, partition), offset),) = by_partition.items()
+            return Command.COMMIT_OFFSET, {"topic": topic, "partition": str(partition), "group": self.group,
                                            "offset": str(offset), "member": fields["member"],
                                            "generation": fields["generation"]}
-        fields["offsets"] = ",".join(f"P{p}:{o}" for p, o in sorted(offsets.items()))
+        fields = {"topic": topic, **{k: v for k, v in fields.items() if k != "topic"}}
+        fields["offsets"] = ",".join(f"P{p}:{o}" for (_, p), o in sorted(by_partition.items()))
         return Command.BATCH_COMMIT, fields
 
-    def on_committed(self, offsets: Mapping[int, int]) -> None:
+    def commit_requests(self, offsets: Mapping[PartitionKey, int]) -> list[tuple[dict[PartitionKey, int], Step]]:
+        """One commit request per topic (the commands are per topic): (its offsets, the request)."""
+        by_topic: dict[str, dict[PartitionKey, int]] = {}
+        for key, offset in sorted(offsets.items()):
+            by_topic.setdefault(self.topic_partition(key)[0], {})[key] = offset
+        return [(part, self.commit_request(part)) for _, part in sorted(by_topic.items())]
+
+    def on_committed(self, offsets: Mapping[PartitionKey, int]) -> None:
         """Record a successful commit."""
         for p, o in offsets.items():
             self.committed[p] = max(o, self.committed.get(p, -1))
@@ -173,15 +258,13 @@ class GroupMembership:
         """Whether ``err`` ends the membership (stop, rejoin)."""
         return isinstance(err, CursusError) and err.code in REJOIN_CODES
 
-    def on_records(self, partition: int, records: list[ConsumerRecord]) -> list[ConsumerRecord]:
+    def on_records(self, partition: PartitionKey, records: list[ConsumerRecord]) -> list[ConsumerRecord]:
         """Records handed to the application: drop any below the processed position, advance it."""
         floor = self.processed.get(partition, -1)
         kept = [r for r in records if r.offset >= floor]
         if kept:
             self.processed[partition] = kept[-1].offset + 1
         return kept
-
-
 
 
 #: One request of a sans-IO step sequence: (command, CRQ2 fields); the driver sends it and sends back the
@@ -199,13 +282,14 @@ def commit_steps(state: GroupMembership, offsets: Mapping[int, int] | None) -> S
     pending = state.pending_commits(offsets)
     if not pending:
         return {}
-    try:
-        yield state.commit_request(pending)
-    except CursusError as exc:
-        if state.is_rejoin_error(exc):
-            state.rejoin_needed = True
-        raise
-    state.on_committed(pending)
+    for part, request in state.commit_requests(pending):  # one per topic
+        try:
+            yield request
+        except CursusError as exc:
+            if state.is_rejoin_error(exc):
+                state.rejoin_needed = True
+            raise
+        state.on_committed(part)
     return pending
 
 
@@ -220,6 +304,8 @@ def rejoin_steps(state: GroupMembership, auto_offset_reset: str,
     during the commit (the next poll rejoins again).
     """
     old = set(state.assignment) if state.member_id is not None else set()
+    if state.multi_topic and state.member_id is None:  # a JOIN without topic= needs the group to exist
+        yield Command.REGISTER_GROUP, state.register_fields()
     if old:
         try:
             yield from commit_steps(state, None)  # before the partitions can move
@@ -247,15 +333,16 @@ def rejoin_steps(state: GroupMembership, auto_offset_reset: str,
             if state.is_rejoin_error(exc):
                 return None
     positions = {}
-    latest: dict[int, int] | None = None
+    latest: dict[str, dict[int, int]] = {}
     for p in sorted(new):
-        reply = yield Command.FETCH_OFFSET, {"topic": state.topic, "partition": str(p), "group": state.group}
+        topic, partition = state.topic_partition(p)
+        reply = yield Command.FETCH_OFFSET, {"topic": topic, "partition": str(partition), "group": state.group}
         offset = int(ok_fields(reply)["offset"])
         if offset == 0 and auto_offset_reset == "latest":
-            if latest is None:
-                bounds = yield Command.LIST_OFFSETS, {"topic": state.topic}
-                latest = {b.partition: b.latest for b in parse_list_offsets(ok_fields(bounds))}
-            offset = latest.get(p, 0)
+            if topic not in latest:
+                bounds = yield Command.LIST_OFFSETS, {"topic": topic}
+                latest[topic] = {b.partition: b.latest for b in parse_list_offsets(ok_fields(bounds))}
+            offset = latest[topic].get(partition, 0)
         positions[p] = max(offset, state.processed.get(p, 0)) if p in kept else offset
         state.committed[p] = max(state.committed.get(p, -1), offset)
         state.processed[p] = positions[p]
@@ -306,7 +393,8 @@ class _GroupSettings:
     _consumer_type: Any
     _modes: tuple[str, ...]
 
-    def __init__(self, topic: str, group: str, bootstrap: str | Sequence[str] = DEFAULT_ADDRESS, *,
+    def __init__(self, topic: str | Sequence[str] | None, group: str,
+                 bootstrap: str | Sequence[str] = DEFAULT_ADDRESS, *, pattern: str | None = None,
                  client_id: str | None = None, mode: str = "poll", auto_commit: bool = True,
                  auto_commit_interval_s: float = 5.0, auto_offset_reset: str = "earliest",
                  isolation_level: str = "read_committed", batch_size: int = 1000, max_bytes: int | None = None,
@@ -319,7 +407,20 @@ class _GroupSettings:
             raise ValueError(f"auto_offset_reset must be one of {_RESETS}")
         if heartbeat_interval_s <= 0 or auto_commit_interval_s < 0:
             raise ValueError("heartbeat_interval_s must be positive and auto_commit_interval_s >= 0")
-        self.topic = topic
+        if (topic is None) == (pattern is None):
+            raise ValueError("give a topic, a list of topics, or pattern= (exactly one)")
+        if isinstance(topic, str):
+            topics: tuple[str, ...] = ()
+        elif topic is not None:
+            topics = tuple(dict.fromkeys(topic))
+            if not topics or not all(isinstance(t, str) and t for t in topics):
+                raise ValueError("the topic list must name at least one topic")
+        else:
+            topics = ()
+        #: The one topic read, or None for a topic list or pattern (see ``topics``/``pattern``).
+        self.topic: str | None = topic if isinstance(topic, str) else None
+        self.topics = topics
+        self.pattern = pattern
         self.group = group
         self.mode = mode
         self.auto_commit = auto_commit
@@ -333,19 +434,52 @@ class _GroupSettings:
         self.on_assigned = on_assigned
         self.on_revoked = on_revoked
         self.options = options_from(options, overrides)
-        self.state = GroupMembership(topic, group, client_id or _default_client_id())
+        self.state = GroupMembership(self.topic or "", group, client_id or _default_client_id(), topics=topics,
+                                     pattern=pattern)
+        self._bootstrap = bootstrap
         self._client = self._client_type(bootstrap, self.options)
         self._heartbeat_client = self._client_type(bootstrap, self.options)
-        self._consumer = self._consumer_type(topic, bootstrap, auto_offset_reset=auto_offset_reset,
-                                             isolation_level=isolation_level, batch_size=batch_size,
-                                             max_bytes=max_bytes, wait_ms=wait_ms, group=group,
-                                             options=self.options)
+        #: One partition consumer per topic read (created when the topic is first assigned).
+        self._consumers: dict[str, Any] = {}
+        self._rotation = 0
+        if self.topic is not None:
+            self._consumer = self._consumer_for(self.topic)
         self._last_commit = time.monotonic()
         self._assignment_token = 0
         self._setup()
 
     def _setup(self) -> None:
         raise NotImplementedError
+
+    def _consumer_for(self, topic: str) -> Any:
+        consumer = self._consumers.get(topic)
+        if consumer is None:
+            consumer = self._consumers[topic] = self._consumer_type(
+                topic, self._bootstrap, auto_offset_reset=self.auto_offset_reset,
+                isolation_level=self.isolation_level, batch_size=self.batch_size, max_bytes=self.max_bytes,
+                wait_ms=self.wait_ms, group=self.group, options=self.options)
+        return consumer
+
+    def _positions_by_topic(self, positions: Mapping[PartitionKey, int]) -> dict[str, dict[int, int]]:
+        """Start positions grouped per topic; every topic read before gets an entry (maybe empty)."""
+        by_topic: dict[str, dict[int, int]] = {t: {} for t in self._consumers}
+        for key, offset in positions.items():
+            topic, partition = self.state.topic_partition(key)
+            by_topic.setdefault(topic, {})[partition] = offset
+        return by_topic
+
+    def _reading(self) -> list[Any]:
+        """The partition consumers with owned partitions, rotated between calls (fairness across topics)."""
+        owned = {self.state.topic_partition(k)[0] for k in self.state.assignment}
+        consumers = [c for t, c in sorted(self._consumers.items()) if t in owned]
+        if not consumers:
+            return []
+        self._rotation = (self._rotation + 1) % len(consumers)
+        return consumers[self._rotation:] + consumers[:self._rotation]
+
+
+#: Long-poll slice per topic when a group reads several topics (so one idle topic does not hold up others).
+_MULTI_TOPIC_SLICE_S = 0.1
 
 
 class GroupConsumer(_GroupSettings):
@@ -355,8 +489,14 @@ class GroupConsumer(_GroupSettings):
     partition (a reader thread each) and hands their batches to :meth:`poll`.
 
     Args:
-        topic: the topic the group reads.
+        topic: the topic the group reads, or a list of topics (partition keys are then
+            ``(topic, partition)`` pairs), or None with ``pattern``.
         group: the consumer group.
+        pattern: an :mod:`fnmatch` glob of topic names (``orders-*``; ``*``, ``?``, ``[...]``) instead of
+            ``topic``: the broker expands it and rebalances the group when a matching topic is created or
+            deleted. A topic list or pattern registers the group with that selector (REGISTER_GROUP)
+            before the first join; the partition keys of :meth:`assignment`, :meth:`positions`,
+            :meth:`commit` and the callbacks are then ``(topic, partition)`` pairs.
         bootstrap: ``host:port`` of a broker (or a list).
         client_id: the member id prefix sent on the first JOIN (default ``consumer-<random>``).
         auto_commit: commit processed offsets from poll every ``auto_commit_interval_s`` and on close.
@@ -387,7 +527,7 @@ class GroupConsumer(_GroupSettings):
         self._closed = threading.Event()
         self._heartbeat_thread: threading.Thread | None = None
         self._streams: list[_PartitionStreamThread] = []
-        self._stream_queue: queue.Queue[tuple[int, int, list[ConsumerRecord]]] = queue.Queue()
+        self._stream_queue: queue.Queue[tuple[int, PartitionKey, list[ConsumerRecord]]] = queue.Queue()
         self._sigterm: contextlib.AbstractContextManager[None] = contextlib.nullcontext()
         self._rebalance = threading.Event()  # the heartbeat saw the membership end (wakes an idle poll)
 
@@ -407,12 +547,13 @@ class GroupConsumer(_GroupSettings):
             self._ensure_member()
         return self.state.generation
 
-    def assignment(self) -> list[int]:
-        """The partitions this member owns now (joins first if needed)."""
+    def assignment(self) -> list[PartitionKey]:
+        """The partitions this member owns now (joins first if needed): numbers for one topic,
+        ``(topic, partition)`` pairs for a topic list or pattern."""
         self._ensure_member()
         return list(self.state.assignment)
 
-    def positions(self) -> dict[int, int]:
+    def positions(self) -> dict[PartitionKey, int]:
         """Next offset per owned partition after everything poll returned."""
         return {p: self.state.processed[p] for p in self.state.assignment if p in self.state.processed}
 
@@ -453,7 +594,8 @@ class GroupConsumer(_GroupSettings):
         positions, assignment = result
         self._assignment_token += 1
         if self.mode == "poll":
-            self._consumer.assign(positions)
+            for topic, start in self._positions_by_topic(positions).items():
+                self._consumer_for(topic).assign(start)
         else:
             self._start_streams(positions)
         if self.on_assigned is not None:
@@ -500,11 +642,34 @@ class GroupConsumer(_GroupSettings):
         if self.mode == "stream":
             return self._poll_streams(budget_s)
         token = self._assignment_token
-        records = self._consumer.poll(budget_s)
+        records = self._poll_consumers(budget_s)
         with self._lock:
-            if token != self._assignment_token or not records or records[0].partition not in self.state.assignment:
+            if token != self._assignment_token or not records:
                 return []
-            return self.state.on_records(records[0].partition, records)
+            key = self.state.key_of(records[0])
+            if key not in self.state.assignment:
+                return []
+            return self.state.on_records(key, records)
+
+    def _poll_consumers(self, budget_s: float) -> list[ConsumerRecord]:
+        """One topic's records: the only topic with the whole budget; several topics each once without
+        waiting, then in turn with short long polls until the budget is spent."""
+        consumers = self._reading()
+        if len(consumers) <= 1:
+            return consumers[0].poll(budget_s) if consumers else []
+        deadline = time.monotonic() + budget_s
+        for consumer in consumers:
+            records = consumer.poll(0)
+            if records:
+                return records
+        while True:
+            for consumer in consumers:
+                remaining = deadline - time.monotonic()
+                if remaining <= 0:
+                    return []
+                records = consumer.poll(min(remaining, _MULTI_TOPIC_SLICE_S))
+                if records:
+                    return records
 
     def _poll_streams(self, budget_s: float) -> list[ConsumerRecord]:
         deadline = time.monotonic() + budget_s
@@ -544,9 +709,10 @@ class GroupConsumer(_GroupSettings):
 
     # ---------------------------------------------------------------------------------------- commits
 
-    def commit(self, offsets: Mapping[int, int] | None = None) -> dict[int, int]:
-        """Commit next offsets (default: everything poll returned so far) of owned partitions; returns what
-        was committed (offsets equal to the committed ones are left out). Joins first if needed. Durable on
+    def commit(self, offsets: Mapping[PartitionKey, int] | None = None) -> dict[PartitionKey, int]:
+        """Commit next offsets (default: everything poll returned so far) of owned partitions, keyed by
+        partition number (one topic) or ``(topic, partition)`` (a topic list or pattern; one request per
+        topic); returns what was committed (offsets equal to the committed ones are left out). Joins first if needed. Durable on
         the broker when this returns.
 
         Raises:
@@ -558,7 +724,7 @@ class GroupConsumer(_GroupSettings):
         with self._lock:
             return self._commit_now(self.state.pending_commits(offsets))
 
-    def _commit_now(self, offsets: Mapping[int, int]) -> dict[int, int]:
+    def _commit_now(self, offsets: Mapping[PartitionKey, int]) -> dict[PartitionKey, int]:
         committed = run_steps(commit_steps(self.state, offsets), self._call)
         if committed:
             self._last_commit = time.monotonic()
@@ -576,7 +742,8 @@ class GroupConsumer(_GroupSettings):
 
     def _start_streams(self, positions: Mapping[int, int]) -> None:
         for partition, offset in positions.items():
-            thread = _PartitionStreamThread(self, partition, offset, self._assignment_token)
+            topic, number = self.state.topic_partition(partition)
+            thread = _PartitionStreamThread(self, partition, topic, number, offset, self._assignment_token)
             self._streams.append(thread)
             thread.start()
 
@@ -607,11 +774,11 @@ class GroupConsumer(_GroupSettings):
             self._stop_streams()
             if self.state.member_id is not None:
                 with contextlib.suppress(CursusError):
-                    self._call(Command.LEAVE_GROUP, {"topic": self.topic, "group": self.group,
-                                                     "member": self.state.member_id}, retry_safe=False)
+                    self._call(Command.LEAVE_GROUP, self.state.leave_fields(), retry_safe=False)
         if self._heartbeat_thread is not None:
             self._heartbeat_thread.join(timeout=10)
-        self._consumer.close()
+        for consumer in self._consumers.values():
+            consumer.close()
         self._client.close()
         self._heartbeat_client.close()
 
@@ -634,9 +801,12 @@ class _PartitionStreamThread(threading.Thread):
     """Reads one partition with STREAM and queues its batches; reconnects and resumes after STREAM_END or a
     lost connection (from its last offset), applies ``auto_offset_reset`` on ``offset_out_of_range``."""
 
-    def __init__(self, owner: GroupConsumer, partition: int, offset: int, token: int) -> None:
-        super().__init__(daemon=True, name=f"cursus-stream-{owner.topic}-{partition}")
+    def __init__(self, owner: GroupConsumer, key: PartitionKey, topic: str, partition: int, offset: int,
+                 token: int) -> None:
+        super().__init__(daemon=True, name=f"cursus-stream-{topic}-{partition}")
         self.owner = owner
+        self.key = key
+        self.topic = topic
         self.partition = partition
         self.offset = offset
         self.token = token
@@ -653,7 +823,7 @@ class _PartitionStreamThread(threading.Thread):
 
     def _fields(self) -> dict[str, str]:
         owner = self.owner
-        fields = {"topic": owner.topic, "partition": str(self.partition), "group": owner.group,
+        fields = {"topic": self.topic, "partition": str(self.partition), "group": owner.group,
                   "member": owner.state.member_id or "", "offset": str(self.offset),
                   "batch": str(owner.batch_size), "isolation": owner.isolation_level}
         if owner.max_bytes is not None:
@@ -670,20 +840,24 @@ class _PartitionStreamThread(threading.Thread):
                 attempt = 0
             except OffsetOutOfRangeError as exc:
                 if self.owner.auto_offset_reset == "error":
-                    log.error("stream of %s/%d: %s", self.owner.topic, self.partition, exc)
+                    log.error("stream of %s/%d: %s", self.topic, self.partition, exc)
                     return
                 target = exc.earliest if self.owner.auto_offset_reset == "earliest" else exc.latest
                 self.offset = target if target is not None else self.offset
+            except TlsError as exc:  # a configuration mismatch: reconnecting cannot help
+                log.error("stream of %s/%d: %s", self.topic, self.partition, exc)
+                return
             except (OSError, ProtocolError, CursusError) as exc:
                 if self._halt.is_set():
                     return
-                log.debug("stream of %s/%d: %s; reconnecting", self.owner.topic, self.partition, exc)
+                log.debug("stream of %s/%d: %s; reconnecting", self.topic, self.partition, exc)
                 self._halt.wait(backoff.delay_s(attempt))
                 attempt = min(attempt + 1, 16)
 
     def _stream_once(self) -> None:
         owner = self.owner
-        address = owner._consumer.metadata().leader_address(self.partition) or owner._client.bootstrap[0]
+        address = owner._consumer_for(self.topic).metadata().leader_address(self.partition) or \
+            owner._client.bootstrap[0]
         conn = owner.options.connect(address)
         self._conn = conn
         try:
@@ -708,7 +882,7 @@ class _PartitionStreamThread(threading.Thread):
                 records = [r for r in records if r.offset >= self.offset]
                 if records:
                     self.offset = records[-1].offset + 1
-                    owner._stream_queue.put((self.token, self.partition, records))
+                    owner._stream_queue.put((self.token, self.key, records))
         finally:
             self._conn = None
             conn.close()
@@ -749,8 +923,8 @@ class AsyncGroupConsumer(_GroupSettings):
         """The current generation."""
         return self.state.generation
 
-    async def assignment(self) -> list[int]:
-        """Owned partitions (joins first if needed)."""
+    async def assignment(self) -> list[PartitionKey]:
+        """Owned partitions (joins first if needed; ``(topic, partition)`` pairs for a list or pattern)."""
         await self._ensure_member()
         return list(self.state.assignment)
 
@@ -771,7 +945,8 @@ class AsyncGroupConsumer(_GroupSettings):
             return
         positions, assignment = result
         self._assignment_token += 1
-        await self._consumer.assign(positions)
+        for topic, start in self._positions_by_topic(positions).items():
+            await self._consumer_for(topic).assign(start)
         if self.on_assigned is not None:
             self.on_assigned(assignment)
 
@@ -804,18 +979,40 @@ class AsyncGroupConsumer(_GroupSettings):
             await asyncio.sleep(budget_s)
             return []
         token = self._assignment_token
-        records = await self._consumer.poll(budget_s)
-        if token != self._assignment_token or not records or records[0].partition not in self.state.assignment:
+        records = await self._poll_consumers(budget_s)
+        if token != self._assignment_token or not records:
             return []
-        return self.state.on_records(records[0].partition, records)
+        key = self.state.key_of(records[0])
+        if key not in self.state.assignment:
+            return []
+        return self.state.on_records(key, records)
 
-    async def commit(self, offsets: Mapping[int, int] | None = None) -> dict[int, int]:
+    async def _poll_consumers(self, budget_s: float) -> list[ConsumerRecord]:
+        """See :meth:`GroupConsumer._poll_consumers`."""
+        consumers = self._reading()
+        if len(consumers) <= 1:
+            return await consumers[0].poll(budget_s) if consumers else []
+        deadline = time.monotonic() + budget_s
+        for consumer in consumers:
+            records = await consumer.poll(0)
+            if records:
+                return records
+        while True:
+            for consumer in consumers:
+                remaining = deadline - time.monotonic()
+                if remaining <= 0:
+                    return []
+                records = await consumer.poll(min(remaining, _MULTI_TOPIC_SLICE_S))
+                if records:
+                    return records
+
+    async def commit(self, offsets: Mapping[PartitionKey, int] | None = None) -> dict[PartitionKey, int]:
         """See :meth:`GroupConsumer.commit`."""
         await self._ensure_member()
         async with self._lock:
             return await self._commit_now(self.state.pending_commits(offsets))
 
-    async def _commit_now(self, offsets: Mapping[int, int]) -> dict[int, int]:
+    async def _commit_now(self, offsets: Mapping[PartitionKey, int]) -> dict[PartitionKey, int]:
         committed = await run_steps_async(commit_steps(self.state, offsets), self._call)
         if committed:
             self._last_commit = time.monotonic()
@@ -836,9 +1033,9 @@ class AsyncGroupConsumer(_GroupSettings):
                 await self._heartbeat_task
         if self.state.member_id is not None:
             with contextlib.suppress(CursusError):
-                await self._client.call(Command.LEAVE_GROUP, {"topic": self.topic, "group": self.group,
-                                                              "member": self.state.member_id}, retry_safe=False)
-        await self._consumer.close()
+                await self._client.call(Command.LEAVE_GROUP, self.state.leave_fields(), retry_safe=False)
+        for consumer in self._consumers.values():
+            await consumer.close()
         await self._client.close()
         await self._heartbeat_client.close()
 

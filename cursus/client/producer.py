@@ -16,6 +16,9 @@ Both drive the same sans-IO :class:`ProducerCore`, which owns every decision:
   connection loss and on retryable errors, and the broker de-duplicates the repeats: each record is written
   exactly once per producer session. ``producer_fenced``, ``stale_producer_epoch``, ``idempotency_gap`` and
   ``sequence_out_of_order`` are terminal: the producer fails every pending record and refuses new ones.
+  A batch that still has an unknown outcome at ``delivery_timeout_s`` fails with ``DeliveryUnknownError``
+  and its partition moves to the next producer epoch at sequence 1 (as Kafka's epoch bump), so the records
+  after it are never refused for a sequence gap.
 * **Retries only where safe**: a batch never written (connect failure) or redirected (``NOT_LEADER``) is
   always resent; a non-idempotent batch whose connection dropped after writing fails with
   ``DeliveryUnknownError``, and non-idempotent producers never retry error replies. Retries use exponential
@@ -30,6 +33,7 @@ from __future__ import annotations
 import asyncio
 import itertools
 import json
+import logging
 import os
 import socket
 import threading
@@ -83,6 +87,8 @@ from cursus.wire import (
 )
 
 __all__ = ["AsyncProducer", "Producer", "ProducerConfig", "ProducerCore", "RecordMetadata", "normalize_acks"]
+
+log = logging.getLogger("cursus.client.producer")
 
 _ACKS = {"0": "0", "none": "0", "1": "1", "": "1", "leader": "1", "-1": "-1", "all": "-1"}
 #: Bytes a record costs beyond its value and key in the batch (length prefix, header, producer group).
@@ -162,9 +168,9 @@ class _PartitionState:
     """Queue and sequence state of one partition."""
 
     __slots__ = ("topic", "partition", "queue", "queued_bytes", "first_enqueued", "busy", "retry", "next_seq",
-                 "encoder", "leader")
+                 "encoder", "leader", "epoch")
 
-    def __init__(self, topic: str, partition: int, leader: Address, encoder: RecordEncoder) -> None:
+    def __init__(self, topic: str, partition: int, leader: Address, encoder: RecordEncoder, epoch: int) -> None:
         self.topic = topic
         self.partition = partition
         self.queue: deque[_Pending] = deque()
@@ -175,6 +181,8 @@ class _PartitionState:
         self.next_seq = 1
         self.encoder = encoder
         self.leader = leader
+        #: The producer epoch this partition's batches carry: the producer's, plus one per sequence reset.
+        self.epoch = epoch
 
 
 class ProducerBatch:
@@ -303,7 +311,8 @@ class ProducerCore:
             metadata = self.topics[topic].metadata
             leader = metadata.leader_address(partition) or self.default_leader
             encoder = RecordEncoder(topic, partition, self.config.producer_id, self.config.producer_epoch)
-            pstate = self.partitions[key] = _PartitionState(topic, partition, leader, encoder)
+            pstate = self.partitions[key] = _PartitionState(topic, partition, leader, encoder,
+                                                            self.config.producer_epoch)
             self.by_address.setdefault(leader, []).append(pstate)
         limit = self.config.max_record_bytes
         if pending.size > limit:  # the overhead estimate is generous: only then measure exactly
@@ -421,7 +430,7 @@ class ProducerCore:
             range(last_offset - count + 1, last_offset + 1)
         # One metadata tuple per record, built by C iterators (this runs once per record acknowledged).
         metadata = map(RecordMetadata._make, zip(repeat(pstate.topic), repeat(pstate.partition), offsets,
-                                                 repeat(cfg.producer_id), repeat(cfg.producer_epoch),
+                                                 repeat(cfg.producer_id), repeat(pstate.epoch),
                                                  range(seq, seq + count)))
         return list(zip([p.future for p in batch.pendings], metadata, repeat(False)))
 
@@ -477,7 +486,22 @@ class ProducerCore:
         batch.state.busy = False
         if not batch.uncertain and batch.state.next_seq == batch.seq_start + len(batch.pendings):
             batch.state.next_seq = batch.seq_start  # never written: the next batch reuses the sequences
+        elif batch.uncertain and cfg.idempotent:
+            self._reset_sequence(batch.state)
         return self._fail_pendings(batch.pendings, error), None
+
+    def _reset_sequence(self, pstate: _PartitionState) -> None:
+        """After a batch whose outcome stays unknown (delivery timeout), the broker's last sequence for this
+        partition is unknown too: continuing at ``next_seq`` would leave a gap (``sequence_out_of_order``,
+        fatal) if the batch never landed. Like Kafka's epoch bump (KIP-360), the partition moves to the next
+        producer epoch and starts again at sequence 1, which the broker accepts (facts A decision 13: a higher
+        epoch fences the old one and must start at seq 1). Only this partition changes; no batch of it is in
+        flight (one per partition), and records still queued are encoded under the new epoch."""
+        pstate.epoch += 1
+        pstate.encoder = RecordEncoder(pstate.topic, pstate.partition, self.config.producer_id, pstate.epoch)
+        pstate.next_seq = 1
+        log.info("producer %s: %s/%d moves to epoch %d at sequence 1 after a delivery with unknown outcome",
+                 self.config.producer_id, pstate.topic, pstate.partition, pstate.epoch)
 
     def _fail_pendings(self, pendings: Sequence[_Pending], error: BaseException) -> list[Resolution]:
         self.buffered -= len(pendings)
@@ -981,7 +1005,7 @@ class Producer(_ProducerSettings):
         last_offset: int | None = None
         address = batch.state.leader
         try:
-            if conn is None or conn.closed or conn.address != address:
+            if conn is None or conn.stale() or conn.address != address:
                 if conn is not None:
                     conn.close()
                 conn = self.options.connect(address)
@@ -1230,7 +1254,7 @@ class AsyncProducer(_ProducerSettings):
                 written = False
                 last_offset: int | None = None
                 try:
-                    if conn is None or conn.closed:
+                    if conn is None or conn.stale():
                         conn = await open_connection(self.options, address)
                         self._connections.add(conn)
                     written = True

@@ -235,6 +235,43 @@ def test_a_consumer_follows_the_new_leader_when_its_leader_dies(cluster: Cluster
     old.start(timeout_s=60)
 
 
+def test_an_async_consumer_follows_the_new_leader_when_its_leader_dies(cluster: Cluster) -> None:
+    """The asyncio twin of the test above: the failover decision lives in ConsumerCore.consume_steps, so
+    AsyncConsumer re-reads metadata too instead of retrying the dead leader until its budget runs out."""
+    import asyncio
+
+    from cursus.client.consumer import AsyncConsumer
+
+    row = make_topic(cluster, "consume-failover-async")
+    old = cluster.by_id(row["leader"])
+    with conn(old) as c:
+        publish_ok(c, "consume-failover-async", [f"a{i}".encode() for i in range(20)])
+    bootstrap = [f"127.0.0.1:{b.port}" for b in cluster.brokers]
+    survivor = next(b for b in cluster.brokers if b is not old)
+
+    async def read_until(consumer: AsyncConsumer, got: list[bytes], count: int, timeout_s: float) -> None:
+        deadline = time.monotonic() + timeout_s
+        while len(got) < count:
+            assert time.monotonic() < deadline, f"read {len(got)} of {count}"
+            got.extend(r.value for r in await consumer.poll(1.0))
+
+    async def run() -> list[bytes]:
+        got: list[bytes] = []
+        async with AsyncConsumer("consume-failover-async", bootstrap, start="earliest", wait_ms=100) as consumer:
+            await read_until(consumer, got, 20, 20)
+            old.kill()
+            new = await asyncio.to_thread(
+                wait_for, lambda: (p := leader_proc(cluster, "consume-failover-async", via=survivor))
+                and p is not old and p, 20, "a new leader")
+            with conn(new) as c:
+                publish_ok(c, "consume-failover-async", [f"b{i}".encode() for i in range(20)])
+            await read_until(consumer, got, 40, 30)
+        return got
+
+    assert asyncio.run(run()) == [f"a{i}".encode() for i in range(20)] + [f"b{i}".encode() for i in range(20)]
+    old.start(timeout_s=60)
+
+
 def test_min_isr_refuses_before_append_and_keeps_sequence_state(cluster: Cluster) -> None:
     row = make_topic(cluster, "min-isr", min_in_sync_replicas="3")
     leader = cluster.by_id(row["leader"])

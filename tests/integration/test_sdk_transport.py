@@ -34,6 +34,7 @@ from cursus.client import (
     DeliveryUnknownError,
     Producer,
     RequestTimeoutError,
+    TlsError,
     make_ssl_context,
 )
 from cursus.wire import (
@@ -253,7 +254,7 @@ def test_tls_with_ca_file_and_cursusctl_tls_flags(fakes, tmp_path):
     context = make_ssl_context(ca_file=str(cert_path))
     with Connection(*fake.address, ssl_context=context, principal="bob", token="t") as conn:
         assert conn.call(Command.LIST).payload == b"OK count=0 topics="
-    with pytest.raises(ssl.SSLError):  # the system trust store does not know our CA
+    with pytest.raises(TlsError, match="tls_certificate_verify_failed"):  # the system trust store lacks our CA
         Connection(*fake.address, ssl_context=make_ssl_context())
     env = {**os.environ, "CTL_TOKEN": "from-env"}
     out = subprocess.run([sys.executable, "-m", "cursus.cli.ctl", "--broker", fake.addr, "--tls-ca", str(cert_path),

@@ -62,3 +62,49 @@ def test_cut_keeps_every_partition_record_before_its_own_end() -> None:
     assert core.buffer == [r[2]]  # only the record past partition 0's end waits
     assert core.position(0) == 10  # partition 0 has reached its end
     assert core.cut([], ends) == [] and core.cut([r[3]], None) == [r[3]]
+
+
+def test_consume_steps_follow_redirects_and_fail_over_for_both_transports() -> None:
+    """The routing decisions of one CONSUME live in the core, so the asyncio consumer fails over as the
+    blocking one does (review finding: only the blocking consumer had the failover branch)."""
+    from cursus.client.errors import BrokerUnavailableError, NotLeaderError
+    from cursus.wire import Command, Frame, Kind, Status
+
+    core = _core(1)
+    cursor = core.cursors[0]
+    steps = core.consume_steps(cursor, 0, redirects_max=5)
+    assert next(steps)[0] == "consume"
+    # NOT_LEADER naming the leader: go there at once
+    assert steps.throw(NotLeaderError("NOT_LEADER", fields={"leader": "b:2"})) == ("consume", core.fields(cursor, 0))
+    assert cursor.leader == ("b", 2)
+    # the leader is unreachable: ask the metadata; it still names the dead broker (failover in progress): back off
+    assert steps.throw(BrokerUnavailableError("gone")) == ("leader", None)
+    assert steps.send(("b", 2)) == ("backoff", 1)  # the second attempt
+    assert steps.send(None)[0] == "consume"
+    # unreachable again; now the metadata names the new leader: no backoff
+    assert steps.throw(BrokerUnavailableError("gone")) == ("leader", None)
+    assert steps.send(("c", 3))[0] == "consume" and cursor.leader == ("c", 3)
+    reply = Frame(Kind.RESPONSE, Command.CONSUME, Status.OK, 1, b"", None)
+    try:
+        steps.send(reply)
+    except StopIteration as done:
+        assert done.value is reply
+    else:
+        raise AssertionError("the reply ends the steps")
+
+
+def test_consume_steps_reset_an_out_of_range_position_from_the_bounds() -> None:
+    from cursus.client.errors import OffsetOutOfRangeError
+
+    core = _core(1)
+    cursor = core.cursors[0]
+    cursor.position = 99
+    steps = core.consume_steps(cursor, 0, redirects_max=1)
+    next(steps)
+    assert steps.throw(OffsetOutOfRangeError("OFFSET_OUT_OF_RANGE", fields={"requested": "99"})) == ("bounds", None)
+    try:
+        steps.send((4, 10))
+    except StopIteration as done:
+        assert done.value is None and cursor.position == 4
+    else:
+        raise AssertionError("a reset ends the steps")

@@ -14,7 +14,7 @@ from tests.conftest import REPO_ROOT
 def test_defaults():
     cfg = load_config(environ={})
     assert cfg.broker_port == 9000 and cfg.health_check_port == 9080 and cfg.exporter_port == 9100
-    assert cfg.client_idle_timeout_ms == 0 and cfg.max_client_connections == 1000
+    assert cfg.client_idle_timeout_ms == 600_000 and cfg.max_client_connections == 1000
     assert cfg.advertised == "127.0.0.1"  # wildcard bind is never handed out
 
 
