@@ -241,7 +241,8 @@ def build_parser() -> argparse.ArgumentParser:
     alter.add_argument("name")
     alter.add_argument("--partitions", type=_positive, help="new partition count (can only grow)")
     alter.add_argument("--min-isr", help="minimum in-sync replicas override, or 'default' to remove it")
-    alter.add_argument("--cleanup-policy", choices=["delete"], help="delete (compaction is not available yet)")
+    alter.add_argument("--cleanup-policy", choices=["delete", "compact", "delete,compact"],
+                       help="delete, or compact / delete,compact (not for event sourcing)")
     alter.add_argument("--retention-hours", type=_non_negative, help="time retention override (0: broker default)")
     alter.add_argument("--retention-bytes", type=_non_negative,
                        help="size retention per partition override (0: broker default)")
