@@ -10,8 +10,11 @@ byte bounds), reads the one ``FetchResponse`` and applies it per partition:
 * chunks: cut by their CCK2 headers and appended as stored (``Replica.append_replicated``); then the
   session waits until they are durable (fsynced) before the next request, so the next ``fetch_offset``
   (the durable LEO) tells the leader what this follower holds safely;
-* ``diverging_epoch``: ``Replica.truncate_to_epoch`` (KIP-279), then fetch again;
-* the leader's HWM: ``Replica.advance_hwm`` (clamped to the local LEO by the replica);
+* ``diverging_epoch``: ``Replica.truncate_to_epoch`` (KIP-279) with the assignment's committed HWM as the
+  floor, then fetch again; a truncation below the committed HWM or one that makes no progress is refused
+  and the partition is quarantined (fail closed, reported like a refused append), never retried in a loop;
+* the leader's HWM: ``Replica.advance_hwm``, clamped by the replica to the prefix known to match the leader
+  (``Replica.leader_matches``: an answer without divergence to a fetch carrying our epoch lineage);
 * an error: a stale view (``NOT_PARTITION_LEADER``, ``STALE_LEADER_EPOCH``, ``PARTITION_LEADER_FENCED``,
   ``partition_metadata_not_found``, ...) backs the partition off ``backoff_ms`` and schedules a refresh
   (our metadata will catch up); ``OFFSET_OUT_OF_RANGE`` (our log ends below the leader's log start) stops
@@ -36,7 +39,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from cursus.broker.replica import Replica
+from cursus.broker.replica import Replica, TruncationRefused
 from cursus.broker.replica_role import Role
 from cursus.internal.v1 import replication_pb2 as pb
 from cursus.metadata.state import PartitionAssignment
@@ -336,6 +339,8 @@ class FetchSession:
             elif data.HasField("diverging_epoch"):
                 await self._truncate(key, replica, data)
             else:
+                if part.last_fetched_epoch >= 0 or part.fetch_offset == 0:
+                    replica.leader_matches(part.fetch_offset)  # the leader checked our lineage up to there
                 if data.chunks and self._append(key, replica, part, data.chunks):
                     appended.append(replica)
                 replica.advance_hwm(data.hwm)
@@ -360,8 +365,13 @@ class FetchSession:
 
     async def _truncate(self, key: PartitionKey, replica: Replica, data: pb.PartitionData) -> None:
         answer = epoch_end_from_pb(data.diverging_epoch)
+        assignment = self.manager.assignment_lookup(*key)
+        committed = assignment.committed_hwm if assignment is not None else replica.hwm
         try:
-            offset, complete = await replica.truncate_to_epoch(answer)
+            offset, complete = await replica.truncate_to_epoch(answer, committed)
+        except TruncationRefused as exc:  # below the committed HWM, or no progress: fail closed, never loop
+            self._quarantine(key, replica, exc.error)
+            return
         except BrokerError as exc:
             log.warning("%s/%d: truncation after divergence %s failed: %s", key[0], key[1], tuple(answer), exc)
             self.backoff_until[key] = self.manager.clock() + self.manager.config.backoff_ms
