@@ -399,13 +399,10 @@ class LeaderFetchService:
             led.add(key)
             if key in self._isr_inflight:
                 continue
+            active = frozenset(r for r in assignment.replicas if self._is_active(r))
             change = self.tracker.decide(key, assignment.isr, assignment.replicas, assignment.committed_hwm,
-                                         now, self.config.lag_time_max_ms, leader_epoch=assignment.leader_epoch)
-            if change is not None and any(not self._is_active(m) for m in change.expanded):
-                dead = {m for m in change.expanded if not self._is_active(m)}
-                isr = tuple(m for m in change.isr if m not in dead)
-                expanded = tuple(m for m in change.expanded if m not in dead)
-                change = IsrChange(isr, change.shrunk, expanded) if set(isr) != set(assignment.isr) else None
+                                         now, self.config.lag_time_max_ms, leader_epoch=assignment.leader_epoch,
+                                         active=active)
             if change is None:
                 continue
             pending = getattr(replica, "expand_isr_pending", None)
