@@ -47,7 +47,7 @@ from collections.abc import Callable
 from cursus.broker.producer_state import ProducerStateTable
 from cursus.broker.replica_role import Event, Role, check_epoch, next_role
 from cursus.storage import GroupCommitWriter, PartitionLog
-from cursus.storage.chunk import HEADER_SIZE, crc_matches, decode_header, records_walk_ok
+from cursus.storage.chunk import HEADER_SIZE, ChunkHeader, crc_matches, decode_header, records_walk_ok
 from cursus.storage.epochs import EpochEnd, end_offset_for_epoch, truncation_offset
 from cursus.wire.errors import BrokerError
 
@@ -55,6 +55,17 @@ log = logging.getLogger("cursus.replica")
 
 #: ``listener(replica)``: a change of durable end, HWM, role or leader epoch (loop thread, must not block).
 ProgressListener = Callable[["Replica"], None]
+
+
+def check_replicated_chunk(chunk: bytes) -> ChunkHeader | None:
+    """The header of ``chunk`` when it is exactly one whole valid chunk (header, CRC, record framing), else
+    None. Pure, any thread: a follower runs it on the offload threads for large fetch responses and hands
+    the header to :meth:`Replica.append_replicated` (``checked=``)."""
+    header = decode_header(chunk, 0)
+    if (header is None or header.size_bytes != len(chunk) or not crc_matches(chunk, 0, header)
+            or not records_walk_ok(memoryview(chunk)[HEADER_SIZE:], header.record_count)):
+        return None
+    return header
 
 
 class TruncationRefused(BrokerError):
@@ -407,13 +418,15 @@ class Replica:
         self.writer.submit_append(self.log, base_offset, record_count, body, self, leader_epoch=self.leader_epoch)
         return base_offset
 
-    def append_replicated(self, chunk: bytes, leader_epoch: int) -> int:
+    def append_replicated(self, chunk: bytes, leader_epoch: int, *, checked: ChunkHeader | None = None) -> int:
         """Append one chunk fetched from the leader of ``leader_epoch``, as the leader stored it (header
         included: its base offset, leader epoch and append time are kept, so the stored bytes are
         identical). Follower only. Returns the offset after the chunk.
 
         A chunk at the LEO is appended. A chunk identical to one already appended (or in flight) at its
-        offset is a no-op (a retried fetch). Anything else is refused, nothing is appended.
+        offset is a no-op (a retried fetch). Anything else is refused, nothing is appended. ``checked`` is
+        :func:`check_replicated_chunk` of exactly these bytes, run by the caller (off the loop); without it
+        the check runs here.
 
         Raises:
             BrokerError: ``PARTITION_LEADER_FENCED`` (not a follower), ``STALE_LEADER_EPOCH`` (a fetch
@@ -428,9 +441,8 @@ class Replica:
             raise BrokerError.of("STALE_LEADER_EPOCH", current=self.leader_epoch, requested=leader_epoch)
         if self.fenced is not None:
             self.check_writable()
-        header = decode_header(chunk, 0)
-        if (header is None or header.size_bytes != len(chunk) or not crc_matches(chunk, 0, header)
-                or not records_walk_ok(memoryview(chunk)[HEADER_SIZE:], header.record_count)):
+        header = checked if checked is not None else check_replicated_chunk(chunk)
+        if header is None:
             raise BrokerError.of("corrupt_log_data", topic=self.topic, partition=self.partition,
                                  reason="replicated bytes are not one valid chunk")
         if header.base_offset < self.leo:

@@ -66,6 +66,18 @@ def make_topic(cluster: Cluster, name: str, **fields: str) -> dict:
     return wait_isr(cluster, name, 3)
 
 
+def publish_ok(c: Connection, topic: str, payloads: list[bytes], **kw) -> dict:
+    """acks=all publish, retrying refusals before append (a partition still opening or preparing)."""
+    def attempt():
+        frame = publish_batch(c, topic, 0, payloads, acks="all", **kw)
+        if frame.status == Status.OK:
+            return json.loads(frame.payload)
+        err = error_of(frame)
+        assert err.code in ("leader_not_available", "insufficient_in_sync_replicas", "NOT_LEADER"), err
+        return None
+    return wait_for(attempt, 20, f"{topic} accepts a publish")
+
+
 def test_a_leader_whose_log_ends_below_the_committed_hwm_hands_over(cluster: Cluster) -> None:
     topic = "step-down"
     row = make_topic(cluster, topic)
@@ -96,8 +108,7 @@ def test_a_leader_whose_log_ends_below_the_committed_hwm_hands_over(cluster: Clu
     wait_isr(cluster, topic, 3, timeout=30)  # the old leader fetched everything back and rejoined
     new = leader_proc(cluster, topic)
     with conn(new) as c:
-        frame = publish_batch(c, topic, 0, [b"after"], acks="all")
-    assert frame.status == Status.OK, error_of(frame)
+        publish_ok(c, topic, [b"after"])
 
 
 @pytest.mark.parametrize("fault", ["pause", "kill"])
@@ -108,8 +119,7 @@ def test_acks_all_never_succeeds_falsely_when_the_isr_drops_below_min_isr_while_
     leader = cluster.by_id(row["leader"])
     producer = f"pw-{fault}"
     with conn(leader) as c:
-        frame = publish_batch(c, topic, 0, [b"a"], acks="all", producer=(producer, 0, 1), idempotent=True)
-        assert frame.status == Status.OK, error_of(frame)
+        publish_ok(c, topic, [b"a"], producer=(producer, 0, 1), idempotent=True)
         follower = next(b for b in cluster.brokers if b is not leader)
         follower.pause() if fault == "pause" else follower.kill()
         # The ISR is still 3 (shrinking takes replica_lag_time_max_ms): accepted, appended, waiting. The

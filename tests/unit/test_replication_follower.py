@@ -387,3 +387,36 @@ async def test_the_committed_hwm_never_covers_a_deposed_leaders_divergent_tail(n
     start(nodes, b, metadata, clock, {"a": make_service(a, metadata, clock)}, observer=recorder)
     await until(lambda: stored_chunks(old) == stored_chunks(new) and old.hwm == 9)
     assert recorder.refused == [] and old.log.leader_epochs == [(1, 0), (2, 6)]
+
+
+@pytest.mark.asyncio
+async def test_fetched_chunks_are_checked_through_run_blocking_off_the_loop(nodes) -> None:
+    """The CRC and record walk of a fetched response run through the manager's ``run_blocking`` (the
+    broker.s offload pool): here a real thread."""
+    import threading
+    from concurrent.futures import ThreadPoolExecutor
+
+    a, b, metadata, clock = nodes("a"), nodes("b"), Metadata(), Clock()
+    assign(metadata, "a", 1)
+    leader, follower = a.open(), b.open()
+    leader.become_leader(1, isr=("a", "b"))
+    follower.become_follower(1, "a")
+    for _ in range(3):
+        await publish(leader, 50)
+    pool = ThreadPoolExecutor(1, thread_name_prefix="offload-test")
+    checked: list[tuple[int, str]] = []
+
+    async def run_blocking(size: int, fn):
+        def run():
+            checked.append((size, threading.current_thread().name))
+            return fn()
+        return await asyncio.get_running_loop().run_in_executor(pool, run)
+
+    try:
+        start(nodes, b, metadata, clock, {"a": make_service(a, metadata, clock)}, run_blocking=run_blocking)
+        await until(lambda: follower.durable_end_offset == 150)
+        assert stored_chunks(follower) == stored_chunks(leader)
+        assert checked and all(name.startswith("offload-test") for _, name in checked)
+        assert sum(size for size, _ in checked) == sum(len(c) for c in stored_chunks(leader))
+    finally:
+        pool.shutdown(wait=True)
