@@ -643,6 +643,12 @@ class Replica:
             self._candidate_changed()
         self._notify_progress()
 
+    def on_written(self) -> None:
+        """The writer wrote (not yet fsynced) appends of this replica (loop thread): a leader wakes the
+        followers' long polls, which may serve written chunks before they are durable here."""
+        if self.role is Role.LEADER:
+            self._notify_progress()
+
     def update_replica_end(self, replica_id: str, end_offset: int) -> None:
         """Record a replica's durable end (leader only; a follower's fetch offset). The candidate HWM is the
         minimum over the maximal ISR."""

@@ -26,6 +26,7 @@ from tests.unit.test_replication_support import (
     make_manager,
     make_service,
     publish,
+    records,
     stored_chunks,
     until,
 )
@@ -420,3 +421,29 @@ async def test_fetched_chunks_are_checked_through_run_blocking_off_the_loop(node
         assert sum(size for size, _ in checked) == sum(len(c) for c in stored_chunks(leader))
     finally:
         pool.shutdown(wait=True)
+
+
+@pytest.mark.asyncio
+async def test_followers_fetch_written_chunks_while_the_leader_fsyncs_but_the_hwm_waits_for_it(
+        nodes, monkeypatch) -> None:
+    """Every fsync takes 300 ms (the fsync_delay_ms fault): the follower gets the chunk while the leader's
+    own fsync is still running (the fetch overlaps it), yet the HWM never passes the leader's durable end."""
+    from cursus.storage import faults
+
+    a, b, metadata, clock = nodes("a"), nodes("b"), Metadata(), Clock()
+    assign(metadata, "a", 1)
+    leader, follower = a.open(), b.open()
+    leader.become_leader(1, isr=("a", "b"))
+    follower.become_follower(1, "a")
+    start(nodes, b, metadata, clock, {"a": make_service(a, metadata, clock)})
+    await publish(leader, 1)
+    await until(lambda: follower.durable_end_offset == 1 and leader.hwm == 1)
+    seen: list[tuple[int, int]] = []
+    leader.add_progress_listener(lambda r: seen.append((r.hwm, r.durable_end_offset)))
+    monkeypatch.setattr(faults, "ACTIVE", faults.Faults(fsync_delay_ms=300))
+    leader.append(records(1, 3), 3)
+    await until(lambda: follower.leo == 4)
+    assert leader.durable_end_offset == 1  # served before the leader's fsync finished
+    await until(lambda: leader.hwm == 4, timeout_s=10)
+    assert all(hwm <= durable for hwm, durable in seen)
+    assert stored_chunks(follower) == stored_chunks(leader)
