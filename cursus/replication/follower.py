@@ -11,8 +11,8 @@ byte bounds), reads the one ``FetchResponse`` and applies it per partition:
   threads for large responses), and appended as stored (``Replica.append_replicated``); then the
   session waits until they are durable (fsynced) before the next request, so the next ``fetch_offset``
   (the durable LEO) tells the leader what this follower holds safely;
-* ``diverging_epoch``: ``Replica.truncate_to_epoch`` (KIP-279) with the assignment's committed HWM as the
-  floor, then fetch again; a truncation below the committed HWM or one that makes no progress is refused
+* ``diverging_epoch``: ``Replica.truncate_to_epoch`` (KIP-279) with ``min(local HWM, the assignment's
+  committed HWM)`` as the floor, then fetch again; a truncation below it or one that makes no progress is refused
   and the partition is quarantined (fail closed, reported like a refused append), never retried in a loop;
 * the leader's HWM: ``Replica.advance_hwm``, clamped by the replica to the prefix known to match the leader
   (``Replica.leader_matches``: an answer without divergence to a fetch carrying our epoch lineage);
@@ -348,7 +348,9 @@ class FetchSession:
                     replica.leader_matches(part.fetch_offset)  # the leader checked our lineage up to there
                 if data.chunks and await self._append(key, replica, part, data.chunks):
                     appended.append(replica)
-                replica.advance_hwm(data.hwm)
+                if (replica.role is Role.FOLLOWER and replica.leader_epoch == part.leader_epoch
+                        and replica.leader_id == self.leader_id):  # the chunk check may have awaited
+                    replica.advance_hwm(data.hwm)
         if appended:
             await asyncio.gather(*(wait_durable(r, r.leo) for r in appended))
 
@@ -381,7 +383,7 @@ class FetchSession:
         committed = assignment.committed_hwm if assignment is not None else replica.hwm
         try:
             offset, complete = await replica.truncate_to_epoch(answer, committed)
-        except TruncationRefused as exc:  # below the committed HWM, or no progress: fail closed, never loop
+        except TruncationRefused as exc:  # below the known committed offset, or no progress: fail closed
             self._quarantine(key, replica, exc.error)
             return
         except BrokerError as exc:
