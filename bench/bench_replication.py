@@ -118,6 +118,8 @@ def _latency(cluster) -> dict:
                                  records=[Record(topic="lat", partition=0, payload=b"x" * PAYLOAD_BYTES)]))
     latencies = []
     with Connection(*leader.address, timeout_s=30) as conn:
+        # the leader may still be opening the new partition (leader_not_available): wait for a first OK
+        _wait(lambda: conn.request(Command.PUBLISH, payload).status == Status.OK, 30, "the leader accepts")
         for _ in range(LATENCY_SAMPLES):
             started = time.perf_counter()
             frame = conn.request(Command.PUBLISH, payload)

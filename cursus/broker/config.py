@@ -201,6 +201,7 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("replica_isr_check_interval_ms", _I, 1000, "ms", "How often a partition leader checks its followers' lag and proposes ISR shrinks and expansions.", 10),
     Setting("replica_fetch_backoff_ms", _I, 100, "ms", "Wait after a failed replica fetch or a failed committed-HWM submit before retrying.", 1),
     Setting("replica_ack_timeout_ms", _I, 10_000, "ms", "How long an acks=all PUBLISH waits for the captured ISR and the committed HWM; then it answers replication_unavailable outcome=unknown (retryable: idempotent retries deduplicate).", 1),
+    Setting("replica_hwm_commits_in_flight", _I, 2, "commands", "CommitHwm metadata commands a broker keeps in flight at once (pipelined; candidates that move while all are busy are coalesced into the next).", 1),
     Setting("loop_probe_interval_ms", _I, 100, "ms", "How often the stall probe checks the event loop's lateness (cursus_event_loop_max_stall_seconds).", 1),
     Setting("log_cleanup_interval", _parse_float, 300.0, "s", "How often the log cleaner checks compacted topics' partitions (cleanup_policy compact or delete,compact); seconds, fractions allowed.", 0),
     Setting("log_min_cleanable_dirty_ratio", _parse_float, 0.5, "ratio", "Clean a compacted partition once this share of its cleanable bytes (closed segments below the HWM and LSO) was never cleaned; 0 cleans at every check.", 0),

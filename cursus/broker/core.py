@@ -121,7 +121,7 @@ class Broker:
         self.client_port = client_port or config.broker_port
         self.broker_id = default_broker_id(config, self.client_port)
         self.loop = asyncio.get_running_loop()
-        self.writer = GroupCommitWriter(self._notify_from_writer_thread)
+        self.writer = GroupCommitWriter(self._notify_from_writer_thread, on_written=self._written_from_writer_thread)
         #: Authoritative metadata (topics, partition assignment, broker registry): the one place that
         #: chooses the backend by ``enabled_distribution``.
         self.metadata: Metadata = self._metadata_backend()
@@ -129,7 +129,8 @@ class Broker:
         #: (the one place that chooses).
         self.hwm_committer: HwmCommitter | LocalHwmCommitter = (
             HwmCommitter(self.broker_id, self.metadata.submit,
-                         retry_backoff_s=config.replica_fetch_backoff_ms / 1000.0)
+                         retry_backoff_s=config.replica_fetch_backoff_ms / 1000.0,
+                         max_in_flight=config.replica_hwm_commits_in_flight)
             if config.enabled_distribution else LocalHwmCommitter())
         self.reconciler = Reconciler(self, log_dir.path, recovery_threads(config), metrics.orphan_topics.set)
         self.metadata.subscribe(self.reconciler.on_metadata)
@@ -543,6 +544,18 @@ class Broker:
             self.loop.call_soon_threadsafe(self._apply_completions, completions)
         except RuntimeError:
             pass  # loop closed during shutdown; nothing is waiting any more
+
+    def _written_from_writer_thread(self, tokens: list[object]) -> None:
+        try:
+            self.loop.call_soon_threadsafe(self._apply_written, tokens)
+        except RuntimeError:
+            pass  # loop closed during shutdown
+
+    @staticmethod
+    def _apply_written(tokens: list[object]) -> None:
+        for token in tokens:
+            if isinstance(token, Replica):
+                token.on_written()
 
     def _apply_completions(self, completions: list[Completion]) -> None:
         for c in completions:

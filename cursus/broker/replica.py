@@ -14,7 +14,8 @@ every replica the leader of a one-member ISR, so the HWM is our own durable end 
   tail above it on the writer thread before it accepts appends (``leader_not_available`` meanwhile); a local
   LEO below the committed HWM fails closed (``storage_unavailable``).
 * **Follower**: refuses client appends (``NOT_LEADER``); appends the leader's chunks as stored
-  (:meth:`Replica.append_replicated`); learns the HWM from the leader (clamped to the local LEO); truncates
+  (:meth:`Replica.append_replicated`); learns the HWM from the leader (clamped to :attr:`Replica.matched_offset`,
+  the prefix known to match the leader's log, never to a divergent local tail); truncates
   by leader-epoch lineage (:meth:`Replica.truncate_to_epoch`, KIP-279).
 
 Offsets (all half-open, Kafka style):
@@ -46,7 +47,7 @@ from collections.abc import Callable
 from cursus.broker.producer_state import ProducerStateTable
 from cursus.broker.replica_role import Event, Role, check_epoch, next_role
 from cursus.storage import GroupCommitWriter, PartitionLog
-from cursus.storage.chunk import HEADER_SIZE, crc_matches, decode_header, records_walk_ok
+from cursus.storage.chunk import HEADER_SIZE, ChunkHeader, crc_matches, decode_header, records_walk_ok
 from cursus.storage.epochs import EpochEnd, end_offset_for_epoch, truncation_offset
 from cursus.wire.errors import BrokerError
 
@@ -54,6 +55,22 @@ log = logging.getLogger("cursus.replica")
 
 #: ``listener(replica)``: a change of durable end, HWM, role or leader epoch (loop thread, must not block).
 ProgressListener = Callable[["Replica"], None]
+
+
+def check_replicated_chunk(chunk: bytes) -> ChunkHeader | None:
+    """The header of ``chunk`` when it is exactly one whole valid chunk (header, CRC, record framing), else
+    None. Pure, any thread: a follower runs it on the offload threads for large fetch responses and hands
+    the header to :meth:`Replica.append_replicated` (``checked=``)."""
+    header = decode_header(chunk, 0)
+    if (header is None or header.size_bytes != len(chunk) or not crc_matches(chunk, 0, header)
+            or not records_walk_ok(memoryview(chunk)[HEADER_SIZE:], header.record_count)):
+        return None
+    return header
+
+
+class TruncationRefused(BrokerError):
+    """A follower truncation that would go below the committed HWM or make no progress
+    (:meth:`Replica.truncate_to_epoch`): the partition fails closed instead of looping."""
 
 
 class Replica:
@@ -80,8 +97,12 @@ class Replica:
         #: The topic lifecycle epoch of the partition's assignment (set by the broker; CommitHwm carries it).
         self.lifecycle_epoch = 0
         self._replica_ends: dict[str, int] = {}
-        #: Follower: the last HWM the leader reported (the local HWM is that, clamped to the LEO).
+        #: Follower: the last HWM the leader reported (the local HWM is that, clamped to :attr:`matched_offset`).
         self._leader_hwm = 0
+        #: Follower: every record below it is known to match the current leader's log (the local HWM at
+        #: the role change, a fetch the leader accepted at an offset, or chunks appended from it). Records
+        #: above it may be a divergent tail of an old epoch: the committed HWM never covers them.
+        self.matched_offset = self.hwm
         #: Follower: replicated chunks handed to the writer and not yet durable: base -> (next offset, bytes).
         self._inflight: dict[int, tuple[int, bytes]] = {}
         #: Epoch of the last chunk handed to the writer (chunk epochs never decrease).
@@ -98,8 +119,14 @@ class Replica:
         #: Members whose ISR expansion this leader proposed and has not seen applied.
         self._pending_isr: set[str] = set()
         #: The committer's hook: called when :attr:`candidate_hwm` moves (leader, writable). None: commit
-        #: the candidate at once (a cluster of one, standalone).
+        #: the candidate at once (a cluster of one, standalone) -- unless this replica ever led with a
+        #: committed HWM from metadata (a cluster leader, :attr:`commits_locally` False).
         self.on_candidate_hwm: Callable[[Replica], None] | None = None
+        #: False once this replica led with a committed HWM from metadata (a cluster): from then on its
+        #: visible HWM is only ever a committed HWM applied from metadata, never its own candidate, even
+        #: when no committer hook is attached (the committer closed at shutdown, or was detached). A local
+        #: commit there would checkpoint an HWM above the committed one (issue 13 anomaly).
+        self.commits_locally = True
         self._last_candidate = -1
         #: Called once a new cluster leader finished its writer-thread preparation, with the producer state
         #: rebuilt from its (truncated) log: the broker installs it as the partition's producer table.
@@ -205,6 +232,8 @@ class Replica:
         self.isr = tuple(members)
         self._pending_isr -= set(members)
         self._member_progress()  # a member the applied ISR dropped is no longer waited for
+        if committed_hwm is not None:
+            self.commits_locally = False
         if new_epoch and committed_hwm is not None:
             self._prepare_leader(committed_hwm)
         elif committed_hwm is not None:
@@ -288,6 +317,7 @@ class Replica:
         self._replica_ends = {}
         self._pending_isr.clear()
         self._leader_hwm = self.hwm
+        self.matched_offset = self.hwm
         self.unavailable = None
         self._ready = True
         self._prepare_token = None
@@ -344,10 +374,11 @@ class Replica:
         self._last_candidate = candidate
         if candidate <= self.hwm:
             return
-        if self.on_candidate_hwm is None:
-            self.advance_hwm(candidate)
-        else:
+        if self.on_candidate_hwm is not None:
             self.on_candidate_hwm(self)
+        elif self.commits_locally:
+            self.advance_hwm(candidate)
+        # else: a cluster leader without a committer (shutting down): nothing becomes visible
 
     # ----------------------------------------------------------------------------- progress listeners
 
@@ -387,13 +418,15 @@ class Replica:
         self.writer.submit_append(self.log, base_offset, record_count, body, self, leader_epoch=self.leader_epoch)
         return base_offset
 
-    def append_replicated(self, chunk: bytes, leader_epoch: int) -> int:
+    def append_replicated(self, chunk: bytes, leader_epoch: int, *, checked: ChunkHeader | None = None) -> int:
         """Append one chunk fetched from the leader of ``leader_epoch``, as the leader stored it (header
         included: its base offset, leader epoch and append time are kept, so the stored bytes are
         identical). Follower only. Returns the offset after the chunk.
 
         A chunk at the LEO is appended. A chunk identical to one already appended (or in flight) at its
-        offset is a no-op (a retried fetch). Anything else is refused, nothing is appended.
+        offset is a no-op (a retried fetch). Anything else is refused, nothing is appended. ``checked`` is
+        :func:`check_replicated_chunk` of exactly these bytes, run by the caller (off the loop); without it
+        the check runs here.
 
         Raises:
             BrokerError: ``PARTITION_LEADER_FENCED`` (not a follower), ``STALE_LEADER_EPOCH`` (a fetch
@@ -408,9 +441,8 @@ class Replica:
             raise BrokerError.of("STALE_LEADER_EPOCH", current=self.leader_epoch, requested=leader_epoch)
         if self.fenced is not None:
             self.check_writable()
-        header = decode_header(chunk, 0)
-        if (header is None or header.size_bytes != len(chunk) or not crc_matches(chunk, 0, header)
-                or not records_walk_ok(memoryview(chunk)[HEADER_SIZE:], header.record_count)):
+        header = checked if checked is not None else check_replicated_chunk(chunk)
+        if header is None:
             raise BrokerError.of("corrupt_log_data", topic=self.topic, partition=self.partition,
                                  reason="replicated bytes are not one valid chunk")
         if header.base_offset < self.leo:
@@ -429,6 +461,8 @@ class Replica:
                                         f"[{self._last_chunk_epoch}, {leader_epoch}]")
         self.leo = header.next_offset
         self._last_chunk_epoch = header.leader_epoch
+        if self.matched_offset >= header.base_offset:  # appended right after a prefix matching the leader
+            self.matched_offset = header.next_offset
         self._inflight[header.base_offset] = (header.next_offset, chunk)
         self.writer.submit_append(self.log, header.base_offset, header.record_count, chunk[HEADER_SIZE:], self,
                                   leader_epoch=header.leader_epoch, append_time_ms=header.append_time_ms)
@@ -539,6 +573,7 @@ class Replica:
         self.leo = offset
         self.durable_end_offset = min(self.durable_end_offset, offset)
         self.hwm = min(self.hwm, offset)
+        self.matched_offset = min(self.matched_offset, offset)
         self._inflight = {base: chunk for base, chunk in self._inflight.items() if base < offset}
         self._last_chunk_epoch = -1
         try:
@@ -549,16 +584,40 @@ class Replica:
         self._last_chunk_epoch = self.log.leader_epoch if self.log.leader_epochs else -1
         self._notify_progress()
 
-    async def truncate_to_epoch(self, leader_answer: EpochEnd) -> tuple[int, bool]:
+    async def truncate_to_epoch(self, leader_answer: EpochEnd, committed_hwm: int | None = None
+                                ) -> tuple[int, bool]:
         """Truncate after the leader answered OffsetsForLeaderEpoch for this replica's latest epoch
         (KIP-279, :func:`cursus.storage.epochs.truncation_offset`). Call it with no replicated append in
         flight. Returns ``(offset truncated to, complete)``; when not complete, ask the leader again with
         the latest local epoch.
 
+        ``committed_hwm`` (cluster: the assignment's committed HWM from metadata) bounds it. The floor is
+        ``min(local HWM, committed_hwm)``: every record below it is known committed (the local HWM only
+        ever comes from an applied committed HWM; where metadata shows a lower committed HWM, the local one
+        is provably too high -- a checkpoint from before the fix of the issue 13 anomaly -- and drops).
+        The committed HWM alone is no floor: it may be far above this follower's LEO, and the records
+        above the floor that differ from the leader's were never committed (a leader elected from the
+        ISR holds every committed record). An undefined answer truncates to the floor (Kafka truncates to
+        its HWM). A truncation below the floor (the leader would lack committed records), or one that
+        would not shorten the log (asking again would get the same answer: a hot loop), is refused:
+        nothing is truncated and the caller fails closed.
+
         Raises:
+            TruncationRefused: ``storage_unavailable`` (below the floor, or no progress: the partition must
+                stop replicating and be reported); nothing was truncated.
             BrokerError: see :meth:`truncate_to`.
         """
-        offset, complete = truncation_offset(self.log.leader_epochs, self.leo, leader_answer, self.hwm)
+        floor = self.hwm if committed_hwm is None else min(self.hwm, committed_hwm)
+        offset, complete = truncation_offset(self.log.leader_epochs, self.leo, leader_answer, floor)
+        if committed_hwm is not None and (offset < floor or offset >= self.leo):
+            why = (f"below the known committed offset {floor} (local HWM {self.hwm}, committed HWM "
+                   f"{committed_hwm})" if offset < floor else "the truncation would not shorten the log")
+            raise TruncationRefused.of("storage_unavailable", topic=self.topic, partition=self.partition,
+                                       reason=f"refusing to truncate to {offset} (LEO {self.leo}, leader answer "
+                                              f"epoch {leader_answer.epoch} end {leader_answer.end_offset}): {why}")
+        if offset < self.hwm:
+            log.warning("%s/%d: truncating to %d below the local HWM %d (committed HWM %s)", self.topic,
+                        self.partition, offset, self.hwm, committed_hwm)
         await self.truncate_to(offset)
         return offset, complete
 
@@ -584,6 +643,12 @@ class Replica:
             self._candidate_changed()
         self._notify_progress()
 
+    def on_written(self) -> None:
+        """The writer wrote (not yet fsynced) appends of this replica (loop thread): a leader wakes the
+        followers' long polls, which may serve written chunks before they are durable here."""
+        if self.role is Role.LEADER:
+            self._notify_progress()
+
     def update_replica_end(self, replica_id: str, end_offset: int) -> None:
         """Record a replica's durable end (leader only; a follower's fetch offset). The candidate HWM is the
         minimum over the maximal ISR."""
@@ -608,15 +673,26 @@ class Replica:
                 waiting.append((end, need, fut))
         self._member_waiters = waiting
 
+    def leader_matches(self, offset: int) -> None:
+        """Follower: the leader accepted a fetch at ``offset`` with this log's epoch lineage (no divergence),
+        so every local record below ``offset`` is the leader's: the committed HWM may cover them now."""
+        if self.role is Role.FOLLOWER and offset > self.matched_offset:
+            self.matched_offset = min(offset, self.leo)
+            self.advance_hwm(self._leader_hwm)
+
     def advance_hwm(self, hwm: int) -> None:
         """Move the visible HWM forward (never backward), resolve acks waiters and wake readers.
 
-        A leader's HWM never passes its LEO (an assertion). A follower learns the HWM from its leader, which
-        may be ahead of the local log: it is remembered and the local HWM is clamped to the local LEO.
+        A leader's HWM never passes its LEO (an assertion). A follower learns the HWM from its leader (or
+        from the applied metadata), which may be ahead of the local log: it is remembered and the local
+        HWM is clamped to :attr:`matched_offset`, never to the bare LEO: a deposed leader's local tail
+        above the point where its log diverges from the new leader's is not committed, whatever the
+        committed HWM says (issue 13 anomaly: such an HWM, checkpointed, survived a restart above the HWM
+        the new leader was elected with).
         """
         if self.role is Role.FOLLOWER:
             self._leader_hwm = max(self._leader_hwm, hwm)
-            hwm = min(hwm, self.leo)
+            hwm = min(hwm, self.matched_offset)
         if hwm <= self.hwm:
             return
         assert hwm <= self.leo, (hwm, self.leo)

@@ -7,11 +7,15 @@ roles (the broker calls it from a metadata listener and after role changes).
 A session sends one ``FetchRequest`` at a time (bytes in flight are bounded by that and by the request's
 byte bounds), reads the one ``FetchResponse`` and applies it per partition:
 
-* chunks: cut by their CCK2 headers and appended as stored (``Replica.append_replicated``); then the
+* chunks: cut by their CCK2 headers, checked (CRC, record framing) through ``run_blocking`` (the offload
+  threads for large responses), and appended as stored (``Replica.append_replicated``); then the
   session waits until they are durable (fsynced) before the next request, so the next ``fetch_offset``
   (the durable LEO) tells the leader what this follower holds safely;
-* ``diverging_epoch``: ``Replica.truncate_to_epoch`` (KIP-279), then fetch again;
-* the leader's HWM: ``Replica.advance_hwm`` (clamped to the local LEO by the replica);
+* ``diverging_epoch``: ``Replica.truncate_to_epoch`` (KIP-279) with ``min(local HWM, the assignment's
+  committed HWM)`` as the floor, then fetch again; a truncation below it or one that makes no progress is refused
+  and the partition is quarantined (fail closed, reported like a refused append), never retried in a loop;
+* the leader's HWM: ``Replica.advance_hwm``, clamped by the replica to the prefix known to match the leader
+  (``Replica.leader_matches``: an answer without divergence to a fetch carrying our epoch lineage);
 * an error: a stale view (``NOT_PARTITION_LEADER``, ``STALE_LEADER_EPOCH``, ``PARTITION_LEADER_FENCED``,
   ``partition_metadata_not_found``, ...) backs the partition off ``backoff_ms`` and schedules a refresh
   (our metadata will catch up); ``OFFSET_OUT_OF_RANGE`` (our log ends below the leader's log start) stops
@@ -36,11 +40,12 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from cursus.broker.replica import Replica
+from cursus.broker.replica import Replica, TruncationRefused, check_replicated_chunk
 from cursus.broker.replica_role import Role
 from cursus.internal.v1 import replication_pb2 as pb
 from cursus.metadata.state import PartitionAssignment
 from cursus.replication.convert import epoch_end_from_pb, error_from_pb, split_chunks
+from cursus.replication.leader import RunBlocking, run_inline
 from cursus.storage.epochs import UNDEFINED
 from cursus.wire.errors import BrokerError, TypedError
 
@@ -137,14 +142,17 @@ class ReplicaFetcherManager:
         clock: monotonic milliseconds (backoffs).
         assignment_lookup: ``(topic, partition) -> PartitionAssignment | None`` (the lifecycle epoch).
         observer: metrics hooks.
+        run_blocking: ``async (size_bytes, fn) -> fn()``, e.g. ``broker.offload.run``: the CRC and record
+            walk of fetched chunks run through it (off the loop for large responses, like client batches).
     """
 
     def __init__(self, local_broker_id: str, replicas_lookup: Callable[[], Mapping[PartitionKey, Replica]],
                  leader_address_of: Callable[[str], str | None], open_stream: Callable[[str], Any],
                  config: FetcherConfig, clock: Callable[[], int], *,
                  assignment_lookup: Callable[[str, int], PartitionAssignment | None],
-                 observer: FollowerObserver | None = None) -> None:
+                 observer: FollowerObserver | None = None, run_blocking: RunBlocking = run_inline) -> None:
         self.broker_id = local_broker_id
+        self.run_blocking = run_blocking
         self.replicas = replicas_lookup
         self.leader_address_of = leader_address_of
         self.open_stream = open_stream
@@ -336,22 +344,33 @@ class FetchSession:
             elif data.HasField("diverging_epoch"):
                 await self._truncate(key, replica, data)
             else:
-                if data.chunks and self._append(key, replica, part, data.chunks):
+                if part.last_fetched_epoch >= 0 or part.fetch_offset == 0:
+                    replica.leader_matches(part.fetch_offset)  # the leader checked our lineage up to there
+                if data.chunks and await self._append(key, replica, part, data.chunks):
                     appended.append(replica)
-                replica.advance_hwm(data.hwm)
+                if (replica.role is Role.FOLLOWER and replica.leader_epoch == part.leader_epoch
+                        and replica.leader_id == self.leader_id):  # the chunk check may have awaited
+                    replica.advance_hwm(data.hwm)
         if appended:
             await asyncio.gather(*(wait_durable(r, r.leo) for r in appended))
 
-    def _append(self, key: PartitionKey, replica: Replica, part: pb.PartitionFetch, data: bytes) -> bool:
+    async def _append(self, key: PartitionKey, replica: Replica, part: pb.PartitionFetch, data: bytes) -> bool:
         try:
             chunks = split_chunks(data)
         except ValueError as exc:
             self._quarantine(key, replica, BrokerError.of(
                 "corrupt_log_data", topic=key[0], partition=key[1], reason=f"fetched chunks: {exc}").error)
             return False
+        headers = await self.manager.run_blocking(len(data), lambda: [check_replicated_chunk(c) for c in chunks])
+        if (replica.role is not Role.FOLLOWER or replica.leader_epoch != part.leader_epoch
+                or replica.leader_id != self.leader_id):
+            return False  # the role changed during the check: the next request decides
         try:
-            for chunk in chunks:
-                replica.append_replicated(chunk, part.leader_epoch)
+            for chunk, header in zip(chunks, headers, strict=True):
+                if header is None:
+                    raise BrokerError.of("corrupt_log_data", topic=key[0], partition=key[1],
+                                         reason="replicated bytes are not one valid chunk")
+                replica.append_replicated(chunk, part.leader_epoch, checked=header)
         except BrokerError as exc:
             self._quarantine(key, replica, exc.error)
             return True  # what was appended before the refusal still becomes durable
@@ -360,8 +379,13 @@ class FetchSession:
 
     async def _truncate(self, key: PartitionKey, replica: Replica, data: pb.PartitionData) -> None:
         answer = epoch_end_from_pb(data.diverging_epoch)
+        assignment = self.manager.assignment_lookup(*key)
+        committed = assignment.committed_hwm if assignment is not None else replica.hwm
         try:
-            offset, complete = await replica.truncate_to_epoch(answer)
+            offset, complete = await replica.truncate_to_epoch(answer, committed)
+        except TruncationRefused as exc:  # below the known committed offset, or no progress: fail closed
+            self._quarantine(key, replica, exc.error)
+            return
         except BrokerError as exc:
             log.warning("%s/%d: truncation after divergence %s failed: %s", key[0], key[1], tuple(answer), exc)
             self.backoff_until[key] = self.manager.clock() + self.manager.config.backoff_ms

@@ -4,9 +4,12 @@
 A leader replica's *candidate* HWM (min durable end over its maximal ISR) becomes visible only once it is
 committed: in a cluster as a :class:`~cursus.metadata.commands.CommitHwm` command through Raft, whose
 applied assignment (``committed_hwm``) reaches the replica through the broker's metadata listener
-(:meth:`cursus.broker.replica.Replica.on_committed_hwm`). The committer keeps one command in flight and
-coalesces every candidate change that arrives meanwhile into the next one (group commit, no timer; the
-latest candidate of a partition wins). A failed or unknown-outcome submit is retried after a backoff with
+(:meth:`cursus.broker.replica.Replica.on_committed_hwm`). The committer keeps at most ``max_in_flight``
+commands in flight (pipelined: a candidate that moves while one command is being committed goes out at
+once in the next, instead of waiting a whole Raft round) and coalesces every candidate change that arrives
+while all are busy into the next one (group commit, no timer; the latest candidate of a partition wins).
+Commands racing each other stay safe: ``apply`` moves a committed HWM only upward, so one that lands after
+a later one is skipped (``hwm_not_above_committed``) and the committed HWM stays monotonic. A failed or unknown-outcome submit is retried after a backoff with
 the then-current candidates: CommitHwm is idempotent by HWM monotonicity, so a duplicate is harmless.
 
 Loop thread only.
@@ -81,18 +84,21 @@ class HwmCommitter:
             outcome (both retried).
         retry_backoff_s: wait after a failed submit before the next one (seconds).
         max_command_bytes: bound on one command's estimated size; more entries go into the next command.
+        max_in_flight: commands submitted concurrently (``replica_hwm_commits_in_flight``; at least 1).
     """
 
     def __init__(self, broker_id: str, submit: Submit, *, retry_backoff_s: float = 0.1,
-                 max_command_bytes: int = MAX_COMMAND_BYTES) -> None:
+                 max_command_bytes: int = MAX_COMMAND_BYTES, max_in_flight: int = 1) -> None:
+        assert max_in_flight >= 1, max_in_flight
         self.broker_id = broker_id
         self._submit = submit
         self.retry_backoff_s = retry_backoff_s
         self.max_command_bytes = max_command_bytes
+        self.max_in_flight = max_in_flight
         #: Replicas whose candidate moved since they were last put in a command, in arrival order.
         self._dirty: dict[tuple[str, int], LeaderReplica] = {}
         self._attached: dict[tuple[str, int], LeaderReplica] = {}
-        self._task: asyncio.Task[None] | None = None
+        self._tasks: set[asyncio.Task[None]] = set()
         self._closed = False
         #: Counters for tests and metrics: commands submitted, failed submits, entries rejected by the FSM.
         self.commands_submitted = 0
@@ -116,15 +122,18 @@ class HwmCommitter:
     @property
     def in_flight(self) -> bool:
         """True while a command is being submitted (or the committer waits to retry)."""
-        return self._task is not None and not self._task.done()
+        return any(not task.done() for task in self._tasks)
 
     def on_candidate(self, replica: LeaderReplica) -> None:
-        """The hook a replica calls when its candidate HWM moved: queue it, start a submit if none runs."""
+        """The hook a replica calls when its candidate HWM moved: queue it, start a submitter if fewer than
+        ``max_in_flight`` run."""
         if self._closed:
             return
         self._dirty[(replica.topic, replica.partition)] = replica
-        if self._task is None or self._task.done():
-            self._task = asyncio.ensure_future(self._run())
+        if len(self._tasks) < self.max_in_flight:
+            task = asyncio.ensure_future(self._run())
+            self._tasks.add(task)
+            task.add_done_callback(self._tasks.discard)
 
     def _take_batch(self) -> list[tuple[LeaderReplica, HwmEntry]]:
         batch: list[tuple[LeaderReplica, HwmEntry]] = []
@@ -168,13 +177,11 @@ class HwmCommitter:
     async def close(self) -> None:
         """Stop submitting; a command in flight is abandoned (its outcome is harmless either way)."""
         self._closed = True
-        task, self._task = self._task, None
-        if task is not None and not task.done():
+        tasks, self._tasks = list(self._tasks), set()
+        for task in tasks:
             task.cancel()
-            try:
-                await task
-            except asyncio.CancelledError:
-                pass
+        if tasks:
+            await asyncio.gather(*tasks, return_exceptions=True)
         for replica in self._attached.values():
             replica.on_candidate_hwm = None
         self._attached.clear()

@@ -14,7 +14,9 @@ Kafka's rules (``Replica.updateFetchState`` and ``Partition.getOutOfSyncReplicas
   ``lag_max_ms``. A follower that never fetches (dead, partitioned) is shrunk too: its clock starts when
   the leader's epoch starts (members get that much grace after an election).
 * **expand**: a replica outside the ISR whose caught-up fetch is recent (within ``lag_max_ms``, in the
-  current leader epoch) and whose fetch offset is at least the committed HWM.
+  current leader epoch), whose fetch offset is at least the committed HWM, and that is an *active* broker in
+  the applied metadata (the FSM refuses to add an inactive one: a fenced broker may still fetch for a
+  moment, and proposing it would only be refused, while it counted in the leader's maximal ISR).
 * "the leader's LEO" is what a follower can reach: the leader service passes its *durable* end offset
   (only fsynced data is served), else a follower under constant traffic would never count as caught up;
 * the leader is never removed; a new leader epoch resets everything (progress seen under another leader
@@ -23,6 +25,7 @@ Kafka's rules (``Replica.updateFetchState`` and ``Partition.getOutOfSyncReplicas
 
 from __future__ import annotations
 
+from collections.abc import Collection
 from dataclasses import dataclass, field
 from typing import NamedTuple
 
@@ -101,7 +104,8 @@ class IsrTracker:
         return entry.fetch_offset if entry is not None else None
 
     def decide(self, key: PartitionKey, isr: tuple[str, ...], replicas: tuple[str, ...], committed_hwm: int,
-               now_ms: int, lag_max_ms: int, *, leader_epoch: int) -> IsrChange | None:
+               now_ms: int, lag_max_ms: int, *, leader_epoch: int,
+               active: Collection[str] | None = None) -> IsrChange | None:
         """The ISR change for ``key`` now, or None when the ISR stays.
 
         Args:
@@ -109,6 +113,7 @@ class IsrTracker:
             committed_hwm: the committed HWM (an expanded member must have fetched at least that far).
             lag_max_ms: ``replica_lag_time_max_ms``.
             leader_epoch: the leader epoch the ISR belongs to (another one resets the partition).
+            active: the brokers active in the applied metadata (None: every replica); only they are expanded.
 
         The result holds the leader, only replicas, in replica order; it never removes the leader.
         """
@@ -122,7 +127,7 @@ class IsrTracker:
 
         def caught_up(replica: str) -> bool:
             entry = state.followers.get(replica)
-            return (entry is not None and entry.caught_up_ms is not None
+            return (entry is not None and entry.caught_up_ms is not None and (active is None or replica in active)
                     and now_ms - entry.caught_up_ms <= lag_max_ms and entry.fetch_offset >= committed_hwm)
 
         shrunk = tuple(m for m in replicas if m in members and m != self.leader_id and lagging(m))

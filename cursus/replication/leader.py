@@ -13,7 +13,8 @@ One :class:`LeaderFetchService` per broker serves every follower's fetch stream
 3. **progress**: the fetch offset is the follower's durable LEO: ``Replica.update_replica_end`` (the
    HWM) and the :class:`IsrTracker` (ISR shrink/expand) learn it.
 4. **read**: whole stored chunks (header included, byte for byte) from ``fetch_offset`` below the leader's
-   ``durable_end_offset``, at most ``partition_max_bytes`` per partition and ``response_max_bytes`` per
+   written end (``PartitionLog.replicable_end_offset``: not yet fsynced chunks too, so a follower's fetch
+   overlaps the leader's fsync; the HWM still needs the leader's own durable end), at most ``partition_max_bytes`` per partition and ``response_max_bytes`` per
    response (the first chunk of a partition may exceed the bound, so progress is always possible). The
    start partition rotates between responses so a catching-up partition cannot starve the others. Reads
    run through ``run_blocking`` (the broker's offload pool for large reads).
@@ -93,7 +94,8 @@ async def run_inline(size_bytes: int, fn: Callable[[], Any]) -> Any:
 
 def read_stored_chunks(partition_log: PartitionLog, offset: int, end_offset: int, max_bytes: int
                        ) -> tuple[bytes, ChunkHeader | None]:
-    """Whole stored chunks from the one holding ``offset`` up to ``end_offset`` (a durable chunk boundary),
+    """Whole stored chunks from the one holding ``offset`` up to ``end_offset`` (a written chunk boundary,
+    fsynced or not),
     at most ``max_bytes`` unless the first chunk alone is larger. Returns ``(chunk bytes, first header)``;
     when the first chunk does not start at ``offset`` no bytes are returned (the caller answers a
     divergence). Any thread (``iter_stored_chunks`` pins the segments it reads).
@@ -105,7 +107,7 @@ def read_stored_chunks(partition_log: PartitionLog, offset: int, end_offset: int
     """
     out = bytearray()
     first: ChunkHeader | None = None
-    with contextlib.closing(partition_log.iter_stored_chunks(offset)) as chunks:
+    with contextlib.closing(partition_log.iter_stored_chunks(offset, written=True)) as chunks:
         for header, chunk in chunks:
             if header.next_offset > end_offset:
                 break
@@ -341,7 +343,10 @@ class LeaderFetchService:
         if isinstance(checked, pb.PartitionData):
             return checked, 0
         replica, _ = checked
-        end = replica.durable_end_offset
+        # Written chunks, fsynced or not: the follower fetches while the leader fsyncs (Kafka serves the page
+        # cache). The committed HWM still counts the leader's own *durable* end, so nothing becomes visible
+        # or acknowledged before the leader has fsynced it too.
+        end = min(replica.log.replicable_end_offset, replica.leo)
         chunks = b""
         first: ChunkHeader | None = None
         if part.fetch_offset < end and budget > 0:
@@ -399,13 +404,10 @@ class LeaderFetchService:
             led.add(key)
             if key in self._isr_inflight:
                 continue
+            active = frozenset(r for r in assignment.replicas if self._is_active(r))
             change = self.tracker.decide(key, assignment.isr, assignment.replicas, assignment.committed_hwm,
-                                         now, self.config.lag_time_max_ms, leader_epoch=assignment.leader_epoch)
-            if change is not None and any(not self._is_active(m) for m in change.expanded):
-                dead = {m for m in change.expanded if not self._is_active(m)}
-                isr = tuple(m for m in change.isr if m not in dead)
-                expanded = tuple(m for m in change.expanded if m not in dead)
-                change = IsrChange(isr, change.shrunk, expanded) if set(isr) != set(assignment.isr) else None
+                                         now, self.config.lag_time_max_ms, leader_epoch=assignment.leader_epoch,
+                                         active=active)
             if change is None:
                 continue
             pending = getattr(replica, "expand_isr_pending", None)

@@ -107,7 +107,8 @@ class ReplicationNode:
                           response_max_bytes=config.replica_fetch_response_max_bytes,
                           backoff_ms=config.replica_fetch_backoff_ms,
                           reconnect_backoff_ms=config.replica_fetch_backoff_ms),
-            monotonic_ms, assignment_lookup=lambda t, p: broker.metadata.state.assignment(t, p), observer=observer)
+            monotonic_ms, assignment_lookup=lambda t, p: broker.metadata.state.assignment(t, p), observer=observer,
+            run_blocking=broker.offload.run)
         self.server = InternalServer(
             config.host, config.internal_broker_port, self.leader, tls=tls,
             token=TokenCheck(config.internal_auth_token, config.internal_auth_token_next),

@@ -29,6 +29,7 @@ from collections.abc import Callable, Generator, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from cursus.storage import faults
 from cursus.storage.atomic import fsync_dir
 from cursus.storage.checkpoint import Checkpoint, write_checkpoint
 from cursus.storage.chunk import (
@@ -324,6 +325,16 @@ class PartitionLog:
     def durable_end_offset(self) -> int:
         """Every offset below this is fsynced."""
         return self._durable_end_offset
+
+    @property
+    def replicable_end_offset(self) -> int:
+        """Chunks below this may be served to followers (:meth:`iter_stored_chunks` with
+        ``written=True``): every written chunk, fsynced or not (they are in the file, so in the page cache),
+        except under the ``lose_unsynced`` test fault, whose unsynced bytes are not in the file yet."""
+        active = faults.ACTIVE
+        if active is not None and active.lose_unsynced:
+            return self._durable_end_offset
+        return self._log_end_offset
 
     @property
     def hwm(self) -> int:
@@ -726,20 +737,23 @@ class PartitionLog:
         for header, chunk in self.iter_stored_chunks(from_offset):
             yield header.base_offset, header.record_count, bytes(chunk[HEADER_SIZE:])
 
-    def iter_stored_chunks(self, from_offset: int | None = None
+    def iter_stored_chunks(self, from_offset: int | None = None, *, written: bool = False
                            ) -> Generator[tuple[ChunkHeader, memoryview], None, None]:
         """Yield ``(header, chunk)`` for every durable chunk from the one holding ``from_offset`` (default
         :attr:`log_start_offset`): ``chunk`` is the stored bytes, header included, CRC-verified (a follower
         re-appends it with the header's leader epoch and append time, which reproduces the same bytes). For rebuilding state and for replication;
-        consume it fully or close it (it pins the segment it is reading). Any thread.
+        consume it fully or close it (it pins the segment it is reading). Any thread. ``written``: up to
+        :attr:`replicable_end_offset` instead (written chunks not yet fsynced too: a leader serving its
+        followers).
 
         Raises:
-            OffsetOutOfRange: ``from_offset`` outside ``[log_start_offset, durable_end_offset]``.
+            OffsetOutOfRange: ``from_offset`` outside ``[log_start_offset, durable_end_offset]`` (or the
+                replicable end with ``written``).
             CorruptLogError: a chunk failed its checks.
         """
         with self._lock:
             offset = self._log_start_offset if from_offset is None else from_offset
-            end_offset = self._durable_end_offset
+            end_offset = self.replicable_end_offset if written else self._durable_end_offset
             if offset < self._log_start_offset or offset > end_offset:
                 raise OffsetOutOfRange(self._log_start_offset, end_offset, offset)
         while offset < end_offset:

@@ -5,7 +5,9 @@ The event loop never blocks on disk: it submits appends (and any other storage o
 
 1. take everything queued, up to :data:`ROUND_ITEMS_MAX` items or :data:`ROUND_BYTES_MAX` bytes;
 2. apply the items in submission order (appends per log in order; calls run where they were queued);
-3. ``flush()`` each log that received appends, once: many appends from many producers share one fsync;
+3. tell ``on_written`` which logs received appends (written, not yet fsynced: a partition leader may
+   serve those bytes to its followers while it fsyncs, as Kafka serves the page cache), then ``flush()``
+   each of them once: many appends from many producers share one fsync;
 4. call ``notify`` once with every completion of the round;
 5. checkpoint touched logs at most every ``recovery_point_interval_ms`` (also when idle, and at close).
 
@@ -70,8 +72,12 @@ class GroupCommitWriter:
     flushed, truncated or closed by anyone else while the writer runs.
     """
 
-    def __init__(self, notify: Callable[[list[Completion]], None], *, name: str = "cursus-writer") -> None:
+    def __init__(self, notify: Callable[[list[Completion]], None], *, name: str = "cursus-writer",
+                 on_written: Callable[[list[object]], None] | None = None) -> None:
         self._notify = notify
+        #: Called on the writer thread before the round's fsyncs: for every log with written appends, the
+        #: token of its first one (the broker's tokens are replicas).
+        self._on_written = on_written
         self._name = name
         self._condition = threading.Condition()
         self._queue: deque[tuple] = deque()
@@ -216,6 +222,11 @@ class GroupCommitWriter:
                 except Exception as error:
                     completion.error = error
         self._apply_appends(pending, appended)
+        if self._on_written is not None and appended:
+            try:
+                self._on_written([done[0].token for done in appended.values() if done])
+            except Exception:
+                logger.exception("storage writer on_written callback failed")
         for log, log_completions in appended.items():
             self._flush(log)
             failed = log.failed

@@ -246,3 +246,57 @@ async def test_acks_all_times_out_with_an_unknown_outcome_and_acks_1_needs_only_
     leader.update_replica_end("b", 2)
     leader.on_committed_hwm(1, 2)
     await _wait_ack(broker, leader, "all", 2, ("a", "b"))  # type: ignore[arg-type]
+
+
+@pytest.mark.asyncio
+async def test_a_closed_committer_never_makes_a_cluster_leaders_candidate_visible(tmp_path: Path) -> None:
+    """Issue 13 anomaly: at shutdown the committer closes (the replica loses its hook) while the writer
+    still drains appends; the durable reports moved the candidate, which a hook-less replica used to commit
+    locally (the standalone rule), so the final checkpoint held an HWM above the committed one."""
+    from cursus.replication.hwm import HwmCommitter
+    from cursus.storage import PartitionLog
+    from tests.unit.test_storage_support import small_config
+
+    node = Node(tmp_path / "a", "a")
+    leader = node.replica
+    never: asyncio.Future[object] = asyncio.get_running_loop().create_future()
+
+    async def submit(command: object) -> object:
+        return await never  # the CommitHwm in flight is never applied (Raft lost its majority)
+
+    committer = HwmCommitter("a", submit)
+    committer.attach(leader)
+    leader.become_leader(1, ("a", "b"), committed_hwm=0)
+    await leader.wait_writable()
+    leader.append(records(0, 5), 5)
+    await until(lambda: leader.durable_end_offset == 5)
+    leader.update_replica_end("b", 5)
+    assert leader.candidate_hwm == 5 and committer.in_flight and leader.hwm == 0
+    await committer.close()
+    assert leader.on_candidate_hwm is None
+    leader.append(records(5, 3), 3)  # drained by the writer after the committer closed
+    leader.update_replica_end("b", 8)
+    await until(lambda: leader.durable_end_offset == 8)
+    assert leader.candidate_hwm == 8
+    assert leader.hwm == 0 and leader.log.hwm == 0  # nothing became visible without a commit
+    await node.close()
+    reopened = PartitionLog.open(tmp_path / "a", small_config())
+    try:
+        assert reopened.hwm == 0  # the checkpoint holds no HWM above the committed one
+    finally:
+        reopened.close()
+    never.cancel()
+
+
+@pytest.mark.asyncio
+async def test_a_leader_that_once_led_in_a_cluster_commits_only_what_metadata_applied(nodes) -> None:
+    node = nodes("a")
+    leader = node.replica
+    await _cluster_leader(node, 1, ("a", "b"))
+    leader.on_candidate_hwm = None  # detached (e.g. the committer closed)
+    leader.append(records(0, 2), 2)
+    leader.update_replica_end("b", 2)
+    await until(lambda: leader.durable_end_offset == 2)
+    assert leader.candidate_hwm == 2 and leader.hwm == 0
+    leader.on_committed_hwm(1, 2)  # only an applied commit moves it
+    assert leader.hwm == 2

@@ -26,6 +26,7 @@ from tests.unit.test_replication_support import (
     make_manager,
     make_service,
     publish,
+    records,
     stored_chunks,
     until,
 )
@@ -283,3 +284,166 @@ async def test_under_live_traffic_the_follower_stays_in_sync_and_is_shrunk_when_
         upkeep.cancel()
         with contextlib.suppress(asyncio.CancelledError):
             await upkeep
+
+
+async def _deposed_leader_with_tail(nodes, committed_hwm: int):
+    """b led epoch 1 and holds [0, 10) with a local HWM of 10 (as a checkpoint written before the issue 13
+    fix could say); a, the new leader of epoch 2, holds [0, 6) of epoch 1 plus 3 records of its own; the
+    metadata's committed HWM is ``committed_hwm``."""
+    a, b, metadata, clock = nodes("a"), nodes("b"), Metadata(), Clock()
+    new, old = a.open(), b.open()
+    old.become_leader(1, isr=("b", "a"))
+    new.become_follower(1, "b")
+    await publish(old, 6)
+    for chunk in stored_chunks(old):
+        new.append_replicated(chunk, 1)
+    await until(lambda: new.durable_end_offset == 6)
+    await publish(old, 4, tag="lost")
+    old.update_replica_end("a", 10)  # the local HWM moves to 10 (standalone rule): above the committed HWM
+    assert old.hwm == 10
+    new.become_leader(2, isr=("a", "b"))
+    await publish(new, 3, tag="new")
+    old.become_follower(2, "a")
+    assign(metadata, "a", 2)
+    metadata.set(KEY, committed_hwm=committed_hwm)
+    return a, b, metadata, clock, new, old
+
+
+@pytest.mark.asyncio
+async def test_a_deposed_leader_whose_local_hwm_is_above_the_committed_hwm_truncates_to_the_new_leader(
+        nodes) -> None:
+    a, b, metadata, clock, new, old = await _deposed_leader_with_tail(nodes, committed_hwm=6)
+    recorder = Recorder()
+    _, transport = start(nodes, b, metadata, clock, {"a": make_service(a, metadata, clock)}, observer=recorder)
+    await until(lambda: old.durable_end_offset == new.leo and stored_chunks(old) == stored_chunks(new))
+    assert old.log.leader_epochs == [(1, 0), (2, 6)] and recorder.refused == []
+    diverged = [r for r in transport.opened[0].requests_seen if r.partitions[0].fetch_offset == 10]
+    assert len(diverged) == 1  # one divergence, one truncation (to 6, below the stale local HWM), no loop
+
+
+@pytest.mark.asyncio
+async def test_a_truncation_below_the_committed_hwm_fails_closed_instead_of_looping(nodes) -> None:
+    # The committed HWM (8) is above where the leader's epoch 1 ends (6): truncating to match it would drop
+    # committed records, so the follower refuses, keeps its log and stops fetching the partition.
+    a, b, metadata, clock, new, old = await _deposed_leader_with_tail(nodes, committed_hwm=8)
+    recorder = Recorder()
+    manager, transport = start(nodes, b, metadata, clock, {"a": make_service(a, metadata, clock)},
+                               observer=recorder)
+    await until(lambda: bool(recorder.refused))
+    (key, error), = recorder.refused
+    assert key == KEY and error.code == "storage_unavailable" and "committed offset 8" in error.render()
+    assert old.leo == old.durable_end_offset == 10 and manager.sessions["a"].stopped == {KEY: 2}
+    requests = len(transport.opened[0].requests_seen)
+    await asyncio.sleep(0.1)
+    assert len(transport.opened[0].requests_seen) == requests  # quarantined: no spinning
+
+
+@pytest.mark.asyncio
+async def test_a_truncation_that_cannot_shorten_the_log_is_refused(nodes) -> None:
+    from cursus.broker.replica import TruncationRefused
+    from cursus.storage.epochs import UNDEFINED, EpochEnd
+
+    b = nodes("b")
+    replica = b.open()
+    replica.become_leader(1, isr=("b",))
+    await publish(replica, 5)
+    replica.become_follower(2, "a")
+    # An undefined answer truncates to the committed HWM; at the LEO that changes nothing, and asking again
+    # would get the same answer: refused, nothing truncated.
+    with pytest.raises(TruncationRefused):
+        await replica.truncate_to_epoch(EpochEnd(UNDEFINED, UNDEFINED), committed_hwm=5)
+    with pytest.raises(TruncationRefused):
+        await replica.truncate_to_epoch(EpochEnd(1, 3), committed_hwm=4)
+    assert replica.leo == 5
+    assert await replica.truncate_to_epoch(EpochEnd(1, 4), committed_hwm=4) == (4, True)
+    assert replica.leo == 4
+
+
+@pytest.mark.asyncio
+async def test_the_committed_hwm_never_covers_a_deposed_leaders_divergent_tail(nodes) -> None:
+    """Issue 13 anomaly, as the kill -9 and SIGSTOP cluster tests hit it: the deposed leader becomes a
+    follower and applies the assignment's committed HWM (the new leader's, 9) while its own log still ends
+    with a tail the new leader never had; clamped to the bare LEO, its local HWM covered that tail and was
+    checkpointed above the HWM the new leader was elected with (6), and the truncation then had to go below
+    it. The HWM must stay at the prefix known to match the leader until the leader checked the lineage."""
+    a, b, metadata, clock = nodes("a"), nodes("b"), Metadata(), Clock()
+    new, old = a.open(), b.open()
+    old.become_leader(1, isr=("b", "a"))
+    new.become_follower(1, "b")
+    await publish(old, 6)
+    for chunk in stored_chunks(old):
+        new.append_replicated(chunk, 1)
+    await until(lambda: new.durable_end_offset == 6)
+    old.update_replica_end("a", 6)
+    assert old.hwm == 6
+    await publish(old, 4, tag="lost")  # never replicated, never committed
+    new.become_leader(2, isr=("a", "b"))
+    await publish(new, 3, tag="new")
+    assign(metadata, "a", 2)
+    metadata.set(KEY, committed_hwm=9)
+    old.become_follower(2, "a")
+    old.advance_hwm(9)  # what the broker does with the applied assignment's committed HWM
+    assert old.hwm == 6 and old.log.hwm == 6  # not 9: offsets 6..8 here are the lost tail
+    recorder = Recorder()
+    start(nodes, b, metadata, clock, {"a": make_service(a, metadata, clock)}, observer=recorder)
+    await until(lambda: stored_chunks(old) == stored_chunks(new) and old.hwm == 9)
+    assert recorder.refused == [] and old.log.leader_epochs == [(1, 0), (2, 6)]
+
+
+@pytest.mark.asyncio
+async def test_fetched_chunks_are_checked_through_run_blocking_off_the_loop(nodes) -> None:
+    """The CRC and record walk of a fetched response run through the manager's ``run_blocking`` (the
+    broker.s offload pool): here a real thread."""
+    import threading
+    from concurrent.futures import ThreadPoolExecutor
+
+    a, b, metadata, clock = nodes("a"), nodes("b"), Metadata(), Clock()
+    assign(metadata, "a", 1)
+    leader, follower = a.open(), b.open()
+    leader.become_leader(1, isr=("a", "b"))
+    follower.become_follower(1, "a")
+    for _ in range(3):
+        await publish(leader, 50)
+    pool = ThreadPoolExecutor(1, thread_name_prefix="offload-test")
+    checked: list[tuple[int, str]] = []
+
+    async def run_blocking(size: int, fn):
+        def run():
+            checked.append((size, threading.current_thread().name))
+            return fn()
+        return await asyncio.get_running_loop().run_in_executor(pool, run)
+
+    try:
+        start(nodes, b, metadata, clock, {"a": make_service(a, metadata, clock)}, run_blocking=run_blocking)
+        await until(lambda: follower.durable_end_offset == 150)
+        assert stored_chunks(follower) == stored_chunks(leader)
+        assert checked and all(name.startswith("offload-test") for _, name in checked)
+        assert sum(size for size, _ in checked) == sum(len(c) for c in stored_chunks(leader))
+    finally:
+        pool.shutdown(wait=True)
+
+
+@pytest.mark.asyncio
+async def test_followers_fetch_written_chunks_while_the_leader_fsyncs_but_the_hwm_waits_for_it(
+        nodes, monkeypatch) -> None:
+    """Every fsync takes 300 ms (the fsync_delay_ms fault): the follower gets the chunk while the leader's
+    own fsync is still running (the fetch overlaps it), yet the HWM never passes the leader's durable end."""
+    from cursus.storage import faults
+
+    a, b, metadata, clock = nodes("a"), nodes("b"), Metadata(), Clock()
+    assign(metadata, "a", 1)
+    leader, follower = a.open(), b.open()
+    leader.become_leader(1, isr=("a", "b"))
+    follower.become_follower(1, "a")
+    start(nodes, b, metadata, clock, {"a": make_service(a, metadata, clock)})
+    await publish(leader, 1)
+    await until(lambda: follower.durable_end_offset == 1 and leader.hwm == 1)
+    seen: list[tuple[int, int]] = []
+    leader.add_progress_listener(lambda r: seen.append((r.hwm, r.durable_end_offset)))
+    monkeypatch.setattr(faults, "ACTIVE", faults.Faults(fsync_delay_ms=300))
+    leader.append(records(1, 3), 3)
+    await until(lambda: follower.leo == 4)
+    assert leader.durable_end_offset == 1  # served before the leader's fsync finished
+    await until(lambda: leader.hwm == 4, timeout_s=10)
+    assert all(hwm <= durable for hwm, durable in seen)
+    assert stored_chunks(follower) == stored_chunks(leader)

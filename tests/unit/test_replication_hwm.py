@@ -110,6 +110,35 @@ async def test_one_command_in_flight_and_everything_meanwhile_coalesces() -> Non
 
 
 @pytest.mark.asyncio
+async def test_pipelined_commands_go_out_at_once_up_to_the_bound_then_coalesce() -> None:
+    submits = Submits()
+    committer = HwmCommitter("a", submits, retry_backoff_s=0, max_in_flight=2)
+    p0, p1 = FakeReplica("t", 0), FakeReplica("t", 1)
+    committer.attach(p0)
+    committer.attach(p1)
+    p0.move(3)
+    first = await submits.next(1)
+    p0.move(5)  # the first is still in flight: the second goes out now, not after it
+    second = await submits.next(2)
+    assert _entries(first) == [("t", 0, 3)] and _entries(second) == [("t", 0, 5)]
+    for candidate in (6, 8):
+        p0.move(candidate)
+    p1.move(2)
+    await _settle()
+    assert len(submits.commands) == 2  # both busy: what moves meanwhile waits, coalesced
+    # The later command commits first; the earlier one lands after it and is skipped by the FSM.
+    p0.hwm = 5
+    submits.answer(1, ApplyResult(changed=True, hwm_accepted=(("t", 0),)))
+    third = await submits.next(3)
+    assert _entries(third) == [("t", 0, 8), ("t", 1, 2)]
+    submits.answer(0, ApplyResult(hwm_rejected=(("t", 0, "hwm_not_above_committed"),)))
+    submits.answer(2, ApplyResult(changed=True))
+    await _settle()
+    assert not committer.in_flight and len(submits.commands) == 3
+    await committer.close()
+
+
+@pytest.mark.asyncio
 async def test_a_failed_or_unknown_submit_is_retried_with_the_latest_candidates() -> None:
     submits = Submits()
     committer = HwmCommitter("a", submits, retry_backoff_s=0)

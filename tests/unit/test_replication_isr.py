@@ -10,6 +10,8 @@ from cursus.replication.isr import IsrTracker
 KEY = ("t", 0)
 REPLICAS = ("a", "b", "c", "d")
 LAG = 1000
+#: The brokers active in the applied metadata in the model ("d" is fenced but may still fetch).
+ACTIVE = frozenset({"a", "b", "c"})
 
 
 def test_a_fetch_at_the_leo_is_caught_up_now_and_one_at_the_previous_leo_was_caught_up_then() -> None:
@@ -43,6 +45,19 @@ def test_decide_shrinks_after_the_lag_and_grace_and_expands_only_at_the_committe
     # The leader is always kept (and restored when missing).
     change = tracker.decide(KEY, ("b", "d"), REPLICAS, 5, 1300, LAG, leader_epoch=1)
     assert change is not None and "a" in change.isr
+
+
+def test_only_active_brokers_are_expanded_while_shrinks_still_happen() -> None:
+    tracker = IsrTracker("a")
+    assert tracker.decide(KEY, ("a", "b"), REPLICAS, 0, 0, LAG, leader_epoch=1) is None
+    tracker.on_fetch(KEY, "c", 5, 5, 100, leader_epoch=1)  # caught up, but fenced in the applied metadata
+    tracker.on_fetch(KEY, "d", 5, 5, 100, leader_epoch=1)
+    change = tracker.decide(KEY, ("a", "b"), REPLICAS, 5, 200, LAG, leader_epoch=1, active={"a", "b", "d"})
+    assert change is not None and change.expanded == ("d",) and change.isr == ("a", "b", "d")
+    assert tracker.decide(KEY, ("a", "b"), REPLICAS, 5, 200, LAG, leader_epoch=1, active={"a", "b"}) is None
+    # b stops fetching: it is shrunk whether or not c could have been added
+    change = tracker.decide(KEY, ("a", "b"), REPLICAS, 5, 1500, LAG, leader_epoch=1, active={"a"})
+    assert change is not None and change.isr == ("a",) and change.shrunk == ("b",) and change.expanded == ()
 
 
 @settings(max_examples=200, deadline=None)
@@ -81,14 +96,14 @@ def test_invariants_hold_for_any_history(steps: list[tuple[str, str, int, int]])
             assert tracker.decide(KEY, isr, REPLICAS, committed_hwm, now, LAG, leader_epoch=epoch) is None
         else:
             committed_hwm = min(leo, committed_hwm + amount)
-            change = tracker.decide(KEY, isr, REPLICAS, committed_hwm, now, LAG, leader_epoch=epoch)
+            change = tracker.decide(KEY, isr, REPLICAS, committed_hwm, now, LAG, leader_epoch=epoch, active=ACTIVE)
             if change is None:  # every member in sync (or in the election grace), no candidate to add
                 for member in set(isr) - {"a"}:
                     assert now - last_caught_up.get(member, epoch_started) <= LAG or now - epoch_started <= LAG
                 for replica in set(REPLICAS) - set(isr):
                     offset = tracker.fetch_offset(KEY, replica)
                     assert (replica not in last_caught_up or now - last_caught_up[replica] > LAG
-                            or offset is None or offset < committed_hwm)
+                            or offset is None or offset < committed_hwm or replica not in ACTIVE)
                 continue
             assert "a" in change.isr and set(change.isr) <= set(REPLICAS)
             assert list(change.isr) == [r for r in REPLICAS if r in change.isr]
@@ -97,6 +112,7 @@ def test_invariants_hold_for_any_history(steps: list[tuple[str, str, int, int]])
                 since = last_caught_up.get(member, epoch_started)
                 assert now - since > LAG and member != "a"
             for member in change.expanded:
+                assert member in ACTIVE  # an inactive broker is never proposed (the FSM would refuse it)
                 assert now - last_caught_up[member] <= LAG
                 offset = tracker.fetch_offset(KEY, member)
                 assert offset is not None and offset >= committed_hwm

@@ -220,8 +220,13 @@ async def test_long_poll_wakes_on_a_new_append_and_times_out_otherwise(nodes) ->
     started = loop.time()
     leader.append(b"\x00\x00\x00\x01x", 1)
     woken = await asyncio.wait_for(waiting, 2.0)
-    assert loop.time() - started < 2.0 and split_chunks(woken.partitions[0].chunks) == stored_chunks(leader, 2)
+    assert loop.time() - started < 2.0
+    await until(lambda: leader.durable_end_offset == 3)  # it may have been served before the leader's fsync
+    assert split_chunks(woken.partitions[0].chunks) == stored_chunks(leader, 2)
 
+    await until(lambda: leader.hwm == 3)
+    news = await service.fetch("b", fetch_request("b", part(3, last_epoch=1), max_wait_ms=5000))
+    assert news.partitions[0].hwm == 3  # the HWM that moved after the chunk was served ends a long poll
     # A role change during the wait answers at once with the new routing.
     waiting = asyncio.ensure_future(service.fetch("b", fetch_request("b", part(3, last_epoch=1), max_wait_ms=5000)))
     await asyncio.sleep(0.05)

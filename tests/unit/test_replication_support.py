@@ -43,7 +43,7 @@ class Node:
         self.directory = directory
         self.broker_id = broker_id
         self.loop = asyncio.get_running_loop()
-        self.writer = GroupCommitWriter(self._notify)
+        self.writer = GroupCommitWriter(self._notify, on_written=self._written)
         self.writer.start()
         self.replicas: dict[Key, Replica] = {}
 
@@ -55,6 +55,11 @@ class Node:
 
     def _notify(self, completions: list[Completion]) -> None:
         self.loop.call_soon_threadsafe(self._apply, completions)
+
+    def _written(self, tokens: list[object]) -> None:  # the broker's glue: written, not yet fsynced
+        for token in tokens:
+            if isinstance(token, Replica):
+                self.loop.call_soon_threadsafe(token.on_written)
 
     @staticmethod
     def _apply(completions: list[Completion]) -> None:

@@ -1,0 +1,141 @@
+"""Replication fault paths on three real broker processes (mutual TLS), each checked end to end:
+
+* ``_step_down``: a broker made leader whose local log ends below the committed HWM (its disk lost the
+  partition while it was down; it is back before the session timeout, so the metadata makes it lead again
+  in a new epoch) fails closed and hands the partition to another ISR member; no acknowledged record is
+  lost, and it catches up as a follower and rejoins the ISR.
+* the ISR dropping below min ISR while an acks=all write waits (a follower paused with SIGSTOP or killed
+  with kill -9 after the append): the write is never acknowledged falsely; it answers
+  ``replication_unavailable outcome=unknown`` and an idempotent retry after the ISR recovered is a
+  duplicate with the original offsets.
+
+The session timeout is long (20 s) so a restarted broker is never fenced first: the step-down path, not
+the controller, must move leadership.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+
+from cursus.client.connection import Connection
+from cursus.wire import Status
+from tests.cluster.clustersupport import Cluster, wait_for
+from tests.cluster.replsupport import (
+    AcksAllWriter,
+    check_history,
+    leader_proc,
+    partition_state,
+    read_partition,
+    status,
+    wait_isr,
+)
+from tests.integration.helpers import create_topic, error_of, publish_batch
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory: pytest.TempPathFactory, pki) -> Cluster:
+    c = Cluster(Path(tmp_path_factory.mktemp("replication-faults")), pki, broker_session_timeout_ms=20000)
+    try:
+        c.start()
+        yield c
+    finally:
+        c.stop()
+
+
+@pytest.fixture(autouse=True)
+def all_brokers_running(cluster: Cluster):
+    yield
+    for broker in cluster.brokers:
+        broker.resume()
+        if broker.proc is None or broker.proc.poll() is not None:
+            broker.start(timeout_s=60)
+    wait_for(lambda: status(cluster.brokers[0])["inactive_brokers"] == 0, 30, "every broker active")
+
+
+def conn(broker) -> Connection:
+    return Connection(*broker.address, timeout_s=10)
+
+
+def make_topic(cluster: Cluster, name: str, **fields: str) -> dict:
+    with conn(cluster.brokers[0]) as c:
+        create_topic(c, name, 1, replication_factor="3", **fields)
+    return wait_isr(cluster, name, 3)
+
+
+def publish_ok(c: Connection, topic: str, payloads: list[bytes], **kw) -> dict:
+    """acks=all publish, retrying refusals before append (a partition still opening or preparing)."""
+    def attempt():
+        frame = publish_batch(c, topic, 0, payloads, acks="all", **kw)
+        if frame.status == Status.OK:
+            return json.loads(frame.payload)
+        err = error_of(frame)
+        assert err.code in ("leader_not_available", "insufficient_in_sync_replicas", "NOT_LEADER"), err
+        return None
+    return wait_for(attempt, 20, f"{topic} accepts a publish")
+
+
+def test_a_leader_whose_log_ends_below_the_committed_hwm_hands_over(cluster: Cluster) -> None:
+    topic = "step-down"
+    row = make_topic(cluster, topic)
+    writers = [AcksAllWriter(cluster, topic, f"s{i}") for i in range(2)]
+    for w in writers:
+        w.start()
+    wait_for(lambda: all(len(w.acks) >= 10 for w in writers), 30, "writers acknowledged")
+    for w in writers:
+        w.stop()
+    acks = [a for w in writers for a in w.acks]
+    acked = sum(len(a.payloads) for a in acks)
+    committed = wait_for(lambda: (h := partition_state(cluster, topic)["committed_hwm"]) >= acked and h, 10,
+                         "every broker applied the committed HWM of the acknowledged records")
+    old = cluster.by_id(row["leader"])
+    old.kill()
+    shutil.rmtree(old.log_dir / "topics" / topic / "0")  # the partition's storage is gone
+    old.start(timeout_s=60)  # back long before the session timeout: the metadata makes it lead, epoch + 1
+
+    def handed_over() -> dict | None:
+        state = partition_state(cluster, topic)
+        return state if state["leader"] not in (None, old.log_dir.name) else None
+
+    after = wait_for(handed_over, 30, "another ISR member leads")
+    assert after["leader_epoch"] >= row["leader_epoch"] + 2  # restart epoch, then the handover
+    assert after["committed_hwm"] >= committed
+    assert "handed leadership to" in old.output()
+    check_history(acks, read_partition(cluster, topic))
+    wait_isr(cluster, topic, 3, timeout=30)  # the old leader fetched everything back and rejoined
+    new = leader_proc(cluster, topic)
+    with conn(new) as c:
+        publish_ok(c, topic, [b"after"])
+
+
+@pytest.mark.parametrize("fault", ["pause", "kill"])
+def test_acks_all_never_succeeds_falsely_when_the_isr_drops_below_min_isr_while_it_waits(
+        cluster: Cluster, fault: str) -> None:
+    topic = f"min-isr-wait-{fault}"
+    row = make_topic(cluster, topic, min_in_sync_replicas="3")
+    leader = cluster.by_id(row["leader"])
+    producer = f"pw-{fault}"
+    with conn(leader) as c:
+        publish_ok(c, topic, [b"a"], producer=(producer, 0, 1), idempotent=True)
+        follower = next(b for b in cluster.brokers if b is not leader)
+        follower.pause() if fault == "pause" else follower.kill()
+        # The ISR is still 3 (shrinking takes replica_lag_time_max_ms): accepted, appended, waiting. The
+        # follower never gets it, the leader shrinks it out, and 2 < min ISR 3: no acknowledgement.
+        answer = publish_batch(c, topic, 0, [b"b"], acks="all", producer=(producer, 0, 2), idempotent=True)
+        assert answer.status != Status.OK, "acknowledged with fewer in-sync replicas than min ISR"
+        err = error_of(answer)
+        assert err.code == "replication_unavailable" and err.fields.get("outcome") == "unknown", err
+        assert err.retryable
+        shrunk = partition_state(cluster, topic, via=leader)
+        assert len(shrunk["isr"]) == 2 and follower.log_dir.name not in shrunk["isr"]
+    follower.resume() if fault == "pause" else follower.start(timeout_s=60)
+    wait_isr(cluster, topic, 3, timeout=30)
+    with conn(leader) as c:  # the unknown outcome resolves: the retry is a duplicate at the original offset
+        again = wait_for(lambda: (f := publish_batch(c, topic, 0, [b"b"], acks="all", producer=(producer, 0, 2),
+                                                     idempotent=True)).status == Status.OK and json.loads(f.payload),
+                         20, "the retry is answered")
+    assert again["last_offset"] == 1
+    assert [bytes(r.payload) for r in read_partition(cluster, topic)] == [b"a", b"b"]
