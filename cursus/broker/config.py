@@ -190,6 +190,8 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("replica_fetch_backoff_ms", _I, 100, "ms", "Wait after a failed replica fetch or a failed committed-HWM submit before retrying.", 1),
     Setting("replica_ack_timeout_ms", _I, 10_000, "ms", "How long an acks=all PUBLISH waits for the captured ISR and the committed HWM; then it answers replication_unavailable outcome=unknown (retryable: idempotent retries deduplicate).", 1),
     Setting("loop_probe_interval_ms", _I, 100, "ms", "How often the stall probe checks the event loop's lateness (cursus_event_loop_max_stall_seconds).", 1),
+    Setting("eventstore_checkpoint_interval_events", _I, 10_000, "events", "Write a partition's stream-index checkpoint after this many newly indexed events (a restart rescans the committed log only from the checkpoint).", 1),
+    Setting("eventstore_max_read_events", _I, 100_000, "events", "Most events one READ_STREAM or AGGREGATE_EVENT_RANGE_READ returns.", 1),
 )
 
 SETTINGS_BY_NAME: Mapping[str, Setting] = {s.name: s for s in SETTINGS}

@@ -21,6 +21,7 @@ from typing import Any
 
 from cursus.broker import group_log
 from cursus.broker.config import BrokerConfig
+from cursus.broker.eventstore import EventStore
 from cursus.broker.fdlimit import check_partition_headroom
 from cursus.broker.metrics import BrokerMetrics
 from cursus.broker.offload import Offload, StallProbe
@@ -178,6 +179,8 @@ class Broker:
             self.metadata.subscribe(self._groups_follow_ownership)
         #: Transactions (standalone): coordinator state, journal, per-partition transaction indexes.
         self.transactions = TransactionCoordinator(self)
+        #: Event sourcing: per-partition stream indexes and snapshot stores (cursus.broker.eventstore).
+        self.events = EventStore(self)
         #: Active STREAM requests; each has ``stop(reason)`` (see cursus.broker.handlers.stream).
         self.streams: set[Any] = set()
         #: Is the client connection ``host:port`` still open? The server installs its answer; until then
@@ -520,6 +523,7 @@ class Broker:
             task.cancel()
         await asyncio.gather(*self._group_tasks, return_exceptions=True)
         await self.transactions.close()
+        await self.events.close()
         await self.coordinator.close()
         await self.hwm_committer.close()
         await self.reconciler.close()

@@ -1,0 +1,326 @@
+"""The broker's event store: stream indexes and snapshot stores of event-sourcing partitions (I/O glue).
+
+One :class:`PartitionEvents` per event-sourcing partition this broker has touched, opened lazily. Its
+:class:`~cursus.eventstore.StreamIndex` is a derived view of the partition's *committed* log:
+:meth:`EventStore.catch_up` scans the log from the index's ``indexed_offset`` up to the replica's HWM
+(on the offload threads) before any event command reads or checks versions, so leader, new leader and
+restart share one code path, and an event above the committed HWM is never visible. The index checkpoint
+(``eventstore.index`` in the partition directory, atomic replace) lets a restart resume the scan there; a
+torn or corrupt checkpoint, or one ahead of the recovered log, is discarded or cut back and the log is
+rescanned (the log is the authority).
+
+Appends in flight (appended on this leader, not yet indexed) are tracked per key in
+:attr:`PartitionEvents.pending`, so the optimistic version check counts them: two concurrent appends with
+the same expected version get one success and one ``version_conflict``. The check and the append run
+without an ``await`` in between (see :mod:`cursus.broker.handlers.events`). Pending appends are dropped
+once indexed, or when the replica's leader epoch changes (a new leader starts from its committed log).
+
+Snapshots (``eventstore.snapshots``, append-only, checksummed records; fsynced before SAVE_SNAPSHOT
+answers OK) keep the latest snapshot per key; a torn final record is cut off at open.
+
+Thread-safety: loop thread; file work runs on the offload threads, one at a time per partition (locks).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import functools
+import logging
+import os
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from cursus.eventstore import (
+    IndexCheckpointError,
+    Snapshot,
+    SnapshotStore,
+    StreamEntry,
+    StreamIndex,
+    decode_snapshot_log,
+    encode_snapshot_record,
+)
+from cursus.storage import OffsetOutOfRange, PartitionLog
+from cursus.storage.atomic import atomic_write, fsync_dir
+from cursus.wire import decode_record, iter_record_slices
+
+if TYPE_CHECKING:
+    from cursus.broker.core import Broker
+    from cursus.broker.replica import Replica
+
+log = logging.getLogger("cursus.eventstore")
+
+INDEX_FILE = "eventstore.index"
+SNAPSHOT_FILE = "eventstore.snapshots"
+#: Records read per scan step while the index catches up.
+SCAN_RECORDS = 4096
+SCAN_BYTES = 4 * 1024 * 1024
+
+
+@dataclass(slots=True)
+class PendingAppend:
+    """An event appended on this leader that the index has not seen yet (``offset`` is its log offset)."""
+
+    version: int
+    offset: int
+    event_id: str | None = None
+    digest: str | None = None
+
+
+@dataclass(slots=True)
+class PartitionEvents:
+    """Event-sourcing state of one partition (see the module docstring)."""
+
+    topic: str
+    partition: int
+    directory: Path
+    index: StreamIndex
+    snapshots: SnapshotStore
+    #: key -> appends in flight, in offset order.
+    pending: dict[str, list[PendingAppend]] = field(default_factory=dict)
+    #: The replica's leader epoch when the pending appends were made.
+    pending_epoch: int = -1
+    checkpointed_events: int = 0
+    scan_lock: asyncio.Lock = field(default_factory=asyncio.Lock)
+    snapshot_lock: asyncio.Lock = field(default_factory=asyncio.Lock)
+    closed: bool = False
+    #: The replica this state belongs to (a deleted and recreated topic has a new one: reopened).
+    replica: object = None
+
+    def current_version(self, key: str) -> int:
+        """Committed version plus this leader's appends in flight (what the next append must exceed)."""
+        pending = self.pending.get(key)
+        return pending[-1].version if pending else self.index.version(key)
+
+    def find(self, key: str, version: int) -> StreamEntry | PendingAppend | None:
+        """The event of ``key`` at ``version``, indexed or in flight."""
+        for p in self.pending.get(key, ()):
+            if p.version == version:
+                return p
+        return self.index.find(key, version)
+
+    def reserve(self, key: str, append: PendingAppend, leader_epoch: int) -> None:
+        """Count ``append`` (just handed to the log) in later version checks."""
+        if leader_epoch != self.pending_epoch:
+            self.pending.clear()
+            self.pending_epoch = leader_epoch
+        self.pending.setdefault(key, []).append(append)
+
+    def prune_pending(self) -> None:
+        """Forget appends the index now covers."""
+        indexed = self.index.indexed_offset
+        for key in list(self.pending):
+            kept = [p for p in self.pending[key] if p.offset >= indexed]
+            if kept:
+                self.pending[key] = kept
+            else:
+                del self.pending[key]
+
+
+def _load(directory: Path) -> tuple[StreamIndex, SnapshotStore]:
+    """Blocking: the index checkpoint (empty when absent or torn) and the snapshots (torn tail cut off)."""
+    index = StreamIndex()
+    try:
+        index = StreamIndex.decode((directory / INDEX_FILE).read_bytes())
+    except FileNotFoundError:
+        pass
+    except IndexCheckpointError as exc:
+        log.warning("%s: stream index checkpoint discarded (%s); rebuilding from the log", directory, exc)
+    path = directory / SNAPSHOT_FILE
+    snapshots: list[Snapshot] = []
+    try:
+        data = path.read_bytes()
+    except FileNotFoundError:
+        data = b""
+    if data:
+        snapshots, valid = decode_snapshot_log(data)
+        if valid < len(data):
+            log.warning("%s: snapshot file has a torn tail of %d bytes; discarded", directory, len(data) - valid)
+            with open(path, "r+b") as fh:
+                fh.truncate(valid)
+                fh.flush()
+                os.fsync(fh.fileno())
+    return index, SnapshotStore(snapshots)
+
+
+def _scan(plog: PartitionLog, start: int, end: int,
+          visible: Callable[[int], bool]) -> tuple[list[tuple[str, StreamEntry]], int]:
+    """Blocking: the event records of ``plog`` in ``[start, end)`` as (key, entry), and the offset the
+    scan reached. An event record carries a key and an aggregate version; transactional and control
+    records are skipped (``visible`` decides for TXN_APPEND_STREAM records once that lands)."""
+    found: list[tuple[str, StreamEntry]] = []
+    offset = start
+    while offset < end:
+        result = plog.read(offset, max_offset=end, max_records=SCAN_RECORDS, max_bytes=SCAN_BYTES)
+        if result.record_count == 0:
+            break
+        position = result.first_offset
+        for raw in iter_record_slices(result.records, result.record_count):
+            record = decode_record(raw)
+            position = record.offset
+            if (record.key is not None and record.aggregate_version is not None and record.control_type is None
+                    and (record.transactional_id is None or visible(record.offset))):
+                found.append((record.key, StreamEntry(record.aggregate_version, record.offset, record.event_id,
+                                                      record.payload_digest)))
+        offset = max(result.next_offset, position + 1)
+    return found, offset
+
+
+def _append_snapshot(directory: Path, data: bytes) -> None:
+    """Blocking: append one snapshot record and fsync it (and the directory when the file is new)."""
+    path = directory / SNAPSHOT_FILE
+    new = not path.exists()
+    with open(path, "ab") as fh:
+        fh.write(data)
+        fh.flush()
+        os.fsync(fh.fileno())
+    if new:
+        fsync_dir(directory)
+
+
+def read_records(plog: PartitionLog, offsets: list[int], max_bytes: int) -> tuple[bytes, int]:
+    """Blocking: the stored record bytes (records section form) at ``offsets``, in order, up to
+    ``max_bytes`` (at least one); returns (records section, records taken). Offsets no longer retained
+    are skipped."""
+    parts: list[bytes] = []
+    size = 0
+    for offset in offsets:
+        try:
+            result = plog.read(offset, max_offset=offset + 1, max_records=1, max_bytes=1)
+        except OffsetOutOfRange:
+            continue
+        if result.record_count != 1:
+            continue
+        if parts and size + len(result.records) > max_bytes:
+            break
+        parts.append(result.records)
+        size += len(result.records)
+    return b"".join(parts), len(parts)
+
+
+def _never(offset: int) -> bool:
+    return False
+
+
+class EventStore:
+    """Every event-sourcing partition's index and snapshots on this broker (``broker.events``)."""
+
+    def __init__(self, broker: Broker) -> None:
+        self.broker = broker
+        self._partitions: dict[tuple[str, int], PartitionEvents] = {}
+        self._opening: dict[tuple[str, int], asyncio.Future[PartitionEvents]] = {}
+        #: For a replica, which transactional event records (by offset) are committed and count as events.
+        #: Until TXN_APPEND_STREAM lands none do; the transactions engineer installs the real predicate
+        #: (committed per the partition's transaction index).
+        self.transactional_visible: Callable[[Replica], Callable[[int], bool]] = lambda replica: _never
+
+
+    async def partition(self, replica: Replica) -> PartitionEvents:
+        """The partition's state, opened (checkpoint and snapshots loaded off the loop) on first use, and
+        caught up with the committed log."""
+        events = await self._open(replica)
+        await self.catch_up(replica, events)
+        return events
+
+    async def _open(self, replica: Replica) -> PartitionEvents:
+        key = (replica.topic, replica.partition)
+        events = self._partitions.get(key)
+        if events is not None and not events.closed and events.replica is replica:
+            return events
+        opening = self._opening.get(key)
+        if opening is not None:
+            return await asyncio.shield(opening)
+        fut: asyncio.Future[PartitionEvents] = asyncio.get_running_loop().create_future()
+        self._opening[key] = fut
+        try:
+            directory = replica.log.directory
+            index, snapshots = await self.broker.offload.run(1 << 30, functools.partial(_load, directory))
+            events = PartitionEvents(replica.topic, replica.partition, directory, index, snapshots,
+                                     checkpointed_events=index.event_count, replica=replica)
+            self._partitions[key] = events
+            fut.set_result(events)
+            return events
+        except BaseException as exc:
+            fut.set_exception(exc)
+            fut.exception()
+            raise
+        finally:
+            del self._opening[key]
+
+    async def catch_up(self, replica: Replica, events: PartitionEvents) -> None:
+        """Index the committed log up to the replica's HWM (see the module docstring).
+
+        Raises:
+            OSError, CorruptLogError: the log could not be read (the caller answers ``stream_index_failed``).
+        """
+        if events.index.indexed_offset == replica.hwm and not events.pending:
+            return
+        async with events.scan_lock:
+            index = events.index
+            hwm = replica.hwm
+            if index.indexed_offset > hwm:  # a checkpoint ahead of the recovered committed log
+                log.warning("%s/%d: stream index at %d is ahead of the committed HWM %d; cut back",
+                            replica.topic, replica.partition, index.indexed_offset, hwm)
+                index.truncate(hwm)
+            if index.indexed_offset < replica.log_start_offset:
+                index.advance(replica.log_start_offset)  # retention removed what was never scanned
+            if index.indexed_offset < hwm:
+                visible = self.transactional_visible(replica)
+                found, reached = await self.broker.offload.run(
+                    1 << 30, functools.partial(_scan, replica.log, index.indexed_offset, hwm, visible))
+                if events.closed:
+                    return
+                for key, entry in found:
+                    if entry.offset >= index.indexed_offset:
+                        index.apply(key, entry)
+                index.advance(reached)
+            if replica.leader_epoch != events.pending_epoch:
+                events.pending.clear()
+            events.prune_pending()
+            if index.event_count - events.checkpointed_events >= self.broker.config.eventstore_checkpoint_interval_events:
+                await self._checkpoint(events)
+
+    async def _checkpoint(self, events: PartitionEvents) -> None:
+        data = events.index.encode()
+        try:
+            await self.broker.offload.run(len(data), functools.partial(atomic_write, events.directory / INDEX_FILE,
+                                                                       data))
+            events.checkpointed_events = events.index.event_count
+        except OSError as exc:  # a shortcut only: the next restart rescans more of the log
+            log.warning("%s/%d: stream index checkpoint not written: %s", events.topic, events.partition, exc)
+
+    async def save_snapshot(self, events: PartitionEvents, snapshot: Snapshot) -> None:
+        """Append ``snapshot`` durably (fsynced) and make it the key's latest. Raises OSError."""
+        data = encode_snapshot_record(snapshot)
+        async with events.snapshot_lock:
+            await self.broker.offload.run(1 << 30, functools.partial(_append_snapshot, events.directory, data))
+            events.snapshots.put(snapshot)
+
+    def visible_snapshot(self, events: PartitionEvents, key: str) -> Snapshot | None:
+        """The key's latest snapshot, unless it claims a version above the committed stream."""
+        snap = events.snapshots.get(key)
+        if snap is None or snap.version > events.index.version(key):
+            return None
+        return snap
+
+    async def close(self) -> None:
+        """Write every index checkpoint (shutdown)."""
+        for events in list(self._partitions.values()):
+            if not events.closed and events.index.event_count != events.checkpointed_events:
+                async with events.scan_lock:
+                    await self._checkpoint(events)
+
+    def drop_topic(self, topic: str, *, remove_files: bool = False) -> None:
+        """Close (and with ``remove_files`` delete) the indexes and snapshots of ``topic``: call it when the
+        topic is deleted or truncated, before its storage is removed or reset, so a recreated name starts
+        empty. Files inside a removed partition directory go with it; ``remove_files`` is for a truncate,
+        which keeps the directory."""
+        for key in [k for k in self._partitions if k[0] == topic]:
+            events = self._partitions.pop(key)
+            events.closed = True
+            if remove_files:
+                for name in (INDEX_FILE, SNAPSHOT_FILE):
+                    with contextlib.suppress(FileNotFoundError):
+                        (events.directory / name).unlink()
