@@ -85,7 +85,7 @@ def test_bad_arguments_get_typed_errors_and_the_connection_stays(conn: Connectio
         f"APPEND_STREAM topic={t} key=k version=2 message=x": "version_conflict",
         f"APPEND_STREAM topic={topic_name}-plain key=k version=1 message=x": "event_sourcing_not_enabled",
         f"APPEND_STREAM topic={topic_name}-absent key=k version=1 message=x": "topic_not_found",
-        f"APPEND_STREAM topic=bad/name key=k version=1 message=x": "invalid_topic_name",
+        "APPEND_STREAM topic=bad/name key=k version=1 message=x": "invalid_topic_name",
         f"STREAM_VERSION topic={t}": "missing_key",
         f"STREAM_VERSION topic={topic_name}-plain key=k": "event_sourcing_not_enabled",
         f"SAVE_SNAPSHOT topic={t} key=k version=1 message=s": "snapshot_version_exceeds_stream",
