@@ -251,3 +251,17 @@ def test_aggregate_replay_proof(conn: Connection, topic_name: str) -> None:
     assert doc["events"][0]["payload_digest"] == hashlib.sha256(b"p2").hexdigest()
     assert error_of(conn.command(f"AGGREGATE_EVENT_RANGE_READ topic={t} match_id=match-1 from_sequence=3 "
                                  f"to_sequence=2")).code == "invalid_to_sequence"
+
+
+def test_the_documented_order_example_runs(shared_broker: BrokerProcess, topic_name: str,
+                                           capsys: pytest.CaptureFixture[str]) -> None:
+    import re
+    from pathlib import Path
+
+    doc = (Path(__file__).resolve().parents[2] / "docs" / "event-sourcing.md").read_text()
+    match = re.search(r"```python\n(.*?)```", doc, re.S)
+    assert match is not None
+    code = match.group(1).replace("127.0.0.1:9000", f"127.0.0.1:{shared_broker.port}").replace(
+        '"orders"', repr(topic_name))
+    exec(compile(code, "docs/event-sourcing.md", "exec"), {})
+    assert "'items': ['book']" in capsys.readouterr().out
