@@ -283,10 +283,11 @@ class EventStore:
                 await self._checkpoint(events)
 
     async def _checkpoint(self, events: PartitionEvents) -> None:
-        data = events.index.encode()
+        """Write the index checkpoint (call with ``scan_lock`` held: nothing mutates the index meanwhile, so
+        it is encoded off the loop)."""
+        index, path = events.index, events.directory / INDEX_FILE
         try:
-            await self.broker.offload.run(len(data), functools.partial(atomic_write, events.directory / INDEX_FILE,
-                                                                       data))
+            await self.broker.offload.run(1 << 30, lambda: atomic_write(path, index.encode()))
             events.checkpointed_events = events.index.event_count
         except OSError as exc:  # a shortcut only: the next restart rescans more of the log
             log.warning("%s/%d: stream index checkpoint not written: %s", events.topic, events.partition, exc)
