@@ -199,6 +199,7 @@ class Broker:
         self.replication: ReplicationNode | None = self._replication()
         if self.replication is not None:
             self.metadata.subscribe(self.replication.on_metadata)
+            self.replication.server.snapshot_handler = self.events.on_replicated_snapshot
 
     def _report_coordinator(self, reason: str | None) -> None:
         """The coordinator's readiness gates ``/ready`` only during startup: a coordinator that moves here

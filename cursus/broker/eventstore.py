@@ -42,9 +42,12 @@ from cursus.eventstore import (
     decode_snapshot_log,
     encode_snapshot_record,
 )
+from cursus.internal.client import InternalRpcError
+from cursus.internal.v1 import replication_pb2 as pb
 from cursus.storage import OffsetOutOfRange, PartitionLog
 from cursus.storage.atomic import atomic_write, fsync_dir
 from cursus.wire import decode_record, iter_record_slices
+from cursus.wire.errors import BrokerError
 
 if TYPE_CHECKING:
     from cursus.broker.core import Broker
@@ -298,6 +301,57 @@ class EventStore:
         async with events.snapshot_lock:
             await self.broker.offload.run(1 << 30, functools.partial(_append_snapshot, events.directory, data))
             events.snapshots.put(snapshot)
+
+    async def replicate_snapshot(self, replica: Replica, snapshot: Snapshot) -> None:
+        """Cluster: store ``snapshot`` on every other member of the replica's ISR (``ReplicateSnapshot``
+        on their internal listeners, concurrently, within ``replica_ack_timeout_ms``). Standalone: nothing.
+
+        Raises:
+            BrokerError: ``snapshot_replicate_failed reason= broker=`` when a member refused, failed or did
+                not answer in time (the snapshot is stored here; on that member the outcome is unknown).
+        """
+        node = self.broker.replication
+        if node is None:
+            return
+        request = pb.SnapshotRequest(leader_id=self.broker.broker_id, topic=replica.topic,
+                                     partition=replica.partition, leader_epoch=replica.leader_epoch,
+                                     key=snapshot.key, version=snapshot.version, payload=snapshot.payload)
+        timeout_s = self.broker.config.replica_ack_timeout_ms / 1000.0
+        members = [m for m in replica.isr if m != self.broker.broker_id]
+
+        async def one(member: str) -> str | None:
+            info = self.broker.metadata.state.brokers.get(member)
+            if info is None or not info.internal_address:
+                return f"{member}: no internal address"
+            try:
+                response = await node.client.replicate_snapshot(info.internal_address, request, timeout_s)
+            except InternalRpcError as exc:
+                return f"{member}: {exc.code.name}"
+            return f"{member}: {response.error.code}" if response.error.code else None
+
+        failures = [f for f in await asyncio.gather(*(one(m) for m in members)) if f is not None]
+        if failures:
+            log.warning("%s/%d: snapshot of %s not replicated: %s", replica.topic, replica.partition, snapshot.key,
+                        "; ".join(failures))
+            raise BrokerError.of("snapshot_replicate_failed", topic=replica.topic, partition=replica.partition,
+                                 reason="; ".join(failures)[:300], outcome="unknown")
+
+    async def on_replicated_snapshot(self, request: pb.SnapshotRequest) -> pb.SnapshotResponse:
+        """The follower side of ``ReplicateSnapshot``: store it durably in the local partition's snapshots
+        (refused for an unknown partition or an older leader epoch than this replica knows)."""
+        replica = self.broker.replicas.get((request.topic, request.partition))
+        if replica is None or replica.deleted:
+            return pb.SnapshotResponse(error=pb.Error(code="partition_not_found", message="no local replica"))
+        if request.leader_epoch < replica.leader_epoch:
+            return pb.SnapshotResponse(error=pb.Error(
+                code="STALE_LEADER_EPOCH", message=f"leader epoch {request.leader_epoch} < {replica.leader_epoch}"))
+        try:
+            events = await self._open(replica)
+            await self.save_snapshot(events, Snapshot(request.key, request.version, request.payload))
+        except OSError as exc:
+            log.error("%s/%d: replicated snapshot not stored: %s", request.topic, request.partition, exc)
+            return pb.SnapshotResponse(error=pb.Error(code="snapshot_store_failed", message=type(exc).__name__))
+        return pb.SnapshotResponse()
 
     def visible_snapshot(self, events: PartitionEvents, key: str) -> Snapshot | None:
         """The key's latest snapshot, unless it claims a version above the committed stream."""

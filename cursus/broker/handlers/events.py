@@ -224,12 +224,14 @@ async def handle_save_snapshot(broker: Broker, req: Request, args: SaveSnapshotA
     current = events.index.version(args.key)
     if args.version > current:
         raise BrokerError.of("snapshot_version_exceeds_stream", version=args.version, current=current)
+    snapshot = Snapshot(args.key, args.version, args.message)
     try:
-        await broker.events.save_snapshot(events, Snapshot(args.key, args.version, args.message))
+        await broker.events.save_snapshot(events, snapshot)
     except OSError as exc:
         log.error("snapshot of %s/%d not stored: %s", replica.topic, replica.partition, exc)
         raise BrokerError.of("snapshot_store_failed", topic=defn.name, partition=replica.partition,
                              reason=type(exc).__name__, outcome="unknown") from None
+    await broker.events.replicate_snapshot(replica, snapshot)  # cluster: to every in-sync replica before OK
     return ok_text(version=args.version, partition=replica.partition)
 
 
