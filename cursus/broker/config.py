@@ -192,6 +192,7 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("loop_probe_interval_ms", _I, 100, "ms", "How often the stall probe checks the event loop's lateness (cursus_event_loop_max_stall_seconds).", 1),
     Setting("eventstore_checkpoint_interval_events", _I, 10_000, "events", "Write a partition's stream-index checkpoint after this many newly indexed events (a restart rescans the committed log only from the checkpoint).", 1),
     Setting("eventstore_max_read_events", _I, 100_000, "events", "Most events one READ_STREAM or AGGREGATE_EVENT_RANGE_READ returns.", 1),
+    Setting("eventstore_index_interval_ms", _I, 1000, "ms", "How often every event-sourcing partition (leader or follower) indexes its newly committed events in the background, so a new leader serves at once; 0 indexes only on demand.", 0),
 )
 
 SETTINGS_BY_NAME: Mapping[str, Setting] = {s.name: s for s in SETTINGS}

@@ -274,11 +274,13 @@ class Broker:
             if broker.replication is not None:
                 await broker.replication.start()
             await broker._open_coordinator()
+            broker.events.start()
             if not config.enabled_distribution:
                 broker.not_ready_reasons["transactions"] = "recovering"
                 await broker.transactions.open()
                 broker.not_ready_reasons.pop("transactions", None)
         except BaseException:
+            await broker.events.close()
             await broker.transactions.close()
             if broker.replication is not None:
                 await broker.replication.close()
@@ -519,12 +521,12 @@ class Broker:
         await self.stall_probe.stop()
         if self.replication is not None:  # no fetch is served or sent from here on
             await self.replication.close()
+        await self.events.close()  # index checkpoints (on the offload threads)
         await self.loop.run_in_executor(None, self.offload.close)  # no read in flight when the logs close
         for task in list(self._group_tasks):
             task.cancel()
         await asyncio.gather(*self._group_tasks, return_exceptions=True)
         await self.transactions.close()
-        await self.events.close()
         await self.coordinator.close()
         await self.hwm_committer.close()
         await self.reconciler.close()

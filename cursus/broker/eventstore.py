@@ -214,11 +214,40 @@ class EventStore:
         self.broker = broker
         self._partitions: dict[tuple[str, int], PartitionEvents] = {}
         self._opening: dict[tuple[str, int], asyncio.Future[PartitionEvents]] = {}
+        self._indexer: asyncio.Task[None] | None = None
         #: For a replica, which transactional event records (by offset) are committed and count as events.
         #: Until TXN_APPEND_STREAM lands none do; the transactions engineer installs the real predicate
         #: (committed per the partition's transaction index).
         self.transactional_visible: Callable[[Replica], Callable[[int], bool]] = lambda replica: _never
 
+
+    def start(self) -> None:
+        """Start the background indexer (every ``eventstore_index_interval_ms``; 0: on demand only)."""
+        interval_ms = self.broker.config.eventstore_index_interval_ms
+        if interval_ms > 0 and self._indexer is None:
+            self._indexer = asyncio.get_running_loop().create_task(self._index_forever(interval_ms / 1000.0))
+
+    async def _index_forever(self, interval_s: float) -> None:
+        """Followers index replicated events once committed, leaders keep up between commands: one code
+        path (:meth:`catch_up`) for every role. A failing partition is logged and retried next round."""
+        while True:
+            await asyncio.sleep(interval_s)
+            for (topic, _), replica in list(self.broker.replicas.items()):
+                defn = self.broker.metadata.get(topic)
+                if defn is None or not defn.event_sourcing or replica.deleted or replica.fenced is not None:
+                    continue
+                key = (topic, replica.partition)
+                known = self._partitions.get(key)
+                if known is None and replica.hwm == 0:
+                    continue
+                if known is not None and known.replica is replica and known.index.indexed_offset == replica.hwm:
+                    continue
+                try:
+                    await self.partition(replica)
+                except asyncio.CancelledError:
+                    raise
+                except Exception as exc:  # never kill the indexer; commands report their own errors
+                    log.warning("%s/%d: background indexing failed: %s", topic, replica.partition, exc)
 
     async def partition(self, replica: Replica) -> PartitionEvents:
         """The partition's state, opened (checkpoint and snapshots loaded off the loop) on first use, and
@@ -361,7 +390,11 @@ class EventStore:
         return snap
 
     async def close(self) -> None:
-        """Write every index checkpoint (shutdown)."""
+        """Stop the background indexer and write every index checkpoint (shutdown)."""
+        if self._indexer is not None:
+            self._indexer.cancel()
+            await asyncio.gather(self._indexer, return_exceptions=True)
+            self._indexer = None
         for events in list(self._partitions.values()):
             if not events.closed and events.index.event_count != events.checkpointed_events:
                 async with events.scan_lock:

@@ -13,6 +13,7 @@ import pytest
 from cursus.client.connection import Backoff, Connection
 from cursus.client.errors import CursusError, VersionConflictError
 from cursus.client.events import EventStore
+from cursus.eventstore import StreamIndex
 from cursus.wire import Command, CommandPayload, Status, decode_batch, encode_crq2
 from tests.cluster.clustersupport import Cluster, wait_for, wait_topic_ready
 from tests.cluster.replsupport import leader_proc, read_partition, status, wait_isr
@@ -23,7 +24,8 @@ TOPIC = "es-cluster"
 
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory: pytest.TempPathFactory, pki) -> Cluster:
-    c = Cluster(Path(tmp_path_factory.mktemp("es-cluster")), pki, replica_lag_time_max_ms=4000)
+    c = Cluster(Path(tmp_path_factory.mktemp("es-cluster")), pki, replica_lag_time_max_ms=4000,
+                eventstore_index_interval_ms=100, eventstore_checkpoint_interval_events=1)
     try:
         c.start()
         with Connection(*c.brokers[0].address, timeout_s=10) as conn:
@@ -111,6 +113,14 @@ def test_leader_kill_between_appends_loses_and_duplicates_no_version(cluster: Cl
         agg = store.read(key)
         assert agg.snapshot is not None and agg.snapshot.version == 10
         assert [e.version for e in agg.events] == list(range(11, 21))
+    # followers index committed events in the background (their checkpoints show it)
+    follower = next(b for b in cluster.brokers if b is not old and b is not new)
+
+    def follower_indexed() -> bool:
+        path = follower.log_dir / "topics" / TOPIC / "0" / "eventstore.index"
+        return path.exists() and StreamIndex.decode(path.read_bytes()).version(key) == 20
+
+    wait_for(follower_indexed, 15, "the follower's stream index at version 20")
     old.start(timeout_s=60)
     wait_for(lambda: status(cluster.brokers[0])["inactive_brokers"] == 0, 30, "every broker active")
     wait_isr(cluster, TOPIC, 3, timeout=30)
