@@ -265,3 +265,15 @@ def test_the_documented_order_example_runs(shared_broker: BrokerProcess, topic_n
         '"orders"', repr(topic_name))
     exec(compile(code, "docs/event-sourcing.md", "exec"), {})
     assert "'items': ['book']" in capsys.readouterr().out
+
+
+def test_read_stream_frames_then_a_pipelined_request(conn: Connection, es_topic: str) -> None:
+    """A client may send its next request before reading both READ_STREAM frames (facts B1.4)."""
+    for v in range(1, 301):
+        ok_fields(conn.command(f"APPEND_STREAM topic={es_topic} key=big version={v} message={'z' * 2000}"))
+    read_id = conn.send(Command.READ_STREAM, encode_crq2(CommandPayload((), {"topic": es_topic, "key": "big"})))
+    version_id = conn.send(Command.STREAM_VERSION, encode_crq2(CommandPayload((), {"topic": es_topic, "key": "big"})))
+    envelope = conn.receive(read_id, Command.READ_STREAM)
+    batch = conn.receive(read_id, Command.READ_STREAM)
+    assert json.loads(envelope.payload)["count"] == 300 and len(decode_batch(batch.payload).records) == 300
+    assert ok_fields(conn.receive(version_id, Command.STREAM_VERSION)) == {"version": "300"}

@@ -35,14 +35,13 @@ from cursus.broker.handlers.common import check_topic_access, partition_of
 from cursus.broker.handlers.fetch import read_batch
 from cursus.broker.handlers.produce import _check_min_isr, target_topic, wait_ack
 from cursus.broker.replica import Replica
-from cursus.broker.request import Parts, Request, StreamReply, StreamSink
+from cursus.broker.request import Frames, Request
 from cursus.eventstore import Snapshot, StreamEntry, replay_proof
 from cursus.metadata.topics import TopicDefinition, validate_topic_name
 from cursus.partitioning import partition_for_key
 from cursus.storage import CorruptLogError
 from cursus.wire import (
     Record,
-    Status,
     decode_record,
     encode_batch_header,
     encode_record,
@@ -153,22 +152,6 @@ async def handle_append_stream(broker: Broker, req: Request, args: AppendStreamA
 # ------------------------------------------------------------------------------------------ reads
 
 
-class TwoFrames(StreamReply):
-    """A reply of two frames on the request's id: a JSON envelope, then a CBV2 batch (READ_STREAM,
-    BROWSE_MESSAGES)."""
-
-    def __init__(self, envelope: bytes, batch: Parts) -> None:
-        self.envelope = envelope
-        self.batch = batch
-
-    async def run(self, sink: StreamSink) -> None:
-        await sink.send(Status.OK, self.envelope)
-        await sink.send(Status.OK, self.batch)
-
-    def stop(self, reason: str) -> None:
-        """Two frames end by themselves; shutdown lets them finish."""
-
-
 async def _event_batch(broker: Broker, replica: Replica, entries: list[StreamEntry]) -> tuple[bytes, int]:
     """The stored records of ``entries`` (still retained) as a records section and their count."""
     offsets = [e.offset for e in entries if e.offset >= replica.log_start_offset][
@@ -185,7 +168,7 @@ async def _event_batch(broker: Broker, replica: Replica, entries: list[StreamEnt
                              reason=type(exc).__name__) from None
 
 
-async def handle_read_stream(broker: Broker, req: Request, args: ReadStreamArgs) -> TwoFrames:
+async def handle_read_stream(broker: Broker, req: Request, args: ReadStreamArgs) -> Frames:
     """READ_STREAM: envelope ``{"status","topic","key","partition","count"[,"snapshot"]}`` then the events
     (version >= from_version, or > the snapshot's version when a snapshot at or after from_version exists)."""
     defn = _es_topic(broker, args.topic, req, "read", "READ_STREAM")
@@ -203,7 +186,7 @@ async def handle_read_stream(broker: Broker, req: Request, args: ReadStreamArgs)
     if snapshot is not None:
         envelope["snapshot"] = snapshot.to_json()
     header = encode_batch_header(defn.name, replica.partition, acks="1", record_count=count)
-    return TwoFrames(json_envelope(envelope), [header, records])
+    return Frames((json_envelope(envelope), [header, records]))
 
 
 async def handle_stream_version(broker: Broker, req: Request, args: StreamKeyArgs) -> bytes:
@@ -246,7 +229,7 @@ async def handle_read_snapshot(broker: Broker, req: Request, args: StreamKeyArgs
     return b"OK snapshot=" + json_envelope(snapshot.to_json())
 
 
-async def handle_browse(broker: Broker, req: Request, args: BrowseArgs) -> TwoFrames:
+async def handle_browse(broker: Broker, req: Request, args: BrowseArgs) -> Frames:
     """BROWSE_MESSAGES: ``{"status":"OK","next_offset":N}`` then a CBV2 batch of committed records from
     ``offset`` (default: the log start); any topic (facts B3.6). Commits nothing."""
     defn = broker.topic(args.topic)
@@ -257,7 +240,7 @@ async def handle_browse(broker: Broker, req: Request, args: BrowseArgs) -> TwoFr
     parts, next_offset = await read_batch(broker, replica, defn.name, offset, args.limit,
                                           broker.config.consume_default_max_bytes)
     envelope = json_envelope({"status": "OK", "next_offset": next_offset})
-    return TwoFrames(envelope, parts)
+    return Frames((envelope, parts))
 
 
 # ------------------------------------------------------------------------------------------ replay proofs
