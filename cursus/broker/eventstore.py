@@ -184,23 +184,33 @@ def _append_snapshot(directory: Path, data: bytes) -> None:
 
 
 def read_records(plog: PartitionLog, offsets: list[int], max_bytes: int) -> tuple[bytes, int]:
-    """Blocking: the stored record bytes (records section form) at ``offsets``, in order, up to
-    ``max_bytes`` (at least one); returns (records section, records taken). Offsets no longer retained
-    are skipped."""
+    """Blocking: the stored record bytes (records section form) at ``offsets`` (increasing), in order, up
+    to ``max_bytes`` (at least one); returns (records section, records taken). Runs of consecutive offsets
+    are read with one log read each. Offsets no longer retained are skipped."""
     parts: list[bytes] = []
-    size = 0
-    for offset in offsets:
+    size = taken = 0
+    i = 0
+    while i < len(offsets):
+        j = i + 1
+        while j < len(offsets) and offsets[j] == offsets[j - 1] + 1:
+            j += 1
+        first, count = offsets[i], j - i
+        i = j
         try:
-            result = plog.read(offset, max_offset=offset + 1, max_records=1, max_bytes=1)
+            result = plog.read(first, max_offset=first + count, max_records=count,
+                               max_bytes=max(1, max_bytes - size))
         except OffsetOutOfRange:
             continue
-        if result.record_count != 1:
+        if result.record_count == 0 or (parts and size + len(result.records) > max_bytes):
+            if parts:
+                break
             continue
-        if parts and size + len(result.records) > max_bytes:
-            break
         parts.append(result.records)
         size += len(result.records)
-    return b"".join(parts), len(parts)
+        taken += result.record_count
+        if result.record_count < count:
+            break  # the byte limit cut this run
+    return b"".join(parts), taken
 
 
 def _never(offset: int) -> bool:
