@@ -187,6 +187,10 @@ def read_records(plog: PartitionLog, offsets: list[int], max_bytes: int) -> tupl
     """Blocking: the stored record bytes (records section form) at ``offsets`` (increasing), in order, up
     to ``max_bytes`` (at least one); returns (records section, records taken). Runs of consecutive offsets
     are read with one log read each. Offsets no longer retained are skipped."""
+    if len(offsets) > 1 and offsets[-1] - offsets[0] + 1 <= DENSE_FACTOR * len(offsets):
+        dense = _read_dense(plog, offsets, max_bytes)
+        if dense is not None:
+            return dense
     parts: list[bytes] = []
     size = taken = 0
     i = 0
@@ -211,6 +215,39 @@ def read_records(plog: PartitionLog, offsets: list[int], max_bytes: int) -> tupl
         if result.record_count < count:
             break  # the byte limit cut this run
     return b"".join(parts), taken
+
+
+#: READ_STREAM reads the whole offset span of an aggregate's events at once (and keeps its records) when the
+#: span holds at most this many records per event.
+DENSE_FACTOR = 4
+
+
+def _read_dense(plog: PartitionLog, offsets: list[int], max_bytes: int) -> tuple[bytes, int] | None:
+    """:func:`read_records` for offsets that fill much of their span: one read of the span, filtered.
+    None when the span is no longer wholly retained or does not fit the byte budget (read per run)."""
+    first, last = offsets[0], offsets[-1]
+    span = last - first + 1
+    try:
+        result = plog.read(first, max_offset=last + 1, max_records=span, max_bytes=max_bytes * DENSE_FACTOR)
+    except OffsetOutOfRange:
+        return None
+    if result.first_offset != first or result.record_count != span:
+        return None
+    wanted = set(offsets)
+    parts: list[bytes] = []
+    size = 0
+    view = memoryview(result.records)
+    pos = 0
+    for index in range(span):
+        length = int.from_bytes(view[pos:pos + 4], "big")
+        end = pos + 4 + length
+        if first + index in wanted:
+            if parts and size + end - pos > max_bytes:
+                break
+            parts.append(bytes(view[pos:end]))
+            size += end - pos
+        pos = end
+    return b"".join(parts), len(parts)
 
 
 def _never(offset: int) -> bool:
