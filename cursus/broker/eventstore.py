@@ -85,6 +85,9 @@ class PartitionEvents:
     pending: dict[str, list[PendingAppend]] = field(default_factory=dict)
     #: The replica's leader epoch when the pending appends were made.
     pending_epoch: int = -1
+    #: The LEO when this leader epoch's first append was checked: every event below it is in the log
+    #: from earlier epochs, so the index must cover it before a version check.
+    epoch_base: int = 0
     checkpointed_events: int = 0
     scan_lock: asyncio.Lock = field(default_factory=asyncio.Lock)
     snapshot_lock: asyncio.Lock = field(default_factory=asyncio.Lock)
@@ -104,11 +107,15 @@ class PartitionEvents:
                 return p
         return self.index.find(key, version)
 
-    def reserve(self, key: str, append: PendingAppend, leader_epoch: int) -> None:
+    def start_epoch(self, leader_epoch: int, leo: int) -> None:
+        """This leader's first version check in ``leader_epoch``: earlier epochs' pending appends are moot
+        (committed ones are indexed, the rest were truncated), and the index covers the log below ``leo``."""
+        self.pending.clear()
+        self.pending_epoch = leader_epoch
+        self.epoch_base = leo
+
+    def reserve(self, key: str, append: PendingAppend) -> None:
         """Count ``append`` (just handed to the log) in later version checks."""
-        if leader_epoch != self.pending_epoch:
-            self.pending.clear()
-            self.pending_epoch = leader_epoch
         self.pending.setdefault(key, []).append(append)
 
     def prune_pending(self) -> None:

@@ -15,6 +15,7 @@ typed ERROR frame (facts B3.6).
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import hashlib
 import json
@@ -95,6 +96,42 @@ def _payload_digest(payload: bytes) -> str:
 # ------------------------------------------------------------------------------------------ APPEND_STREAM
 
 
+async def _ready_to_check(broker: Broker, replica: Replica, events: PartitionEvents) -> None:
+    """Return once a version check sees every event below the LEO, with no ``await`` after the last check
+    (the caller checks and appends synchronously): the index covers the log below this leader epoch's
+    first append, and the appends since are pending. A new leader first waits until its earlier epochs'
+    records are committed (the HWM reaches them) and indexes them.
+
+    Raises:
+        BrokerError: ``NOT_LEADER``, ``leader_not_available`` (still preparing, or the earlier records not
+            committed within ``replica_ack_timeout_ms``: nothing written, retry), ``storage_unavailable``.
+    """
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + broker.config.replica_ack_timeout_ms / 1000.0
+    while True:
+        await replica.wait_writable()
+        replica.check_writable()
+        if replica.leader_epoch == events.pending_epoch:
+            target = events.epoch_base
+            if events.index.indexed_offset >= target:
+                return
+        else:
+            target = replica.leo
+            if events.index.indexed_offset >= target:
+                events.start_epoch(replica.leader_epoch, target)
+                return
+        remaining = deadline - loop.time()
+        try:
+            if remaining <= 0:
+                raise TimeoutError
+            if replica.hwm < target:
+                await asyncio.wait_for(asyncio.shield(replica.wait_hwm(target)), remaining)
+        except TimeoutError:
+            raise BrokerError.of("leader_not_available", topic=replica.topic, partition=replica.partition,
+                                 reason="earlier records are not committed and indexed yet") from None
+        await broker.events.catch_up(replica, events)
+
+
 async def handle_append_stream(broker: Broker, req: Request, args: AppendStreamArgs) -> bytes:
     """APPEND_STREAM: ``OK version= offset= partition=`` once the event is committed; ``version_conflict
     current= expected=`` (nothing written) unless ``version`` is current + 1."""
@@ -111,12 +148,8 @@ async def handle_append_stream(broker: Broker, req: Request, args: AppendStreamA
             raise BrokerError.of("invalid_seq_num", command="APPEND_STREAM", value=args.seq_num)
         event_id, digest = args.event_id, _payload_digest(payload)
     events = await _events(broker, replica)
-    await replica.wait_writable()
+    await _ready_to_check(broker, replica, events)
     # ---- from here to replica.append: no await (the version check must see every earlier append) ----
-    replica.check_writable()
-    if replica.leader_epoch != events.pending_epoch:
-        events.pending.clear()
-        events.pending_epoch = replica.leader_epoch
     current = events.current_version(args.key)
     if defn.aggregate_replay and args.version <= current:
         same = events.find(args.key, args.version)
@@ -142,7 +175,7 @@ async def handle_append_stream(broker: Broker, req: Request, args: AppendStreamA
     offset = replica.leo
     isr = replica.isr
     replica.append(memoryview(buf), 1)
-    events.reserve(args.key, PendingAppend(args.version, offset, event_id, digest), replica.leader_epoch)
+    events.reserve(args.key, PendingAppend(args.version, offset, event_id, digest))
     # ---- appended: the outcome is unknown until committed, and the version stays reserved meanwhile ----
     broker.metrics.topic_in(replica.topic, 1, len(buf))
     await wait_ack(broker, replica, "all", offset + 1, isr)
