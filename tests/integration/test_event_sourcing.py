@@ -277,3 +277,27 @@ def test_read_stream_frames_then_a_pipelined_request(conn: Connection, es_topic:
     batch = conn.receive(read_id, Command.READ_STREAM)
     assert json.loads(envelope.payload)["count"] == 300 and len(decode_batch(batch.payload).records) == 300
     assert ok_fields(conn.receive(version_id, Command.STREAM_VERSION)) == {"version": "300"}
+
+
+def test_cursusctl_events_and_browse(shared_broker: BrokerProcess, es_topic: str) -> None:
+    from tests.integration.test_cursusctl import ctl
+
+    t = es_topic
+    appended = ctl(shared_broker, "--json", "events", "append", t, "o1", '{"a":1}', "--version", "1", "--type",
+                   "Created")
+    assert appended.returncode == 0, appended.stderr
+    assert json.loads(appended.stdout)["version"] == 1
+    conflict = ctl(shared_broker, "events", "append", t, "o1", "x", "--version", "1")
+    assert conflict.returncode == 1 and "version_conflict" in conflict.stderr
+    ctl(shared_broker, "events", "append", t, "o1", "second", "--version", "2")
+    assert json.loads(ctl(shared_broker, "--json", "events", "version", t, "o1").stdout)["version"] == 2
+    saved = ctl(shared_broker, "--json", "events", "snapshot", t, "o1", "--save", "state", "--version", "1")
+    assert json.loads(saved.stdout) == {"key": "o1", "version": 1, "payload": "state"}
+    read = json.loads(ctl(shared_broker, "--json", "events", "read", t, "o1").stdout)
+    assert read["snapshot"] == {"version": 1, "payload": "state"} and [e["payload"] for e in read["events"]] == [
+        "second"]
+    partition = read["partition"]
+    browsed = json.loads(ctl(shared_broker, "--json", "browse", t, "--partition", str(partition)).stdout)
+    assert [r["version"] for r in browsed["records"]] == [1, 2] and browsed["next_offset"] == 2
+    plain = ctl(shared_broker, "browse", t, "--partition", str(partition))
+    assert plain.returncode == 0 and "next_offset=2" in plain.stdout
