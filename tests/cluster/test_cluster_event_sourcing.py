@@ -135,3 +135,56 @@ def test_leader_kill_between_appends_loses_and_duplicates_no_version(cluster: Cl
         wait_for(version_on_old, 15, "the old leader serves version 20")
         text = conn.command(f"READ_SNAPSHOT topic={TOPIC} key={key}").payload.decode()
         assert json.loads(text.removeprefix("OK snapshot="))["version"] == 10
+
+
+def test_appends_in_flight_across_a_leader_kill(cluster: Cluster) -> None:
+    """A writer appends continuously while the leader is killed: the committed log holds every version
+    once, in order, and every acknowledged append with its own payload."""
+    import threading
+
+    key = "live"
+    acked: dict[int, str] = {}
+    stop = threading.Event()
+    errors: list[str] = []
+
+    def writer() -> None:
+        version, attempt = 1, 0
+        while not stop.is_set():
+            attempt += 1
+            payload = f"v{version}-a{attempt}"
+            try:
+                with EventStore(addresses(cluster), TOPIC, timeout_s=3, backoff=Backoff(attempts_max=2)) as store:
+                    while not stop.is_set():
+                        try:
+                            store.append(key, payload, expected_version=version)
+                            acked[version] = payload
+                        except VersionConflictError as exc:
+                            if exc.current is None or exc.current < version - 1:
+                                errors.append(f"version {version}: {exc}")
+                                return
+                            # an earlier attempt of this version (unknown outcome) was committed
+                        version += 1
+                        attempt += 1
+                        payload = f"v{version}-a{attempt}"
+            except CursusError:
+                time.sleep(0.1)  # unknown outcome or no leader: the next attempt decides by the version
+
+    thread = threading.Thread(target=writer, daemon=True)
+    thread.start()
+    wait_for(lambda: len(acked) >= 10, 20, "ten acknowledged appends")
+    old = leader_proc(cluster, TOPIC)
+    old.kill()
+    before = len(acked)
+    wait_for(lambda: len(acked) >= before + 10, 40, "ten more appends on the new leader")
+    stop.set()
+    thread.join(timeout=30)
+    assert not errors, errors
+    logged = [(r.aggregate_version, bytes(r.payload).decode()) for r in read_partition(cluster, TOPIC)
+              if r.key == key]
+    versions = [v for v, _ in logged]
+    assert versions == list(range(1, len(versions) + 1)), "a version lost or duplicated"
+    stored = dict(logged)
+    for version, payload in acked.items():
+        assert stored[version] == payload, (version, payload, stored.get(version))
+    old.start(timeout_s=60)
+    wait_isr(cluster, TOPIC, 3, timeout=30)
