@@ -93,7 +93,7 @@ class PartitionEvents:
     snapshot_lock: asyncio.Lock = field(default_factory=asyncio.Lock)
     closed: bool = False
     #: The replica this state belongs to (a deleted and recreated topic has a new one: reopened).
-    replica: object = None
+    replica: Replica | None = None
 
     def current_version(self, key: str) -> int:
         """Committed version plus this leader's appends in flight (what the next append must exceed)."""
@@ -286,6 +286,10 @@ class EventStore:
         path (:meth:`catch_up`) for every role. A failing partition is logged and retried next round."""
         while True:
             await asyncio.sleep(interval_s)
+            for key, state in list(self._partitions.items()):  # a deleted topic's state goes with it
+                if state.replica is not None and state.replica.deleted:
+                    state.closed = True
+                    del self._partitions[key]
             for (topic, _), replica in list(self.broker.replicas.items()):
                 defn = self.broker.metadata.get(topic)
                 if defn is None or not defn.event_sourcing or replica.deleted or replica.fenced is not None:

@@ -14,6 +14,7 @@ from cursus.eventstore import Snapshot, StreamEntry, StreamIndex, encode_snapsho
 from cursus.partitioning import partition_for_key
 from cursus.wire import Command, CommandPayload, Status, decode_batch, encode_crq2
 from tests.brokerproc import BrokerProcess
+from tests.cluster.clustersupport import wait_for
 from tests.integration.conftest import connect
 from tests.integration.helpers import create_topic, error_of, ok_fields
 
@@ -164,3 +165,33 @@ def test_torn_snapshot_tail_keeps_earlier_snapshots(broker_factory: Callable[...
     text = conn.command(f"READ_SNAPSHOT topic={TOPIC} key=s").payload.decode()
     assert json.loads(text.removeprefix("OK snapshot=")) == {"version": 3, "payload": "state-3b"}
     conn.close()
+
+
+def test_replay_proof_reports_a_retention_gap(broker_factory: Callable[..., BrokerProcess]) -> None:
+    broker = broker_factory(settings={"log_segment_bytes": 4096, "log_retention_check_interval_ms": 100}).start()
+    conn = connect(broker)
+    create_topic(conn, "replay", 1, event_sourcing="true", aggregate_replay="true", idempotent="true",
+                 retention_bytes="1")
+    for v in range(1, 41):
+        ok_fields(conn.command(f"APPEND_STREAM topic=replay key=m version={v} event_id=e{v} producerId=p "
+                               f"seqNum={v} message={'x' * 400}"))
+
+    def gap() -> bool:
+        frame = conn.command("AGGREGATE_REPLAY_PROOF topic=replay match_id=m")
+        return frame.status == Status.ERROR and error_of(frame).code == "aggregate_proof_retention_gap"
+
+    wait_for(gap, 15, "retention removed the first events")
+    proof = json.loads(error_of(conn.command("AGGREGATE_REPLAY_PROOF topic=replay match_id=m")).fields["proof"])
+    assert proof["first_sequence"] > 1 and proof["last_sequence"] == 40 and proof["log_start_offset"] > 0
+    # READ_STREAM serves what is retained; the version is still the committed one
+    version, events = replay_topic(conn, "replay", "m")
+    assert version == 40 and [e[0] for e in events] == list(range(proof["first_sequence"], 41))
+    conn.close()
+
+
+def replay_topic(conn: Connection, topic: str, key: str) -> tuple[int, list[tuple[int, int, bytes]]]:
+    version = int(ok_fields(conn.command(f"STREAM_VERSION topic={topic} key={key}"))["version"])
+    request_id = conn.send(Command.READ_STREAM, encode_crq2(CommandPayload((), {"topic": topic, "key": key})))
+    conn.receive(request_id, Command.READ_STREAM)
+    records = decode_batch(conn.receive(request_id, Command.READ_STREAM).payload).records
+    return version, [(r.aggregate_version or 0, r.offset, bytes(r.payload)) for r in records]
