@@ -301,3 +301,15 @@ def test_cursusctl_events_and_browse(shared_broker: BrokerProcess, es_topic: str
     assert [r["version"] for r in browsed["records"]] == [1, 2] and browsed["next_offset"] == 2
     plain = ctl(shared_broker, "browse", t, "--partition", str(partition))
     assert plain.returncode == 0 and "next_offset=2" in plain.stdout
+
+
+def test_a_deleted_and_recreated_topic_starts_empty(conn: Connection, topic_name: str) -> None:
+    create_topic(conn, topic_name, 1, event_sourcing="true")
+    ok_fields(conn.command(f"APPEND_STREAM topic={topic_name} key=k version=1 message=old"))
+    ok_fields(conn.command(f"SAVE_SNAPSHOT topic={topic_name} key=k version=1 message=old-state"))
+    ok_fields(conn.command(f"DELETE topic={topic_name}"))
+    assert error_of(conn.command(f"STREAM_VERSION topic={topic_name} key=k")).code == "topic_not_found"
+    create_topic(conn, topic_name, 1, event_sourcing="true")
+    assert ok_fields(conn.command(f"STREAM_VERSION topic={topic_name} key=k")) == {"version": "0"}
+    assert conn.command(f"READ_SNAPSHOT topic={topic_name} key=k").payload == b"OK snapshot=null"
+    assert ok_fields(conn.command(f"APPEND_STREAM topic={topic_name} key=k version=1 message=new"))["offset"] == "0"
