@@ -163,7 +163,7 @@ async def handle_append_stream(broker: Broker, req: Request, args: AppendStreamA
     _check_min_isr(broker, defn, replica, "all")
     record = Record(
         topic=defn.name, partition=replica.partition, payload=payload, timestamp=now_ms(), key=args.key,
-        event_type=args.event_type or None, schema_version=args.schema_version,
+        event_type=args.event_type or None, schema_version=args.schema_version or None,
         aggregate_version=args.version, metadata=args.metadata or None, event_id=event_id,
         payload_digest=digest,
     )
