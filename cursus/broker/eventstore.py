@@ -274,7 +274,6 @@ class EventStore:
         #: (committed per the partition's transaction index).
         self.transactional_visible: Callable[[Replica], Callable[[int], bool]] = lambda replica: _never
 
-
     def start(self) -> None:
         """Start the background indexer (every ``eventstore_index_interval_ms``; 0: on demand only)."""
         interval_ms = self.broker.config.eventstore_index_interval_ms
