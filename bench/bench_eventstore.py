@@ -7,7 +7,9 @@
    log with another aggregate's): the whole stream (no snapshot) and with a snapshot at version 990 (10
    events after it); median ms of 20 reads.
 3. ``eventstore_index_rebuild``: the sans-IO stream index fed 1,000,000 events over 10,000 aggregates (what
-   a restart without checkpoint does after decoding the log), and the checkpoint's encode and decode.
+   a restart without checkpoint does after reading the log), and the checkpoint's encode and decode.
+4. ``eventstore_log_scan``: the rebuild's log side, the index scan (:func:`cursus.broker.eventstore._scan`)
+   over a real partition log of ``CURSUS_BENCH_SCAN_EVENTS`` (default 200,000) event records.
 """
 
 from __future__ import annotations
@@ -26,6 +28,7 @@ from cursus.wire import Command, CommandPayload, Status, encode_crq2
 
 APPENDS = int(os.environ.get("CURSUS_BENCH_APPENDS", "2000"))
 REBUILD_EVENTS = int(os.environ.get("CURSUS_BENCH_INDEX_EVENTS", "1000000"))
+SCAN_EVENTS = int(os.environ.get("CURSUS_BENCH_SCAN_EVENTS", "200000"))
 
 
 def _pct(values: list[float], q: float) -> float:
@@ -129,8 +132,35 @@ def _bench_rebuild() -> dict:
             "checkpoint_decode_s": round(decode_s, 3)}
 
 
+def _bench_log_scan() -> dict:
+    from cursus.broker.eventstore import _never, _scan
+    from cursus.storage import LogConfig, PartitionLog
+    from cursus.wire import Record, encode_record
+
+    with tempfile.TemporaryDirectory() as tmp:
+        log = PartitionLog.open(Path(tmp), LogConfig(segment_bytes=64 << 20), clean_shutdown=False)
+        try:
+            batch: list[bytes] = []
+            for i in range(SCAN_EVENTS):
+                record = encode_record(Record(topic="es", partition=0, payload=b"x" * 100, offset=i, timestamp=1,
+                                              key=f"aggregate-{i % 1000}", event_type="E", schema_version=1,
+                                              aggregate_version=i // 1000 + 1))
+                batch.append(len(record).to_bytes(4, "big") + record)
+                if len(batch) == 1000:
+                    log.append_chunk(i - 999, 1000, b"".join(batch))
+                    batch = []
+            log.flush()
+            started = time.perf_counter()
+            found, _ = _scan(log, 0, log.log_end_offset, _never)
+            elapsed = time.perf_counter() - started
+        finally:
+            log.close()
+    return {"bench": "eventstore_log_scan", "events": len(found), "scan_s": round(elapsed, 3),
+            "events_per_s": round(len(found) / elapsed)}
+
+
 def run() -> list[dict]:
-    return _bench_broker() + [_bench_rebuild()]
+    return _bench_broker() + [_bench_rebuild(), _bench_log_scan()]
 
 
 if __name__ == "__main__":

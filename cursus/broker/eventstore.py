@@ -28,6 +28,7 @@ import contextlib
 import functools
 import logging
 import os
+import struct
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -42,11 +43,11 @@ from cursus.eventstore import (
     decode_snapshot_log,
     encode_snapshot_record,
 )
+from cursus.eventstore.peek import peek_event
 from cursus.internal.client import InternalRpcError
 from cursus.internal.v1 import replication_pb2 as pb
 from cursus.storage import OffsetOutOfRange, PartitionLog
 from cursus.storage.atomic import atomic_write, fsync_dir
-from cursus.wire import decode_record, iter_record_slices
 from cursus.wire.errors import BrokerError
 
 if TYPE_CHECKING:
@@ -60,6 +61,7 @@ SNAPSHOT_FILE = "eventstore.snapshots"
 #: Records read per scan step while the index catches up.
 SCAN_RECORDS = 4096
 SCAN_BYTES = 4 * 1024 * 1024
+_U32 = struct.Struct(">I")
 
 
 @dataclass(slots=True)
@@ -158,23 +160,26 @@ def _load(directory: Path) -> tuple[StreamIndex, SnapshotStore]:
 def _scan(plog: PartitionLog, start: int, end: int,
           visible: Callable[[int], bool]) -> tuple[list[tuple[str, StreamEntry]], int]:
     """Blocking: the event records of ``plog`` in ``[start, end)`` as (key, entry), and the offset the
-    scan reached. An event record carries a key and an aggregate version; transactional and control
-    records are skipped (``visible`` decides for TXN_APPEND_STREAM records once that lands)."""
+    scan reached. An event record carries a key and an aggregate version (:func:`peek_event`);
+    transactional and control records are skipped (``visible`` decides for TXN_APPEND_STREAM records once
+    that lands)."""
     found: list[tuple[str, StreamEntry]] = []
     offset = start
     while offset < end:
         result = plog.read(offset, max_offset=end, max_records=SCAN_RECORDS, max_bytes=SCAN_BYTES)
         if result.record_count == 0:
             break
-        position = result.first_offset
-        for raw in iter_record_slices(result.records, result.record_count):
-            record = decode_record(raw)
-            position = record.offset
-            if (record.key is not None and record.aggregate_version is not None and record.control_type is None
-                    and (record.transactional_id is None or visible(record.offset))):
-                found.append((record.key, StreamEntry(record.aggregate_version, record.offset, record.event_id,
-                                                      record.payload_digest)))
-        offset = max(result.next_offset, position + 1)
+        records = result.records
+        pos = 0
+        for _ in range(result.record_count):
+            length = _U32.unpack_from(records, pos)[0]
+            fields = peek_event(records, pos + 4, pos + 4 + length)
+            pos += 4 + length
+            if fields is None or fields.control or (fields.transactional and not visible(fields.offset)):
+                continue
+            found.append((fields.key, StreamEntry(fields.aggregate_version, fields.offset, fields.event_id,
+                                                  fields.payload_digest)))
+        offset = result.next_offset
     return found, offset
 
 
