@@ -190,8 +190,9 @@ class InternalClient:
         """
         stub = pb_grpc.ReplicationStub(self.channel(address))
         try:
+            # wait_for_ready: a channel still connecting (or reconnecting) is waited for within the deadline
             response: pb.SnapshotResponse = await stub.ReplicateSnapshot(request, metadata=self._metadata,
-                                                                         timeout=timeout_s)
+                                                                         timeout=timeout_s, wait_for_ready=True)
         except grpc.aio.AioRpcError as exc:
             raise InternalRpcError.of(exc) from None
         return response

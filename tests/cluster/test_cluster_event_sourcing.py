@@ -188,3 +188,24 @@ def test_appends_in_flight_across_a_leader_kill(cluster: Cluster) -> None:
         assert stored[version] == payload, (version, payload, stored.get(version))
     old.start(timeout_s=60)
     wait_isr(cluster, TOPIC, 3, timeout=30)
+
+
+def test_save_snapshot_fails_when_an_in_sync_replica_cannot_store_it(cluster: Cluster) -> None:
+    wait_isr(cluster, TOPIC, 3, timeout=30)
+    leader = leader_proc(cluster, TOPIC)
+    follower = next(b for b in cluster.brokers if b is not leader)
+    with EventStore(addresses(cluster), TOPIC) as store:
+        store.append("paused", "e1", expected_version=1)
+    follower.pause()  # still in the ISR for replica_lag_time_max_ms: the snapshot must reach it
+    try:
+        with Connection(*leader.address, timeout_s=20) as conn:
+            err = error_of(conn.command(f"SAVE_SNAPSHOT topic={TOPIC} key=paused version=1 message=s1"))
+        assert err.code == "snapshot_replicate_failed" and err.fields["outcome"] == "unknown", err.render()
+        assert follower.log_dir.name in err.fields["reason"], err.render()
+    finally:
+        follower.resume()
+    wait_isr(cluster, TOPIC, 3, timeout=30)
+    with EventStore(addresses(cluster), TOPIC) as store:  # a retry once the ISR is healthy succeeds
+        store.save_snapshot("paused", 1, "s1")
+        snapshot = store.read_snapshot("paused")
+        assert snapshot is not None and snapshot.payload == "s1"
