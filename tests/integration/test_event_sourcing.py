@@ -99,6 +99,10 @@ def test_bad_arguments_get_typed_errors_and_the_connection_stays(conn: Connectio
     for text, code in cases.items():
         err = error_of(conn.command(text))
         assert err.code == code, (text, err.render())
+    ok_fields(conn.command(f"APPEND_STREAM topic={t} key=big-snap version=1 message=x"))
+    too_big = conn.call(Command.SAVE_SNAPSHOT, {"topic": t, "key": "big-snap", "version": "1",
+                                                "message": "s" * (2 * 1024 * 1024)})
+    assert error_of(too_big).code == "message_too_large"
     version_conflict = error_of(conn.command(f"APPEND_STREAM topic={t} key=k version=2 message=x"))
     assert version_conflict.fields["current"] == "0" and version_conflict.fields["expected"] == "2"
     snap = error_of(conn.command(f"SAVE_SNAPSHOT topic={t} key=k version=3 message=s"))

@@ -38,6 +38,7 @@ from cursus.broker.handlers.produce import _check_min_isr, target_topic, wait_ac
 from cursus.broker.replica import Replica
 from cursus.broker.request import Frames, Request
 from cursus.eventstore import Snapshot, StreamEntry, replay_proof
+from cursus.eventstore.snapshots import MAX_SNAPSHOT_RECORD_BYTES, encode_snapshot_record
 from cursus.metadata.topics import TopicDefinition, validate_topic_name
 from cursus.partitioning import partition_for_key
 from cursus.storage import CorruptLogError
@@ -241,6 +242,9 @@ async def handle_save_snapshot(broker: Broker, req: Request, args: SaveSnapshotA
     if args.version > current:
         raise BrokerError.of("snapshot_version_exceeds_stream", version=args.version, current=current)
     snapshot = Snapshot(args.key, args.version, args.message)
+    size = len(encode_snapshot_record(snapshot))
+    if size > min(broker.config.max_message_bytes, MAX_SNAPSHOT_RECORD_BYTES):
+        raise BrokerError.of("message_too_large", size=size, limit=broker.config.max_message_bytes)
     try:
         await broker.events.save_snapshot(events, snapshot)
     except OSError as exc:
