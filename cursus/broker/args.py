@@ -15,7 +15,7 @@ from typing import Any
 from cursus.coordinator.groups import validate_group_name, validate_member_id
 from cursus.metadata.topics import TopicSpec, min_isr_value, topic_name, validate_topic_name
 from cursus.params import Args, param, params_of
-from cursus.parsing import I32_MAX, U64_MAX
+from cursus.parsing import I32_MAX, U64_MAX, parse_int
 from cursus.wire import Command
 from cursus.wire.errors import BrokerError
 
@@ -340,6 +340,104 @@ class ElectLeaderArgs(Args):
     broker: str = param(required=True, doc="the target broker id")
 
 
+# -------------------------------------------------------------------------------------------- event store
+
+U32_MAX = (1 << 32) - 1
+
+
+def from_version(raw: str, command: str) -> int:
+    """`invalid_from_version` unless an integer >= 1"""
+
+    value = parse_int(raw, minimum=1, maximum=U64_MAX)
+    if value is None:
+        raise BrokerError.of("invalid_from_version", command=command, value=raw)
+    return value
+
+
+@dataclass(frozen=True)
+class AppendStreamArgs(Args):
+    """APPEND_STREAM topic= key= version= [event_type=] [schema_version=] [metadata=] [event_id=]
+    [producerId= seqNum= epoch=] message= (spec "APPEND_STREAM"; camelCase aliases, facts decision 8)."""
+
+    topic: str = param(kind="custom", convert=topic_name, required=True)
+    key: str = param(required=True)
+    version: int = param(kind="int", required=True, minimum=1, maximum=U64_MAX,
+                         aliases=("expectedVersion", "expected_version"),
+                         doc="the version the new event takes: current + 1")
+    event_type: str = param(aliases=("eventType",), default="", empty_ok=True)
+    schema_version: int = param(kind="int", aliases=("schemaVersion",), default=1, minimum=0, maximum=U32_MAX,
+                                invalid="invalid_schema_version")
+    metadata: str = param(default="", empty_ok=True, doc="arbitrary JSON metadata")
+    event_id: str = param(aliases=("eventId",), default="", doc="aggregate replay topics: required")
+    producer_id: str = param("producerId", aliases=("producer_id",), default="")
+    seq_num: int = param("seqNum", aliases=("seq_num",), kind="int", default=0, minimum=0, maximum=U64_MAX,
+                         invalid="invalid_seq_num")
+    epoch: int = param(kind="int", default=0, invalid="invalid_epoch")
+    message: str = param(required=True, empty_ok=True, missing="missing_message")
+
+
+@dataclass(frozen=True)
+class ReadStreamArgs(Args):
+    """READ_STREAM topic= key= [from_version=] (two frames: JSON envelope, CBV2 batch)."""
+
+    topic: str = param(kind="custom", convert=topic_name, required=True)
+    key: str = param(required=True)
+    from_version: int = param(kind="custom", convert=from_version, default=1, aliases=("fromVersion",),
+                              doc="default 1; a usable snapshot advances the events to its version + 1")
+
+
+@dataclass(frozen=True)
+class StreamKeyArgs(Args):
+    """STREAM_VERSION / READ_SNAPSHOT topic= key=."""
+
+    topic: str = param(kind="custom", convert=topic_name, required=True)
+    key: str = param(required=True)
+
+
+@dataclass(frozen=True)
+class SaveSnapshotArgs(Args):
+    """SAVE_SNAPSHOT topic= key= version= message= (version at most the stream's current version)."""
+
+    topic: str = param(kind="custom", convert=topic_name, required=True)
+    key: str = param(required=True)
+    version: int = param(kind="int", required=True, minimum=1, maximum=U64_MAX)
+    message: str = param(required=True, empty_ok=True, missing="missing_message")
+
+
+@dataclass(frozen=True)
+class BrowseArgs(Args):
+    """BROWSE_MESSAGES topic= [partition=] [offset=] [limit=] (cursusctl browse; committed records)."""
+
+    topic: str = param(kind="custom", convert=read_topic_name, required=True)
+    partition: int = param(kind="int", default=0, minimum=0, maximum=I32_MAX, invalid="invalid_partition")
+    offset: int | None = param(kind="int", minimum=0, invalid="invalid_offset", doc="default: the log start")
+    limit: int = param(kind="int", default=100, minimum=1, maximum=10_000, aliases=("batch", "max_records"),
+                       invalid="invalid_limit")
+
+
+@dataclass(frozen=True)
+class ReplayProofArgs(Args):
+    """AGGREGATE_REPLAY_PROOF topic= match_id= [partition=] [expected_last_sequence=]."""
+
+    topic: str = param(kind="custom", convert=topic_name, required=True)
+    match_id: str = param(aliases=("key", "matchId"), required=True)
+    partition: int | None = param(kind="int", minimum=0, maximum=I32_MAX, invalid="invalid_partition",
+                                  doc="default: the match id's partition")
+    expected_last_sequence: int | None = param(kind="int", minimum=1, maximum=U64_MAX)
+
+
+@dataclass(frozen=True)
+class RangeReadArgs(Args):
+    """AGGREGATE_EVENT_RANGE_READ topic= match_id= from_sequence= to_sequence= [max_records=]."""
+
+    topic: str = param(kind="custom", convert=topic_name, required=True)
+    match_id: str = param(aliases=("key", "matchId"), required=True)
+    from_sequence: int = param(kind="int", required=True, minimum=1, maximum=U64_MAX)
+    to_sequence: int = param(kind="int", required=True, minimum=1, maximum=U64_MAX)
+    max_records: int = param(kind="int", default=1000, minimum=1, maximum=100_000)
+    partition: int | None = param(kind="int", minimum=0, maximum=I32_MAX, invalid="invalid_partition")
+
+
 ARGS: Mapping[Command, type[Args]] = {
     Command.AUTH: AuthArgs,
     Command.EXIT: NoArgs,
@@ -373,6 +471,14 @@ ARGS: Mapping[Command, type[Args]] = {
     Command.SEND_OFFSETS_TO_TXN: SendOffsetsArgs,
     Command.END_TXN: EndTxnArgs,
     Command.TXN_STATUS: InitProducerIdArgs,
+    Command.APPEND_STREAM: AppendStreamArgs,
+    Command.READ_STREAM: ReadStreamArgs,
+    Command.STREAM_VERSION: StreamKeyArgs,
+    Command.SAVE_SNAPSHOT: SaveSnapshotArgs,
+    Command.READ_SNAPSHOT: StreamKeyArgs,
+    Command.BROWSE_MESSAGES: BrowseArgs,
+    Command.AGGREGATE_REPLAY_PROOF: ReplayProofArgs,
+    Command.AGGREGATE_EVENT_RANGE_READ: RangeReadArgs,
 }
 
 

@@ -207,6 +207,9 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("log_min_cleanable_dirty_ratio", _parse_float, 0.5, "ratio", "Clean a compacted partition once this share of its cleanable bytes (closed segments below the HWM and LSO) was never cleaned; 0 cleans at every check.", 0),
     Setting("log_cleaner_delete_retention_ms", _I, 86_400_000, "ms", "A tombstone (keyed record with an empty value) survives cleaning this long after its append, so lagging consumers see the delete.", 0),
     Setting("log_cleaner_io_max_bytes_per_second", _I, 64 * MIB, "bytes/s", "Log cleaner read plus write rate limit; 0 is unlimited.", 0),
+    Setting("eventstore_checkpoint_interval_events", _I, 10_000, "events", "Write a partition's stream-index checkpoint after this many newly indexed events (a restart rescans the committed log only from the checkpoint).", 1),
+    Setting("eventstore_max_read_events", _I, 100_000, "events", "Most events one READ_STREAM or AGGREGATE_EVENT_RANGE_READ returns.", 1),
+    Setting("eventstore_index_interval_ms", _I, 1000, "ms", "How often every event-sourcing partition (leader or follower) indexes its newly committed events in the background, so a new leader serves at once; 0 indexes only on demand.", 0),
 )
 
 SETTINGS_BY_NAME: Mapping[str, Setting] = {s.name: s for s in SETTINGS}

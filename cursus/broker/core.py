@@ -22,6 +22,7 @@ from typing import Any
 from cursus.broker import group_log
 from cursus.broker.cleaning import LogCleanerService
 from cursus.broker.config import BrokerConfig
+from cursus.broker.eventstore import EventStore
 from cursus.broker.fdlimit import check_partition_headroom
 from cursus.broker.metrics import BrokerMetrics
 from cursus.broker.offload import Offload, StallProbe
@@ -180,6 +181,8 @@ class Broker:
             self.metadata.subscribe(self._groups_follow_ownership)
         #: Transactions (standalone): coordinator state, journal, per-partition transaction indexes.
         self.transactions = TransactionCoordinator(self)
+        #: Event sourcing: per-partition stream indexes and snapshot stores (cursus.broker.eventstore).
+        self.events = EventStore(self)
         #: Active STREAM requests; each has ``stop(reason)`` (see cursus.broker.handlers.stream).
         self.streams: set[Any] = set()
         #: Is the client connection ``host:port`` still open? The server installs its answer; until then
@@ -200,6 +203,7 @@ class Broker:
         self.replication: ReplicationNode | None = self._replication()
         if self.replication is not None:
             self.metadata.subscribe(self.replication.on_metadata)
+            self.replication.server.snapshot_handler = self.events.on_replicated_snapshot
 
     def _report_coordinator(self, reason: str | None) -> None:
         """The coordinator's readiness gates ``/ready`` only during startup: a coordinator that moves here
@@ -274,11 +278,13 @@ class Broker:
             if broker.replication is not None:
                 await broker.replication.start()
             await broker._open_coordinator()
+            broker.events.start()
             if not config.enabled_distribution:
                 broker.not_ready_reasons["transactions"] = "recovering"
                 await broker.transactions.open()
                 broker.not_ready_reasons.pop("transactions", None)
         except BaseException:
+            await broker.events.close()
             await broker.transactions.close()
             if broker.replication is not None:
                 await broker.replication.close()
@@ -519,6 +525,7 @@ class Broker:
         await self.stall_probe.stop()
         if self.replication is not None:  # no fetch is served or sent from here on
             await self.replication.close()
+        await self.events.close()  # index checkpoints (on the offload threads)
         await self.loop.run_in_executor(None, self.offload.close)  # no read in flight when the logs close
         await self.loop.run_in_executor(None, self.cleaner.close)  # no pass in flight when the logs close
         for task in list(self._group_tasks):

@@ -141,6 +141,15 @@ class StreamReply:
         raise NotImplementedError
 
 
+@dataclass(frozen=True, slots=True)
+class Frames:
+    """A handler's answer of several frames on the request's id, written in order as Stream frames
+    (kind 5), status OK, before the next request is read (READ_STREAM and BROWSE_MESSAGES: a JSON envelope,
+    then a CBV2 batch; facts decision 6)."""
+
+    payloads: tuple[bytes | Parts, ...]
+
+
 #: What a handler answers (see :mod:`cursus.broker.session` for how each is written).
-Answer = Reply | NoReply | bytes | Parts | StreamReply
+Answer = Reply | NoReply | bytes | Parts | StreamReply | Frames
 Handler = Callable[["Broker", Request], Awaitable[Answer]]

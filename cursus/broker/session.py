@@ -18,7 +18,7 @@ from cursus.broker.core import Broker
 from cursus.broker.handlers import HANDLERS
 from cursus.broker.offload import Offload
 from cursus.broker.ratelog import RateLimitedLog
-from cursus.broker.request import NoReply, Parts, Reply, Request, SessionInfo, StreamReply
+from cursus.broker.request import Frames, NoReply, Parts, Reply, Request, SessionInfo, StreamReply
 from cursus.wire import (
     HEADER_SIZE,
     INTERNAL_COMMANDS,
@@ -167,7 +167,7 @@ class Session:
         self._stream: StreamReply | None = None
         #: Bytes read while watching a STREAM's or long poll's socket that belong to the next request.
         self._pending = b""
-        self._long_poll: asyncio.Future[tuple[Status, bytes | Parts | StreamReply | NoReply | None, bool]] | None = None
+        self._long_poll: asyncio.Future[tuple[Status, bytes | Parts | StreamReply | NoReply | Frames | None, bool]] | None = None
 
     @property
     def closing(self) -> bool:
@@ -280,6 +280,12 @@ class Session:
                     payload.release(after=written)
                 if isinstance(body, StreamReply):
                     stream, body = body, None
+                if isinstance(body, Frames):
+                    for part in body.payloads:
+                        await self._write_reply(await _encode_off_loop(
+                            self.broker.offload, Kind.STREAM, header.command, status, header.request_id, part,
+                            self.compression))
+                    body = None
                 if body is not None:
                     await self._write_reply(await _encode_off_loop(
                         self.broker.offload, Kind.RESPONSE, header.command, status, header.request_id, body,
@@ -339,7 +345,7 @@ class Session:
                 self.budget.release(reserved)
 
     async def _dispatch_watching(self, header: FrameHeader,
-                                 payload: bytes) -> tuple[Status, bytes | Parts | StreamReply | NoReply | None, bool]:
+                                 payload: bytes) -> tuple[Status, bytes | Parts | StreamReply | NoReply | Frames | None, bool]:
         """Run :meth:`_dispatch`; for long polls also watch the socket so a client that disconnects
         mid-poll frees its session at once (the poll is read-only, so cancelling it is safe)."""
         if header.command not in WATCHED_COMMANDS:
@@ -424,7 +430,7 @@ class Session:
             raise _CloseConnection()
 
     async def _dispatch(self, header: FrameHeader,
-                        payload: bytes) -> tuple[Status, bytes | Parts | StreamReply | NoReply | None, bool]:
+                        payload: bytes) -> tuple[Status, bytes | Parts | StreamReply | NoReply | Frames | None, bool]:
         """Decode and run one request; returns (status, reply payload (bytes or parts), a StreamReply, or a
         NoReply to suppress, close after)."""
         command = header.command

@@ -78,10 +78,12 @@ from cursus.client.records import ConsumerRecord, RecordMetadata, decode_consume
 from cursus.client.signals import sigterm_exits
 from cursus.wire import (
     Command,
+    CommandPayload,
     CommandTextError,
     Frame,
     ProtocolError,
     Status,
+    decode_batch,
     encode_crq2,
     is_cbv2,
     parse_command_text,
@@ -337,6 +339,7 @@ def build_parser() -> argparse.ArgumentParser:
     cluster_status = commands.add_parser("cluster-status", parents=[common],
                                          help="brokers, Raft leader, partitions; exit 1 when unhealthy")
     cluster_status.add_argument("--unhealthy", action="store_true", help="list only unhealthy partitions")
+    _event_parsers(commands, common)
     return parser
 
 
@@ -1182,8 +1185,109 @@ def cmd_cluster_status(args: argparse.Namespace, options: ConnectionOptions, out
     return EXIT_OK if healthy else EXIT_FAILURE
 
 
+def _event_parsers(commands: Any, common: argparse.ArgumentParser) -> None:
+    """``events append|read|version|snapshot`` and ``browse TOPIC`` (docs/event-sourcing.md)."""
+    events = commands.add_parser("events", help="event-sourcing streams: append, read, version, snapshot")
+    actions = events.add_subparsers(dest="events_command", required=True, metavar="ACTION")
+    append = actions.add_parser("append", parents=[common], help="append one event (optimistic version)")
+    append.add_argument("topic")
+    append.add_argument("key")
+    append.add_argument("payload")
+    append.add_argument("--version", type=_positive, required=True, help="the version the event takes")
+    append.add_argument("--type", default="", dest="event_type", help="event type (e.g. OrderCreated)")
+    append.add_argument("--schema-version", type=_non_negative, default=1)
+    append.add_argument("--metadata", default="", help="JSON metadata")
+    append.add_argument("--event-id", default=None, help="event id (aggregate replay topics)")
+    read = actions.add_parser("read", parents=[common], help="snapshot and events of an aggregate")
+    read.add_argument("topic")
+    read.add_argument("key")
+    read.add_argument("--from-version", type=_positive, default=1)
+    version = actions.add_parser("version", parents=[common], help="the aggregate's current version")
+    version.add_argument("topic")
+    version.add_argument("key")
+    snapshot = actions.add_parser("snapshot", parents=[common],
+                                  help="read the latest snapshot, or save one with --save STATE --version N")
+    snapshot.add_argument("topic")
+    snapshot.add_argument("key")
+    snapshot.add_argument("--save", default=None, metavar="STATE")
+    snapshot.add_argument("--version", type=_positive, default=None)
+    browse = commands.add_parser("browse", parents=[common], help="committed records of a partition (BROWSE_MESSAGES)")
+    browse.add_argument("topic")
+    browse.add_argument("--partition", type=_non_negative, default=0)
+    browse.add_argument("--offset", type=_non_negative, default=None)
+    browse.add_argument("--limit", type=_positive, default=100)
+
+
+def cmd_events(args: argparse.Namespace, options: ConnectionOptions, out: Output) -> int:
+    """``events append|read|version|snapshot``."""
+    from cursus.client.events import EventStore
+
+    with EventStore(args.broker, args.topic, options=options) as store:
+        action = args.events_command
+        if action == "append":
+            result = store.append(args.key, args.payload, expected_version=args.version, event_type=args.event_type,
+                                  schema_version=args.schema_version, metadata=args.metadata or None,
+                                  event_id=args.event_id, producer_id="cursusctl" if args.event_id else None,
+                                  seq_num=int(time.time() * 1000) if args.event_id else None)
+            doc: dict[str, Any] = {"version": result.version, "offset": result.offset, "partition": result.partition}
+            out.json(doc) if out.json_mode else out.fields(f"append {args.key}", doc)
+        elif action == "read":
+            agg = store.read(args.key, args.from_version)
+            snap = {"version": agg.snapshot.version, "payload": agg.snapshot.payload} if agg.snapshot else None
+            events = [{"version": e.version, "offset": e.offset, "event_type": e.event_type,
+                       "schema_version": e.schema_version, "metadata": e.metadata,
+                       "payload": e.payload.decode("utf-8", "replace")} for e in agg.events]
+            if out.json_mode:
+                out.json({"key": args.key, "partition": agg.partition, "snapshot": snap, "events": events})
+            else:
+                if snap is not None:
+                    out.line(f"snapshot version={snap['version']} payload={snap['payload']}")
+                out.table(f"events {args.key}", ["version", "offset", "event_type", "payload"],
+                          [[e["version"], e["offset"], e["event_type"], e["payload"]] for e in events])
+        elif action == "version":
+            doc = {"key": args.key, "version": store.version(args.key)}
+            out.json(doc) if out.json_mode else out.fields(f"version {args.key}", doc)
+        else:
+            if args.save is not None:
+                if args.version is None:
+                    raise UsageError("snapshot --save needs --version")
+                store.save_snapshot(args.key, args.version, args.save)
+            found = store.read_snapshot(args.key)
+            doc = {"key": args.key, "version": found.version if found else None,
+                   "payload": found.payload if found else None}
+            out.json(doc) if out.json_mode else out.fields(f"snapshot {args.key}", doc)
+    return EXIT_OK
+
+
+def cmd_browse(args: argparse.Namespace, options: ConnectionOptions, out: Output) -> int:
+    """``browse TOPIC``: BROWSE_MESSAGES (two frames: next_offset, then a CBV2 batch); commits nothing."""
+    fields = {"topic": args.topic, "partition": str(args.partition), "limit": str(args.limit)}
+    if args.offset is not None:
+        fields["offset"] = str(args.offset)
+    with Client(args.broker, options) as client:
+        conn = client.connection()
+        request_id = conn.send(Command.BROWSE_MESSAGES, encode_crq2(CommandPayload((), fields)))
+        first = conn.receive(request_id, Command.BROWSE_MESSAGES)
+        if first.status == Status.ERROR:
+            raise error_from_frame(first)
+        envelope = json.loads(first.payload)
+        batch = conn.receive(request_id, Command.BROWSE_MESSAGES)
+    records = decode_batch(batch.payload).records if batch.payload else []
+    rows = [{"offset": r.offset, "key": r.key, "event_type": r.event_type, "version": r.aggregate_version,
+             "payload": bytes(r.payload).decode("utf-8", "replace")} for r in records]
+    if out.json_mode:
+        out.json({"topic": args.topic, "partition": args.partition, "next_offset": envelope.get("next_offset"),
+                  "records": rows})
+    else:
+        out.table(f"browse {args.topic}/{args.partition}", ["offset", "key", "event_type", "version", "payload"],
+                  [[r["offset"], r["key"], r["event_type"], r["version"], r["payload"]] for r in rows])
+        out.line(f"next_offset={envelope.get('next_offset')}")
+    return EXIT_OK
+
+
 _HANDLERS = {"cluster-status": cmd_cluster_status, "topic": cmd_topic, "produce": cmd_produce, "consume": cmd_consume, "group": cmd_group,
-             "offsets": cmd_offsets, "metadata": cmd_metadata, "raw": cmd_raw, "certs": cmd_certs, "txn": cmd_txn}
+             "offsets": cmd_offsets, "metadata": cmd_metadata, "raw": cmd_raw, "certs": cmd_certs, "txn": cmd_txn,
+             "events": cmd_events, "browse": cmd_browse}
 
 
 def main(argv: Sequence[str] | None = None) -> int:

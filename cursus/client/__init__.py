@@ -76,8 +76,10 @@ from cursus.client.errors import (
     TopicNotFoundError,
     UnsupportedFeatureError,
     ValidationError,
+    VersionConflictError,
     error_from_frame,
 )
+from cursus.client.events import AsyncEventStore, EventStore
 from cursus.client.group import AsyncGroupConsumer, GroupConsumer, GroupMembership
 from cursus.client.producer import AsyncProducer, Producer
 from cursus.client.records import ConsumerRecord, RecordMetadata
@@ -91,6 +93,7 @@ __all__ = [
     "AsyncClient",
     "AsyncConnection",
     "AsyncConsumer",
+    "AsyncEventStore",
     "AsyncGroupConsumer",
     "AsyncProducer",
     "AsyncTransactionalProducer",
@@ -98,6 +101,7 @@ __all__ = [
     "AuthorizationError",
     "AvailabilityError",
     "Backoff",
+    "EventStore",
     "BrokerUnavailableError",
     "BufferFullError",
     "Client",
@@ -139,6 +143,7 @@ __all__ = [
     "TransactionalProducer",
     "UnsupportedFeatureError",
     "ValidationError",
+    "VersionConflictError",
     "error_from_frame",
     "make_ssl_context",
     "parse_address",

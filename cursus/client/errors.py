@@ -29,6 +29,7 @@ from typing import Any, ClassVar
 from cursus.wire import ErrorClass, Frame, ProtocolError, Status, TypedError, classify, decode_error
 
 __all__ = [
+    "VersionConflictError",
     "AuthenticationError",
     "AuthorizationError",
     "AvailabilityError",
@@ -228,6 +229,26 @@ class SequenceError(ConflictError):
     numbers. Terminal for the producer instance: records may have been lost between sessions."""
 
 
+class VersionConflictError(ConflictError):
+    """``version_conflict current= expected=``: an event-store append's expected version is not the
+    aggregate's current version + 1 (optimistic concurrency); nothing was written. ``current`` and
+    ``expected`` are ints (None when the broker omitted them)."""
+
+    def _int(self, key: str) -> int | None:
+        try:
+            return int(self.fields[key])
+        except (KeyError, ValueError):
+            return None
+
+    @property
+    def current(self) -> int | None:
+        return self._int("current")
+
+    @property
+    def expected(self) -> int | None:
+        return self._int("expected")
+
+
 class TopicNotFoundError(NotFoundError):
     """``topic_not_found``: the topic does not exist (create it first)."""
 
@@ -351,6 +372,7 @@ _BY_CODE: dict[str, type[CursusError]] = {
     "topic_not_found": TopicNotFoundError,
     "TOPIC_NOT_FOUND": TopicNotFoundError,
     "UNSUPPORTED_FEATURE": UnsupportedFeatureError,
+    "version_conflict": VersionConflictError,
     "authentication_required": AuthenticationError,
     "AUTHENTICATION_REQUIRED": AuthenticationError,
     "authentication_failed": AuthenticationError,

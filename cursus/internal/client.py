@@ -181,6 +181,22 @@ class InternalClient:
         stub = pb_grpc.ReplicationStub(self.channel(address))
         return FetchStream(stub.Fetch(metadata=self._metadata))
 
+    async def replicate_snapshot(self, address: str, request: pb.SnapshotRequest,
+                                 timeout_s: float) -> pb.SnapshotResponse:
+        """One ``Replication.ReplicateSnapshot`` call to the internal listener at ``address``.
+
+        Raises:
+            InternalRpcError: the peer is down, refused the call or did not answer within ``timeout_s``.
+        """
+        stub = pb_grpc.ReplicationStub(self.channel(address))
+        try:
+            # wait_for_ready: a channel still connecting (or reconnecting) is waited for within the deadline
+            response: pb.SnapshotResponse = await stub.ReplicateSnapshot(request, metadata=self._metadata,
+                                                                         timeout=timeout_s, wait_for_ready=True)
+        except grpc.aio.AioRpcError as exc:
+            raise InternalRpcError.of(exc) from None
+        return response
+
     async def forget(self, address: str) -> None:
         """Close and drop the channel to ``address`` (a peer that left the cluster)."""
         channel = self._channels.pop(address, None)

@@ -1,4 +1,5 @@
-"""The internal listener: a ``grpc.aio`` server for broker-to-broker calls (``Replication.Fetch``).
+"""The internal listener: a ``grpc.aio`` server for broker-to-broker calls (``Replication.Fetch``, and
+``Replication.ReplicateSnapshot`` for the event store).
 
 Every call is authenticated before the handler sees a single request (``docs/cluster.md, "The internal listener"``):
 
@@ -23,7 +24,7 @@ import asyncio
 import collections
 import logging
 import time
-from collections.abc import AsyncIterator, Collection
+from collections.abc import AsyncIterator, Awaitable, Callable, Collection
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -133,6 +134,32 @@ class _Servicer(pb_grpc.ReplicationServicer):
             await context.abort(grpc.StatusCode.INTERNAL, "fetch handler failed (see the leader's log)")
 
 
+    async def ReplicateSnapshot(self, request: pb.SnapshotRequest,  # the generated method name
+                                context: grpc.aio.ServicerContext) -> pb.SnapshotResponse:
+        """One event-store snapshot from a partition leader (authenticated like Fetch; ``leader_id`` is
+        checked as Fetch checks ``follower_id``)."""
+        server = self._server
+        refusal = server.authenticate(context)
+        if refusal is None:
+            refusal = server.check_follower(request.leader_id, server.identity_of(context), context)
+        if refusal is not None:
+            await server.refuse(context, *refusal)
+            return pb.SnapshotResponse()
+        handler = server.snapshot_handler
+        if handler is None:
+            return pb.SnapshotResponse(error=pb.Error(code="UNSUPPORTED_FEATURE", message="no event store"))
+        try:
+            return await handler(request)
+        except Exception:  # a handler bug must not leak details to the peer, nor crash the server
+            log.exception("internal listener: snapshot handler failed for leader %s", request.leader_id)
+            await context.abort(grpc.StatusCode.INTERNAL, "snapshot handler failed (see the follower's log)")
+            raise
+
+
+#: Stores a replicated event-store snapshot on this broker (the broker's event store installs it).
+SnapshotHandler = Callable[[pb.SnapshotRequest], Awaitable[pb.SnapshotResponse]]
+
+
 class InternalServer:
     """The internal gRPC listener of one broker.
 
@@ -175,6 +202,8 @@ class InternalServer:
         self.bound_port = 0
         self._server: grpc.aio.Server | None = None
         self._warned: dict[str, float] = {}
+        #: ``ReplicateSnapshot`` calls go here once the broker installs it (None: answered UNSUPPORTED_FEATURE).
+        self.snapshot_handler: SnapshotHandler | None = None
 
     def stats(self) -> dict[str, Any]:
         """A snapshot for metrics/status: ``refusals`` (reason -> count, every reason present),

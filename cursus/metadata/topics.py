@@ -81,6 +81,8 @@ class TopicDefinition:
     event_sourcing: bool = False
     policy: TopicPolicy = field(default_factory=TopicPolicy)
     min_in_sync_replicas: int | None = None
+    #: Retained aggregate replay (spec "Aggregate replay proof"); needs event_sourcing and idempotent.
+    aggregate_replay: bool = False
 
     def effective_min_isr(self, broker_default: int) -> int:
         return self.min_in_sync_replicas if self.min_in_sync_replicas is not None else broker_default
@@ -106,6 +108,8 @@ class TopicDefinition:
         }
         if self.min_in_sync_replicas is not None:
             entry["min_in_sync_replicas"] = self.min_in_sync_replicas
+        if self.aggregate_replay:
+            entry["aggregate_replay"] = True
         return entry
 
     @classmethod
@@ -113,7 +117,7 @@ class TopicDefinition:
         """Strictly parse one manifest entry; unknown or missing fields raise ValueError."""
         required = {"name", "revision", "partitions", "replication_factor", "lifecycle_epoch", "idempotent",
                     "event_sourcing", "policy"}
-        allowed = required | {"min_in_sync_replicas"}
+        allowed = required | {"min_in_sync_replicas", "aggregate_replay"}
         if not isinstance(entry, Mapping) or set(entry) - allowed or required - set(entry):
             raise ValueError(f"bad manifest topic entry fields: {sorted(entry) if isinstance(entry, Mapping) else entry!r}")
         pol = entry["policy"]
@@ -146,6 +150,7 @@ class TopicDefinition:
                 retention_bytes=pol["retention_bytes"],
             ),
             min_in_sync_replicas=min_isr,
+            aggregate_replay=entry.get("aggregate_replay") is True,
         )
 
 
@@ -234,6 +239,9 @@ class TopicSpec(Args):
     write_acl: tuple[str, ...] | None = param(kind="csv", empty_ok=True, doc="principals (empty clears)")
     min_in_sync_replicas: int | str | None = param(empty_ok=True, kind="custom", convert=min_isr_value,
                                                    doc="N (at most the stored replication factor) or default")
+    aggregate_replay: bool | None = param(
+        empty_ok=True, kind="bool", invalid="invalid_topic_policy",
+        doc="immutable; needs event_sourcing=true idempotent=true")
 
     def to_fields(self) -> dict[str, str]:
         """The canonical CRQ2 fields of this spec (present values only); parses back to an equal spec."""
@@ -286,6 +294,7 @@ def apply_create(
     if isinstance(min_isr, int):
         check_min_isr(min_isr, stored_rf)
 
+    _check_event_sourcing_policy(current, spec)
     # Compaction (spec "ALTER_TOPIC_CONFIG"): an event-sourcing topic needs its whole history, so neither a new
     # nor an existing one may be compacted (a restated event_sourcing=false cannot bypass this).
     cleanup = spec.cleanup_policy if spec.cleanup_policy is not None else (
@@ -315,6 +324,7 @@ def apply_create(
             event_sourcing=bool(spec.event_sourcing),
             policy=policy,
             min_in_sync_replicas=min_isr if isinstance(min_isr, int) else None,
+            aggregate_replay=bool(spec.aggregate_replay),
         )
 
     if spec.partitions is not None and spec.partitions < current.partitions:
@@ -355,6 +365,28 @@ def apply_create(
     return dataclasses.replace(patched, revision=current.revision + 1)
 
 
+def _check_event_sourcing_policy(current: TopicDefinition | None, spec: TopicSpec) -> None:
+    """Aggregate-replay rules of CREATE (spec "Event Sourcing Commands", "Aggregate replay proof"; the
+    compaction refusal of event-sourcing topics is in :func:`apply_create`): ``aggregate_replay`` needs
+    ``event_sourcing=true idempotent=true``, is immutable, and its partition count never changes (keys
+    must keep their partition).
+
+    Raises:
+        BrokerError: ``invalid_topic_policy``.
+    """
+    if current is None:
+        if spec.aggregate_replay and not (spec.event_sourcing and spec.idempotent):
+            raise BrokerError.of("invalid_topic_policy", field="aggregate_replay",
+                                 reason="aggregate_replay needs event_sourcing=true idempotent=true")
+        return
+    if spec.aggregate_replay is not None and spec.aggregate_replay != current.aggregate_replay:
+        raise BrokerError.of("invalid_topic_policy", field="aggregate_replay",
+                             value=str(spec.aggregate_replay).lower(), reason="immutable after creation")
+    if current.aggregate_replay and spec.partitions is not None and spec.partitions != current.partitions:
+        raise BrokerError.of("invalid_topic_policy", field="partitions", value=spec.partitions,
+                             reason="aggregate replay topics keep their partition count")
+
+
 def check_min_isr(value: int, replication_factor: int) -> int:
     """A min-ISR override must lie in ``1..replication_factor`` (the topic's *stored* replication factor).
 
@@ -387,7 +419,7 @@ def definition_fields(defn: TopicDefinition, broker_min_isr: int) -> list[tuple[
         ("min_in_sync_replicas",
          defn.min_in_sync_replicas if defn.min_in_sync_replicas is not None else "default"),
         ("effective_min_in_sync_replicas", defn.effective_min_isr(broker_min_isr)),
-    ]
+    ] + ([("aggregate_replay", True)] if defn.aggregate_replay else [])
 
 
 # -------------------------------------------------------------------------------------------- manifest

@@ -13,7 +13,18 @@ from collections.abc import Awaitable, Callable, Mapping
 from typing import Any
 
 from cursus.broker.args import ARGS
-from cursus.broker.handlers import admin, cluster, fetch, groups, produce, session_cmds, stream, topics, txn
+from cursus.broker.handlers import (
+    admin,
+    cluster,
+    events,
+    fetch,
+    groups,
+    produce,
+    session_cmds,
+    stream,
+    topics,
+    txn,
+)
 from cursus.broker.handlers.access import guarded
 from cursus.broker.request import Answer, Handler, Request
 from cursus.params import Args, parse_args
@@ -66,6 +77,14 @@ _TYPED: Mapping[Command, TypedHandler] = {
     Command.SEND_OFFSETS_TO_TXN: txn.handle_send_offsets,
     Command.END_TXN: txn.handle_end_txn,
     Command.TXN_STATUS: txn.handle_txn_status,
+    Command.APPEND_STREAM: events.handle_append_stream,
+    Command.READ_STREAM: events.handle_read_stream,
+    Command.STREAM_VERSION: events.handle_stream_version,
+    Command.SAVE_SNAPSHOT: events.handle_save_snapshot,
+    Command.READ_SNAPSHOT: events.handle_read_snapshot,
+    Command.BROWSE_MESSAGES: events.handle_browse,
+    Command.AGGREGATE_REPLAY_PROOF: events.handle_replay_proof,
+    Command.AGGREGATE_EVENT_RANGE_READ: events.handle_range_read,
 }
 
 _UNGUARDED: Mapping[Command, Handler] = {

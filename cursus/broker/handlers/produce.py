@@ -78,6 +78,9 @@ def target_topic(broker: Broker, topic: str, req: Request, command: str = "PUBLI
     if is_internal_topic(name):
         raise BrokerError.of("internal_topic_write_forbidden", topic=name)
     check_topic_access(defn, "write", req.session)
+    if defn.aggregate_replay and command in ("PUBLISH", "TXN_PUBLISH"):
+        raise BrokerError.of("invalid_topic_policy", topic=name, field="aggregate_replay", command=command,
+                             reason="aggregate replay topics take APPEND_STREAM only")
     return defn
 
 

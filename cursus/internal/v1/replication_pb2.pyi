@@ -88,3 +88,27 @@ class Error(_message.Message):
     message: str
     fields: _containers.ScalarMap[str, str]
     def __init__(self, code: _Optional[str] = ..., message: _Optional[str] = ..., fields: _Optional[_Mapping[str, str]] = ...) -> None: ...
+
+class SnapshotRequest(_message.Message):
+    __slots__ = ("leader_id", "topic", "partition", "leader_epoch", "key", "version", "payload")
+    LEADER_ID_FIELD_NUMBER: _ClassVar[int]
+    TOPIC_FIELD_NUMBER: _ClassVar[int]
+    PARTITION_FIELD_NUMBER: _ClassVar[int]
+    LEADER_EPOCH_FIELD_NUMBER: _ClassVar[int]
+    KEY_FIELD_NUMBER: _ClassVar[int]
+    VERSION_FIELD_NUMBER: _ClassVar[int]
+    PAYLOAD_FIELD_NUMBER: _ClassVar[int]
+    leader_id: str
+    topic: str
+    partition: int
+    leader_epoch: int
+    key: str
+    version: int
+    payload: str
+    def __init__(self, leader_id: _Optional[str] = ..., topic: _Optional[str] = ..., partition: _Optional[int] = ..., leader_epoch: _Optional[int] = ..., key: _Optional[str] = ..., version: _Optional[int] = ..., payload: _Optional[str] = ...) -> None: ...
+
+class SnapshotResponse(_message.Message):
+    __slots__ = ("error",)
+    ERROR_FIELD_NUMBER: _ClassVar[int]
+    error: Error
+    def __init__(self, error: _Optional[_Union[Error, _Mapping]] = ...) -> None: ...

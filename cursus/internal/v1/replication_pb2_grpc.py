@@ -39,6 +39,11 @@ class ReplicationStub:
                 request_serializer=cursus_dot_internal_dot_v1_dot_replication__pb2.FetchRequest.SerializeToString,
                 response_deserializer=cursus_dot_internal_dot_v1_dot_replication__pb2.FetchResponse.FromString,
                 _registered_method=True)
+        self.ReplicateSnapshot = channel.unary_unary(
+                '/cursus.internal.v1.Replication/ReplicateSnapshot',
+                request_serializer=cursus_dot_internal_dot_v1_dot_replication__pb2.SnapshotRequest.SerializeToString,
+                response_deserializer=cursus_dot_internal_dot_v1_dot_replication__pb2.SnapshotResponse.FromString,
+                _registered_method=True)
 
 
 class ReplicationServicer:
@@ -51,6 +56,14 @@ class ReplicationServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def ReplicateSnapshot(self, request, context):
+        """Event sourcing: a partition leader stores one aggregate snapshot on an in-sync follower; SAVE_SNAPSHOT
+        answers OK once every in-sync replica stored it (spec "SAVE_SNAPSHOT", REPLICATE_SNAPSHOT).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_ReplicationServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -58,6 +71,11 @@ def add_ReplicationServicer_to_server(servicer, server):
                     servicer.Fetch,
                     request_deserializer=cursus_dot_internal_dot_v1_dot_replication__pb2.FetchRequest.FromString,
                     response_serializer=cursus_dot_internal_dot_v1_dot_replication__pb2.FetchResponse.SerializeToString,
+            ),
+            'ReplicateSnapshot': grpc.unary_unary_rpc_method_handler(
+                    servicer.ReplicateSnapshot,
+                    request_deserializer=cursus_dot_internal_dot_v1_dot_replication__pb2.SnapshotRequest.FromString,
+                    response_serializer=cursus_dot_internal_dot_v1_dot_replication__pb2.SnapshotResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -87,6 +105,33 @@ class Replication:
             '/cursus.internal.v1.Replication/Fetch',
             cursus_dot_internal_dot_v1_dot_replication__pb2.FetchRequest.SerializeToString,
             cursus_dot_internal_dot_v1_dot_replication__pb2.FetchResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ReplicateSnapshot(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/cursus.internal.v1.Replication/ReplicateSnapshot',
+            cursus_dot_internal_dot_v1_dot_replication__pb2.SnapshotRequest.SerializeToString,
+            cursus_dot_internal_dot_v1_dot_replication__pb2.SnapshotResponse.FromString,
             options,
             channel_credentials,
             insecure,
