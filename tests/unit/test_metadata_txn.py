@@ -1,0 +1,117 @@
+"""Transaction state in the cluster metadata: the TxnSync command (codec, apply rules: shard ownership and
+epoch fencing), shard epochs bumped in the same command that moves an owner, and snapshot v3 (round trip;
+v2 states are read with no transaction state)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from cursus.cluster.fsm import MetadataFSM
+from cursus.metadata.apply import apply
+from cursus.metadata.commands import BrokerHeartbeat, FenceBroker, TxnSync, decode, encode
+from cursus.metadata.snapshot import decode_state, encode_state
+from cursus.metadata.state import BrokerInfo, MetadataState, transaction_shard
+from cursus.transactions.state import TxnEntry
+from cursus.wire.errors import BrokerError
+
+BROKERS = ("a", "b", "c")
+SHARDS = 4
+
+
+def _cluster(*brokers: str) -> MetadataState:
+    state = MetadataState(cluster=True)
+    for b in brokers:
+        state, _ = apply(state, BrokerHeartbeat(f"hb-{b}", BrokerInfo(b, f"{b}:9000"), SHARDS))
+    return state
+
+
+def _sync(state: MetadataState, tid: str = "t1", *, origin: str | None = None, epoch: int | None = None,
+          entry: TxnEntry | None = None, rid: str = "r", touched: tuple[tuple[str, int], ...] = ()) -> TxnSync:
+    shard = transaction_shard(tid, SHARDS)
+    owner = state.txn_shards[shard]
+    entry = entry or TxnEntry(tid, str(SHARDS + shard), 1)
+    return TxnSync(rid, origin or owner.owner or "", shard, owner.epoch if epoch is None else epoch, (entry,),
+                   2, touched)
+
+
+def _code(state: MetadataState, command: TxnSync) -> str:
+    with pytest.raises(BrokerError) as info:
+        apply(state, command)
+    return info.value.error.code
+
+
+def test_codec_round_trip_and_strict() -> None:
+    state = _cluster(*BROKERS)
+    command = _sync(state, touched=(("out", 1),))
+    assert decode(encode(command)) == command
+    doc = json.loads(encode(command))
+    doc["entries"][0]["state"] = "bogus"
+    with pytest.raises(ValueError):
+        decode(json.dumps(doc).encode())
+    doc = json.loads(encode(command))
+    del doc["touched"]
+    with pytest.raises(ValueError):
+        decode(json.dumps(doc).encode())
+
+
+def test_only_the_shard_owner_at_its_epoch_may_persist() -> None:
+    state = _cluster(*BROKERS)
+    shard = transaction_shard("t1", SHARDS)
+    owner = state.txn_shards[shard].owner
+    other = next(b for b in BROKERS if b != owner)
+    assert _code(state, _sync(state, origin=other)) == "NOT_COORDINATOR"
+    assert _code(state, _sync(state, epoch=state.txn_shards[shard].epoch + 1)) == "NOT_COORDINATOR"
+    new, result = apply(state, _sync(state, touched=(("out", 0),)))
+    assert result.changed and new.revision == state.revision + 1 and "r" not in new.applied
+    assert new.txn_entry("t1") == TxnEntry("t1", str(SHARDS + shard), 1)
+    assert new.txn[shard].next_producer_id == 2 and ("out", 0) in new.txn_touched
+    assert _code(MetadataState(), _sync(state)) == "invalid_cluster_request"  # standalone
+
+
+def test_an_owner_change_bumps_the_epoch_and_fences_the_previous_owner() -> None:
+    state = _cluster(*BROKERS)
+    shard = transaction_shard("t1", SHARDS)
+    old = state.txn_shards[shard]
+    stale = _sync(state)
+    fenced, _ = apply(state, FenceBroker("f", old.owner or ""))
+    now = fenced.txn_shards[shard]
+    assert now.owner != old.owner and now.epoch == old.epoch + 1
+    assert _code(fenced, stale) == "NOT_COORDINATOR"
+    moved, _ = apply(fenced, _sync(fenced))
+    assert moved.txn_entry("t1") is not None
+
+
+def test_ids_of_another_shard_and_epochs_moving_back_are_refused() -> None:
+    state = _cluster(*BROKERS)
+    other = next(f"x{i}" for i in range(100) if transaction_shard(f"x{i}", SHARDS) != transaction_shard("t1", SHARDS))
+    bad = _sync(state, entry=TxnEntry(other, "9", 1))
+    assert _code(state, bad) == "invalid_cluster_request"
+    state, _ = apply(state, _sync(state, entry=TxnEntry("t1", "7", 3)))
+    assert _code(state, _sync(state, entry=TxnEntry("t1", "7", 2))) == "invalid_cluster_request"
+    assert _code(state, _sync(state, entry=TxnEntry("t1", "8", 4))) == "invalid_cluster_request"
+
+
+def test_snapshot_v3_round_trip_and_v2_has_no_transactions() -> None:
+    state = _cluster(*BROKERS)
+    state, _ = apply(state, _sync(state, touched=(("out", 0), ("out", 1))))
+    raw = encode_state(state)
+    doc = json.loads(raw)
+    assert doc["v"] == 3
+    restored = decode_state(raw)
+    assert restored.txn == state.txn and restored.txn_touched == state.txn_touched and encode_state(restored) == raw
+    fsm = MetadataFSM(MetadataState(cluster=True))
+    fsm.restore(raw)
+    assert fsm.state.txn_entry("t1") == state.txn_entry("t1")
+    doc["v"] = 2  # written before cluster transactions existed: read with none
+    del doc["txn"], doc["txn_touched"]
+    old = decode_state(json.dumps(doc).encode())
+    assert old.txn == {} and old.txn_touched == frozenset() and old.txn_shards == state.txn_shards
+    doc["v"] = 3  # a v3 state must carry them
+    with pytest.raises(ValueError):
+        decode_state(json.dumps(doc).encode())
+    doc = json.loads(raw)
+    doc["txn"][0][3][0]["epoch"] = 0
+    with pytest.raises(ValueError):
+        decode_state(json.dumps(doc).encode())
