@@ -181,6 +181,21 @@ class InternalClient:
         stub = pb_grpc.ReplicationStub(self.channel(address))
         return FetchStream(stub.Fetch(metadata=self._metadata))
 
+    async def append_txn_record(self, address: str, request: pb.TxnRecordRequest,
+                                timeout_s: float) -> pb.TxnRecordResponse:
+        """One ``Replication.AppendTxnRecord`` call to the internal listener at ``address``.
+
+        Raises:
+            InternalRpcError: the peer is down, refused the call, or did not answer within ``timeout_s``.
+        """
+        stub = pb_grpc.ReplicationStub(self.channel(address))
+        try:
+            response: pb.TxnRecordResponse = await stub.AppendTxnRecord(request, metadata=self._metadata,
+                                                                         timeout=timeout_s)
+        except grpc.aio.AioRpcError as exc:
+            raise InternalRpcError.of(exc) from None
+        return response
+
     async def forget(self, address: str) -> None:
         """Close and drop the channel to ``address`` (a peer that left the cluster)."""
         channel = self._channels.pop(address, None)

@@ -1,4 +1,5 @@
-"""The internal listener: a ``grpc.aio`` server for broker-to-broker calls (``Replication.Fetch``).
+"""The internal listener: a ``grpc.aio`` server for broker-to-broker calls (``Replication.Fetch``, and
+``Replication.AppendTxnRecord``: a transaction coordinator writes a record to a partition this broker leads).
 
 Every call is authenticated before the handler sees a single request (``docs/cluster.md, "The internal listener"``):
 
@@ -23,7 +24,7 @@ import asyncio
 import collections
 import logging
 import time
-from collections.abc import AsyncIterator, Collection
+from collections.abc import AsyncIterator, Awaitable, Callable, Collection
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -63,6 +64,10 @@ def _bind_target(host: str, port: int) -> str:
 
 def _read_tls(files: TLSFiles) -> tuple[bytes, bytes, bytes]:
     return Path(files.key).read_bytes(), Path(files.cert).read_bytes(), Path(files.ca).read_bytes()
+
+
+#: ``handler(coordinator_id, request) -> response``: the partition-leader side of AppendTxnRecord.
+TxnRecordHandler = Callable[[str, pb.TxnRecordRequest], Awaitable[pb.TxnRecordResponse]]
 
 
 class _Refused(Exception):
@@ -133,6 +138,28 @@ class _Servicer(pb_grpc.ReplicationServicer):
             await context.abort(grpc.StatusCode.INTERNAL, "fetch handler failed (see the leader's log)")
 
 
+    async def AppendTxnRecord(self, request: pb.TxnRecordRequest,  # the generated method name
+                              context: grpc.aio.ServicerContext) -> pb.TxnRecordResponse:
+        server = self._server
+        refusal = server.authenticate(context) or server.check_follower(
+            request.coordinator_id, server.identity_of(context), context)
+        if refusal is not None:
+            await server.refuse(context, *refusal)
+            return pb.TxnRecordResponse()
+        handler = server.txn_handler
+        if handler is None:
+            return pb.TxnRecordResponse(error=pb.Error(code="transaction_manager_not_available",
+                                                       message="no transaction participant here"))
+        try:
+            return await handler(request.coordinator_id, request)
+        except asyncio.CancelledError:
+            raise
+        except Exception:  # a handler bug must not leak details to the peer, nor crash the server
+            log.exception("internal listener: AppendTxnRecord failed for %s", request.coordinator_id)
+            await context.abort(grpc.StatusCode.INTERNAL, "txn record handler failed (see the leader's log)")
+            return pb.TxnRecordResponse()
+
+
 class InternalServer:
     """The internal gRPC listener of one broker.
 
@@ -174,6 +201,9 @@ class InternalServer:
         self.active_streams = 0
         self.bound_port = 0
         self._server: grpc.aio.Server | None = None
+        #: The AppendTxnRecord handler (installed by the broker's transaction coordinator; None: refused
+        #: with ``transaction_manager_not_available``). Called only for authenticated members.
+        self.txn_handler: TxnRecordHandler | None = None
         self._warned: dict[str, float] = {}
 
     def stats(self) -> dict[str, Any]:

@@ -17,8 +17,8 @@ from typing import Any
 
 from cursus.metadata.state import BrokerInfo
 from cursus.metadata.topics import TopicDefinition, TopicSpec
-from cursus.transactions.state import TxnEntry
 from cursus.params import parse_args
+from cursus.transactions.state import TxnEntry
 from cursus.wire.errors import BrokerError
 
 COMMAND_VERSION = 1
