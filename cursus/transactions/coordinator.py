@@ -64,15 +64,20 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("cursus.transactions")
 STANDALONE_COORDINATOR_EPOCH = 0
-#: Test-only crash points (``CURSUS_TXN_CRASH_AT=<point>``): the process exits at once, like kill -9.
+#: Test-only crash points (``CURSUS_TXN_CRASH_AT=<point>[@<id prefix>],...``: only for transactional ids
+#: starting with the prefix when one is given): the process exits at once, like kill -9.
+#: ``leader_after_marker`` is on the partition leader's side: its marker is committed, its answer to the
+#: coordinator never sent.
 CRASH_POINTS = ("after_prepare_commit", "after_first_marker", "after_markers", "after_commit_decision",
-                "after_prepare_abort")
-_CRASH_AT = os.environ.get("CURSUS_TXN_CRASH_AT", "")
+                "after_prepare_abort", "leader_after_marker")
+_CRASH_AT = {point: prefix for point, _, prefix in (item.partition("@") for item in
+                                                     os.environ.get("CURSUS_TXN_CRASH_AT", "").split(",") if item)}
 _U32_LEN = 4
 
 
-def _crash_point(name: str) -> None:
-    if _CRASH_AT == name:
+def _crash_point(name: str, tid: str = "") -> None:
+    prefix = _CRASH_AT.get(name)
+    if prefix is not None and tid.startswith(prefix):
         log.error("CURSUS_TXN_CRASH_AT=%s: exiting now", name)
         os._exit(137)
 
@@ -355,7 +360,7 @@ class TransactionCoordinator:
                 if new.state == st.PREPARE_COMMIT:
                     await self._check_offsets_fence(entry)  # step 1
                 await self._persist(new)  # step 3 (or prepare_abort)
-                _crash_point("after_prepare_commit" if new.state == st.PREPARE_COMMIT else "after_prepare_abort")
+                _crash_point("after_prepare_commit" if new.state == st.PREPARE_COMMIT else "after_prepare_abort", tid)
                 if new.state == st.PREPARE_COMMIT:
                     await self._revalidate(new)  # step 4
             return await self._finish(new)
@@ -396,12 +401,12 @@ class TransactionCoordinator:
             code = "transaction_commit_failed" if commit else "transaction_abort_marker_failed"
             raise BrokerError.of(code, transactional_id=entry.transactional_id, epoch=entry.epoch,
                                  reason=exc.error.code, outcome="unknown") from None
-        _crash_point("after_markers")
+        _crash_point("after_markers", entry.transactional_id)
         final = st.complete(entry, self._now())
         await self._persist(final)
         self._resolve(final)
         if commit:
-            _crash_point("after_commit_decision")
+            _crash_point("after_commit_decision", entry.transactional_id)
             await self._materialize(final)
         self._published.pop(entry.transactional_id, None)
         self._arm_timer()  # its tombstone is due after transactional_id_expiration_ms
@@ -427,9 +432,9 @@ class TransactionCoordinator:
             _, committed = await self._send(tp, record, kind="commit" if commit else "abort", tid=tid,
                                             producer_id=producer_id, epoch=epoch, wait=False)
             waits.append(committed)
-            if _CRASH_AT == "after_first_marker" and len(partitions) > 1:
+            if "after_first_marker" in _CRASH_AT and len(partitions) > 1:
                 await committed
-                _crash_point("after_first_marker")
+                _crash_point("after_first_marker", tid)
         results = await asyncio.gather(*waits, return_exceptions=True)
         for result in results:
             if isinstance(result, BaseException):
@@ -545,6 +550,8 @@ class TransactionCoordinator:
                                     tid=request.transactional_id, producer_id=request.producer_id,
                                     epoch=request.producer_epoch, coordinator_epoch=request.coordinator_epoch)
             await self._committed_waiter(tp, end)
+            if request.kind != "data" and end:
+                _crash_point("leader_after_marker", request.transactional_id)
         except BrokerError as exc:
             return pb.TxnRecordResponse(error=pb.Error(code=exc.error.code, message=exc.error.message or "",
                                                        fields={k: str(v) for k, v in exc.error.fields.items()}))
