@@ -95,6 +95,9 @@ class TransactionCoordinator:
         self._owned: dict[int, int] = {}
         #: cluster: partitions whose index is being rebuilt from the log (read_committed waits)
         self._rebuilding: set[TopicPartition] = set()
+        #: cluster: partitions led here whose index is complete (rebuilt after this broker became leader):
+        #: only these take transactional records
+        self._txn_ready: set[TopicPartition] = set()
         self._tasks: set[asyncio.Future[Any]] = set()
         #: (transactional id, epoch) -> {(topic, seqNum): (partition, offset)}: TXN_PUBLISH retries
         self._published: dict[str, dict[tuple[str, int], tuple[int, int]]] = {}
@@ -492,9 +495,13 @@ class TransactionCoordinator:
                                      coordinator_epoch=coordinator_epoch,
                                      current_epoch=owner.epoch if owner is not None else 0,
                                      reason="the coordinator does not own the shard at this epoch")
-            if tp in self._rebuilding:
+            if tp in self._rebuilding or (tp not in self._txn_ready and tp in state.txn_touched
+                                          and tp not in self.indexes):
+                replica.check_writable()
+                if tp not in self._rebuilding:  # a leader whose preparation did not report: rebuild now
+                    self.on_leader_ready(replica)
                 raise BrokerError.of("leader_not_available", topic=tp[0], partition=tp[1],
-                                     reason="transaction index rebuilding")
+                                     reason="transaction index not rebuilt yet")
         index = self.index_for(tp)
         if kind == "data":
             offset = self._append(replica, record)
@@ -517,7 +524,7 @@ class TransactionCoordinator:
         if node is None or info is None or not info.internal_address:
             raise BrokerError.of("leader_not_available", topic=tp[0], partition=tp[1],
                                  reason="the partition leader has no internal address")
-        timeout_s = self.broker.config.replica_ack_timeout_ms / 1000.0 + 5.0
+        timeout_s = self.broker.config.replica_ack_timeout_ms / 1000.0 + 1.0
         request = pb.TxnRecordRequest(coordinator_id=self.broker.broker_id, topic=tp[0], partition=tp[1],
                                       record=record, coordinator_epoch=coordinator_epoch, transactional_id=tid,
                                       producer_id=producer_id, producer_epoch=epoch, kind=kind,
@@ -696,9 +703,18 @@ class TransactionCoordinator:
                 self._spawn(self._resume(entry.transactional_id, shard, owned[shard]))
         if gained:
             self._arm_timer()
-        for tp in [tp for tp in self.indexes if (a := new.assignment(*tp)) is None or a.leader != me]:
-            del self.indexes[tp]
+        if old is not new and old.active_brokers() != new.active_brokers():
+            # groups that moved here: store the offsets of committed transactions their previous owner
+            # may not have materialized (monotonic: a repeat changes nothing)
+            for entry in self._applied_entries().values():
+                if entry.state == st.COMMITTED and entry.group is not None \
+                        and new.group_coordinator(entry.group) == me and old.group_coordinator(entry.group) != me:
+                    self._spawn(self._materialize_eventually(entry))
+        for tp in [tp for tp in {*self.indexes, *self._txn_ready}
+                   if (a := new.assignment(*tp)) is None or a.leader != me]:
+            self.indexes.pop(tp, None)
             self._rebuilding.discard(tp)
+            self._txn_ready.discard(tp)
 
     async def _resume(self, tid: str, shard: int, epoch: int) -> None:
         """Finish a prepared transaction of a shard taken over, retrying until it is done or the shard
@@ -715,6 +731,20 @@ class TransactionCoordinator:
                     return
                 except BrokerError as exc:
                     log.warning("transactions: resuming %s: %s (retrying)", tid, exc.error.code)
+            await asyncio.sleep(delay)
+            delay = min(delay * 2, 2.0)
+
+    async def _materialize_eventually(self, entry: TxnEntry) -> None:
+        """Cluster, on the group's owner: materialize a committed transaction's offsets, retrying while the
+        group coordinator is unavailable (just restarted, replaying) and this broker still owns the group."""
+        delay = self.broker.config.replica_fetch_backoff_ms / 1000.0
+        while not self._closed and entry.group is not None and self.broker._owns_group(entry.group):
+            try:
+                await self._materialize(entry)
+                return
+            except BrokerError as exc:
+                log.debug("transactions: materializing the offsets of %s: %s (retrying)", entry.transactional_id,
+                          exc.error.code)
             await asyncio.sleep(delay)
             delay = min(delay * 2, 2.0)
 
@@ -754,7 +784,7 @@ class TransactionCoordinator:
                 self._resolve(entry)
             if entry.state == st.COMMITTED and entry.group is not None and not ours \
                     and self.broker._owns_group(entry.group):
-                self._spawn(self._materialize(entry))
+                self._spawn(self._materialize_eventually(entry))
             if not ours and self._owned.get(command.shard) == command.shard_epoch:
                 self.entries[entry.transactional_id] = entry
 
@@ -763,13 +793,20 @@ class TransactionCoordinator:
         the partition ever took transactional records (read_committed waits until it is back)."""
         tp = (replica.topic, replica.partition)
         self.indexes.pop(tp, None)
-        if not self.cluster or tp not in self.broker.metadata.state.txn_touched:
+        self._txn_ready.discard(tp)
+        if not self.cluster:
+            return
+        if tp not in self.broker.metadata.state.txn_touched:
+            self._txn_ready.add(tp)
             return
         self._rebuilding.add(tp)
+        epoch = replica.leader_epoch
 
         async def rebuild() -> None:
             try:
                 await self._rebuild_index(tp)
+                if replica.leader_epoch == epoch and self.broker.replicas.get(tp) is replica:
+                    self._txn_ready.add(tp)
             finally:
                 self._rebuilding.discard(tp)
                 self._wake(tp)
