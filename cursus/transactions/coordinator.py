@@ -454,8 +454,8 @@ class TransactionCoordinator:
         assignment = state.assignment(*tp) if self.cluster else None
         coordinator_epoch = self.store.coordinator_epoch(tid) if self.store is not None else 0
         if assignment is None or assignment.leader is None or assignment.leader == self.broker.broker_id:
-            end = self.append_local(self.broker.broker_id, tp, record, kind=kind, tid=tid, producer_id=producer_id,
-                                    epoch=epoch, coordinator_epoch=coordinator_epoch)
+            end = await self.append_local(self.broker.broker_id, tp, record, kind=kind, tid=tid,
+                                          producer_id=producer_id, epoch=epoch, coordinator_epoch=coordinator_epoch)
             return end, self._committed_waiter(tp, end)
         call = asyncio.ensure_future(self._send_remote(assignment.leader, tp, record, kind=kind, tid=tid,
                                                        producer_id=producer_id, epoch=epoch,
@@ -475,16 +475,21 @@ class TransactionCoordinator:
             return _done()
         return wait_ack(self.broker, replica, "all", end, replica.isr)
 
-    def append_local(self, coordinator_id: str, tp: TopicPartition, record: bytes, *, kind: str, tid: str,
-                     producer_id: str, epoch: int, coordinator_epoch: int) -> int:
+    async def append_local(self, coordinator_id: str, tp: TopicPartition, record: bytes, *, kind: str, tid: str,
+                           producer_id: str, epoch: int, coordinator_epoch: int) -> int:
         """The partition-leader side: append one transactional record of ``coordinator_id``'s transaction
         to ``tp`` (led here) and index it; returns the end offset (0: a marker nobody needs, not appended).
 
+        A new leader of a partition that ever took transactional records first rebuilds its index from the
+        log (waited for here), so a marker is never skipped for records the index has not seen.
+
         Raises:
             BrokerError: ``NOT_COORDINATOR`` (cluster: ``coordinator_id`` is not the shard's owner at
-                ``coordinator_epoch``: a previous owner is fenced), ``leader_not_available`` (the index is
-                being rebuilt), ``NOT_LEADER`` and the replica's write errors.
+                ``coordinator_epoch``: a previous owner is fenced), ``leader_not_available`` (the index
+                could not be rebuilt in time), ``NOT_LEADER`` and the replica's write errors.
         """
+        if self.cluster:
+            await self._index_ready(tp)
         replica = self.broker.replica(*tp)
         if self.cluster:
             state = self.broker.metadata.state
@@ -495,11 +500,7 @@ class TransactionCoordinator:
                                      coordinator_epoch=coordinator_epoch,
                                      current_epoch=owner.epoch if owner is not None else 0,
                                      reason="the coordinator does not own the shard at this epoch")
-            if tp in self._rebuilding or (tp not in self._txn_ready and tp in state.txn_touched
-                                          and tp not in self.indexes):
-                replica.check_writable()
-                if tp not in self._rebuilding:  # a leader whose preparation did not report: rebuild now
-                    self.on_leader_ready(replica)
+            if not self._index_complete(tp):
                 raise BrokerError.of("leader_not_available", topic=tp[0], partition=tp[1],
                                      reason="transaction index not rebuilt yet")
         index = self.index_for(tp)
@@ -513,6 +514,26 @@ class TransactionCoordinator:
         offset = self._append(replica, record)
         index.on_marker(producer_id, offset, commit=kind == "commit", final=False)
         return offset + 1
+
+    def _index_complete(self, tp: TopicPartition) -> bool:
+        return tp not in self._rebuilding and (tp in self._txn_ready or tp in self.indexes
+                                               or tp not in self.broker.metadata.state.txn_touched)
+
+    async def _index_ready(self, tp: TopicPartition) -> None:
+        """Wait (bounded) until the index of ``tp``, led here, covers its whole log: start its rebuild when
+        none is running (a leader whose preparation did not report)."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + self.broker.config.replica_ack_timeout_ms / 1000.0
+        while not self._index_complete(tp) and loop.time() < deadline:
+            replica = self.broker.replica(*tp)
+            replica.check_writable()
+            if tp not in self._rebuilding:
+                self.on_leader_ready(replica)
+            event = self._resolved_events.get(tp)
+            if event is None:
+                event = self._resolved_events[tp] = asyncio.Event()
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(event.wait(), max(0.0, deadline - loop.time()))
 
     async def _send_remote(self, leader: str, tp: TopicPartition, record: bytes, *, kind: str, tid: str,
                            producer_id: str, epoch: int, coordinator_epoch: int) -> int:
@@ -553,7 +574,7 @@ class TransactionCoordinator:
                     or info.producer_id != request.producer_id or info.producer_epoch != request.producer_epoch \
                     or (info.marker or "data") != request.kind:
                 raise BrokerError.of("invalid_cluster_request", reason="the record does not match the request")
-            end = self.append_local(coordinator_id, tp, request.record, kind=request.kind,
+            end = await self.append_local(coordinator_id, tp, request.record, kind=request.kind,
                                     tid=request.transactional_id, producer_id=request.producer_id,
                                     epoch=request.producer_epoch, coordinator_epoch=request.coordinator_epoch)
             await self._committed_waiter(tp, end)
