@@ -26,7 +26,14 @@ from chaos.history import FAIL, INFO, OK
 from chaos.nodes import Node
 from chaos.workloads import TRANSPORT_ERRORS, Context, Worker, decode_records, describe, error_text
 from cursus.client.connection import ok_text_fields
-from cursus.wire import TXN_CONTROL_MARKER_PAYLOAD, Frame, Status, encode_crq2, parse_command_text
+from cursus.wire import (
+    TXN_CONTROL_MARKER_PAYLOAD,
+    Frame,
+    Status,
+    decode_error,
+    encode_crq2,
+    parse_command_text,
+)
 
 TOPIC = "chaos-txn"
 PARTITIONS = 2
@@ -51,6 +58,8 @@ class TxnWorker(Worker):
         self.seq = 0
         self.ready = False
         self.coordinator: Node | None = None
+        #: partition -> the leader a NOT_LEADER reply named (reads)
+        self.leader_hint: dict[int, Node | None] = {}
         #: values of transactions acknowledged committed (the final read waits for them)
         self.committed: set[str] = set()
 
@@ -72,7 +81,9 @@ class TxnWorker(Worker):
             self.inflight_since = None
 
     def _node_at(self, host: str, port: int) -> Node | None:
-        return next((n for n in self.ctx.cluster.nodes if n.port == port), None)
+        """The node at ``host:port`` (in the private network every node has its own address, maybe the same
+        port)."""
+        return next((n for n in self.ctx.cluster.nodes if n.address == (host, port)), None)
 
     def _coordinator(self) -> Node | None:
         if self.coordinator is None:
@@ -161,6 +172,8 @@ class TxnWorker(Worker):
     def _read(self, partition: int, *, final: bool, offset: int = 0) -> tuple[list[list[Any]], int] | None:
         """One read_committed CONSUME from ``offset`` (recorded); (records, next offset) or None."""
         node = self.ctx.target_name(TOPIC, partition) if self.ctx.clustered else self.ctx.cluster.nodes[0]
+        if self.leader_hint.get(partition) is not None:
+            node = self.leader_hint[partition]
         conn = self.connection(node)
         if conn is None:
             return None
@@ -176,7 +189,12 @@ class TxnWorker(Worker):
             return None
         self.inflight_since = None
         if frame.status != Status.OK:
-            self.history.complete(pending, FAIL, {"code": error_text(frame)[0]}, error=error_text(frame)[1])
+            code, rendered, _ = error_text(frame)
+            self.history.complete(pending, FAIL, {"code": code}, error=rendered)
+            self.leader_hint[partition] = None
+            if code == "NOT_LEADER":  # follow the hint next time
+                host, _, port = str(decode_error(frame.payload).fields.get("leader", "")).rpartition(":")
+                self.leader_hint[partition] = self._node_at(host, int(port)) if port.isdigit() else None
             return None
         try:
             records = decode_records(frame.payload)
@@ -198,6 +216,8 @@ class TxnWorker(Worker):
                 offset = 0
                 while True:
                     got = self._read(partition, final=True, offset=offset)
+                    if got is None:
+                        got = self._read(partition, final=True, offset=offset)  # after a redirect
                     if got is None:
                         break
                     data, following = got

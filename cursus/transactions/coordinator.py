@@ -683,8 +683,10 @@ class TransactionCoordinator:
                         await self._persist(st.forget_topic(current, topic))
 
     def check_topic_deletable(self, topic: str) -> None:
-        """Raises ``topic_delete_blocked`` while an open or committing transaction references ``topic``."""
-        for entry in self.entries.values():
+        """Raises ``topic_delete_blocked`` while an open or committing transaction references ``topic`` (in a
+        cluster: any shard's, from the applied state)."""
+        entries = self._applied_entries() if self.cluster else self.entries
+        for entry in entries.values():
             if entry.state in (st.OPEN, *st.PREPARED) and any(t == topic for t, _ in entry.partitions):
                 raise BrokerError.of("topic_delete_blocked", topic=topic, transactional_id=entry.transactional_id,
                                      reason="an open or committing transaction references the topic")
@@ -731,6 +733,8 @@ class TransactionCoordinator:
                 if entry.state == st.COMMITTED and entry.group is not None \
                         and new.group_coordinator(entry.group) == me and old.group_coordinator(entry.group) != me:
                     self._spawn(self._materialize_eventually(entry))
+        for topic in sorted(set(old.topics) - set(new.topics)):  # deleted: every owner forgets it
+            self._spawn(self.on_topic_deleted(topic))
         for tp in [tp for tp in {*self.indexes, *self._txn_ready}
                    if (a := new.assignment(*tp)) is None or a.leader != me]:
             self.indexes.pop(tp, None)
