@@ -175,7 +175,7 @@ class TransactionCoordinator:
                         continue
                     if info.marker is None:
                         index.on_data(info.producer_id, info.offset, transactional_id=info.transactional_id,
-                                      producer_epoch=info.producer_epoch)
+                                      producer_epoch=info.producer_epoch, seq_num=info.seq_num)
                         seen.append((info.transactional_id, info.producer_epoch, info.seq_num, info.offset))
                     else:
                         key = (info.transactional_id, info.producer_id, info.producer_epoch)
@@ -324,7 +324,7 @@ class TransactionCoordinator:
                     raise BrokerError.of("message_too_large", size=len(record),
                                          limit=self.broker.config.max_message_bytes)
                 end, committed = await self._send(tp, record, kind="data", tid=tid, producer_id=producer_id,
-                                                  epoch=epoch)
+                                                  epoch=epoch, seq_num=seq_num)
                 entry = st.count_messages(entry, 1)
                 self.entries[tid] = entry  # message count is bookkeeping; persisted with the next transition
                 seen[(tp[0], seq_num)] = (tp[1], end)
@@ -446,7 +446,7 @@ class TransactionCoordinator:
     # ---------------------------------------------------------------------------- participants
 
     async def _send(self, tp: TopicPartition, record: bytes, *, kind: str, tid: str, producer_id: str, epoch: int,
-                    wait: bool = True) -> tuple[int, Any]:
+                    wait: bool = True, seq_num: int = 0) -> tuple[int, Any]:
         """Append one transactional record on ``tp``'s leader: here when this broker leads it, else over the
         internal listener. Returns (end offset or 0, an awaitable that completes once it is committed).
         With ``wait`` a remote call completes before returning. Raises the leader's errors."""
@@ -455,7 +455,8 @@ class TransactionCoordinator:
         coordinator_epoch = self.store.coordinator_epoch(tid) if self.store is not None else 0
         if assignment is None or assignment.leader is None or assignment.leader == self.broker.broker_id:
             end = await self.append_local(self.broker.broker_id, tp, record, kind=kind, tid=tid,
-                                          producer_id=producer_id, epoch=epoch, coordinator_epoch=coordinator_epoch)
+                                          producer_id=producer_id, epoch=epoch, coordinator_epoch=coordinator_epoch,
+                                          seq_num=seq_num)
             return end, self._committed_waiter(tp, end)
         call = asyncio.ensure_future(self._send_remote(assignment.leader, tp, record, kind=kind, tid=tid,
                                                        producer_id=producer_id, epoch=epoch,
@@ -476,9 +477,11 @@ class TransactionCoordinator:
         return wait_ack(self.broker, replica, "all", end, replica.isr)
 
     async def append_local(self, coordinator_id: str, tp: TopicPartition, record: bytes, *, kind: str, tid: str,
-                           producer_id: str, epoch: int, coordinator_epoch: int) -> int:
+                           producer_id: str, epoch: int, coordinator_epoch: int, seq_num: int = 0) -> int:
         """The partition-leader side: append one transactional record of ``coordinator_id``'s transaction
-        to ``tp`` (led here) and index it; returns the end offset (0: a marker nobody needs, not appended).
+        to ``tp`` (led here) and index it; returns the end offset (0: a marker nobody needs, not appended). A
+        data record whose ``seq_num`` the open transaction already holds here is not appended again (a
+        TXN_PUBLISH retried through a new coordinator): the first copy's end offset is returned.
 
         A new leader of a partition that ever took transactional records first rebuilds its index from the
         log (waited for here), so a marker is never skipped for records the index has not seen.
@@ -505,8 +508,11 @@ class TransactionCoordinator:
                                      reason="transaction index not rebuilt yet")
         index = self.index_for(tp)
         if kind == "data":
+            earlier = index.published(producer_id, epoch, seq_num) if seq_num > 0 else None
+            if earlier is not None:
+                return earlier + 1
             offset = self._append(replica, record)
-            index.on_data(producer_id, offset, transactional_id=tid, producer_epoch=epoch)
+            index.on_data(producer_id, offset, transactional_id=tid, producer_epoch=epoch, seq_num=seq_num)
             return offset + 1
         txn = index.unresolved(producer_id)
         if txn is None or txn.marker_offset is not None or txn.producer_epoch != epoch:
@@ -575,8 +581,9 @@ class TransactionCoordinator:
                     or (info.marker or "data") != request.kind:
                 raise BrokerError.of("invalid_cluster_request", reason="the record does not match the request")
             end = await self.append_local(coordinator_id, tp, request.record, kind=request.kind,
-                                    tid=request.transactional_id, producer_id=request.producer_id,
-                                    epoch=request.producer_epoch, coordinator_epoch=request.coordinator_epoch)
+                                          tid=request.transactional_id, producer_id=request.producer_id,
+                                          epoch=request.producer_epoch, coordinator_epoch=request.coordinator_epoch,
+                                          seq_num=info.seq_num if info.marker is None else 0)
             await self._committed_waiter(tp, end)
             if request.kind != "data" and end:
                 _crash_point("leader_after_marker", request.transactional_id)

@@ -272,3 +272,34 @@ def test_partition_leader_crash_between_markers(cluster: Cluster, conn: RoutingC
         _restart_dead(cluster)
     for p in range(3):
         assert _visible(conn, out, p) == [f"m{p}".encode()]
+
+
+def _leader_port(conn: RoutingConnection, topic: str, partition: int) -> int:
+    meta = ok_fields(conn.command(f"METADATA topic={topic}"))
+    return int(meta["leaders"].split(",")[partition].rpartition(":")[2])
+
+
+def test_lso_holds_on_a_follower_turned_leader(cluster: Cluster, conn: RoutingConnection) -> None:
+    out = _topic(conn, 1)
+    leader = next(b for b in cluster.brokers if b.port == _leader_port(conn, out, 0))
+    tid = next(t for t in (_name("tx-") for _ in range(100)) if _owner(cluster, t) is not leader)
+    s = Session(conn, tid)  # type: ignore[arg-type]
+    s.init()
+    s.begin()
+    s.publish(out, "open0", partition=0)
+    frame = conn.command(f"PUBLISH topic={out} partition=0 producerId=plain acks=all message=after")
+    assert frame.status.name == "OK", render(frame)
+    leader.kill()
+    try:
+        wait_for(lambda: _leader_port(conn, out, 0) != leader.port, 20, "a new leader")
+        # the new leader rebuilt its index from the log: the open transaction pins the LSO, so neither its
+        # record nor the plain record after it is read_committed; read_uncommitted sees both
+        raw = wait_for(lambda: read_all(conn, out, 0, isolation="read_uncommitted"), 20,  # type: ignore[arg-type]
+                       "read_uncommitted on the new leader")
+        assert [r.payload for r in raw] == [b"open0", b"after"]
+        assert _visible(conn, out, 0) == []
+        s.publish(out, "open1", partition=0)  # the same session goes on with the new leader
+        assert s.end("commit")["state"] == "committed"
+        _eventually(conn, out, [[b"open0", b"after", b"open1"]])
+    finally:
+        _restart_dead(cluster)
