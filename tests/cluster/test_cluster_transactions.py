@@ -303,3 +303,33 @@ def test_lso_holds_on_a_follower_turned_leader(cluster: Cluster, conn: RoutingCo
         _eventually(conn, out, [[b"open0", b"after", b"open1"]])
     finally:
         _restart_dead(cluster)
+
+
+def test_sdk_consume_transform_produce_on_the_cluster(cluster: Cluster, conn: RoutingConnection) -> None:
+    from cursus.client import Consumer, GroupConsumer, Producer, TransactionalProducer
+
+    bootstrap = [f"{h}:{p}" for h, p in (b.address for b in cluster.brokers)]
+    source, sink, group = _topic(conn, 1), _topic(conn, 2), _name("cg")
+    with Producer(bootstrap) as producer:
+        for i in range(6):
+            producer.send(source, f"v{i}".encode(), partition=0)
+    with GroupConsumer(source, group, bootstrap, auto_commit=False, wait_ms=100) as consumer, \
+            TransactionalProducer(bootstrap, _name("sdk-tx-")) as txn:
+        seen, deadline = 0, time.monotonic() + 60
+        while seen < 6 and time.monotonic() < deadline:
+            records = consumer.poll(timeout_s=5)
+            if not records:
+                continue
+            txn.begin()
+            for record in records:
+                txn.send(sink, record.value.upper(), key=record.value.decode())
+            txn.send_consumer_offsets(consumer)
+            assert txn.commit() == "committed"
+            seen += len(records)
+        assert seen == 6
+    wait_for(lambda: _offset(conn, source, group) == 6, 15, "the transactional offsets")
+
+    def committed() -> list[bytes]:
+        with Consumer(sink, bootstrap, start="earliest", isolation_level="read_committed") as reader:
+            return sorted(r.value for r in reader.records(until_end=True))
+    wait_for(lambda: committed() == [f"V{i}".encode() for i in range(6)], 15, "the output, exactly once")
