@@ -366,7 +366,13 @@ class TransactionCoordinator:
                 _crash_point("after_prepare_commit" if new.state == st.PREPARE_COMMIT else "after_prepare_abort", tid)
                 if new.state == st.PREPARE_COMMIT:
                     await self._revalidate(new)  # step 4
-            return await self._finish(new)
+            try:
+                return await self._finish(new)
+            except BrokerError as exc:
+                if exc.error.code in ("transaction_commit_failed", "transaction_abort_marker_failed",
+                                      "transaction_sync_failed"):
+                    self._resume_later(tid)  # the client may retry too; whoever comes first finishes it
+                raise
 
     async def _revalidate(self, entry: TxnEntry) -> None:
         """Step 4: the group fence still holds after prepare_commit, else the coordinator aborts the
@@ -748,14 +754,29 @@ class TransactionCoordinator:
             self._rebuilding.discard(tp)
             self._txn_ready.discard(tp)
 
-    async def _resume(self, tid: str, shard: int, epoch: int) -> None:
-        """Finish a prepared transaction of a shard taken over, retrying until it is done or the shard
-        moves on (the previous owner may have written some markers: each leader skips those it has)."""
+    def _resume_later(self, tid: str) -> None:
+        """A prepared transaction's finish failed (a leader or the metadata log unavailable): keep retrying
+        it in the background, so it never stays prepared (pinning the LSO) waiting for a client retry.
+        Cluster only: standalone, a failed journal write is not retried behind the client's back (the
+        client's retry or the recovery at the next start finishes it)."""
+        if not self.cluster:
+            return
+        state = self.broker.metadata.state
+        shard = transaction_shard(tid, state.coordinator_shards)
+        epoch = self._owned.get(shard)
+        if epoch is not None:
+            self._spawn(self._resume(tid, shard, epoch))
+
+    async def _resume(self, tid: str, shard: int | None, epoch: int | None) -> None:
+        """Finish a prepared transaction (of a shard taken over, or whose finish failed), retrying until it
+        is done or the shard moves on (some markers may be written already: each leader skips those it
+        has). ``shard`` None: standalone."""
         delay = self.broker.config.replica_fetch_backoff_ms / 1000.0
-        while not self._closed and self._owned.get(shard) == epoch:
+        while not self._closed and (shard is None or self._owned.get(shard) == epoch):
             async with self._lock(tid):
                 entry = self.entries.get(tid)
-                if entry is None or entry.state not in st.PREPARED or self._owned.get(shard) != epoch:
+                if entry is None or entry.state not in st.PREPARED or (shard is not None
+                                                                        and self._owned.get(shard) != epoch):
                     return
                 try:
                     await self._finish(entry)
@@ -877,9 +898,14 @@ class TransactionCoordinator:
                 if expired is None:
                     continue
                 log.info("transactions: %s epoch %d timed out: aborting", tid, expired.epoch)
-                await self._persist(expired)
-                await self._finish(expired)
-                self.expired_total += 1
+                try:
+                    await self._persist(expired)
+                    self.expired_total += 1
+                    await self._finish(expired)
+                except BrokerError as exc:
+                    log.warning("transactions: aborting %s after its timeout: %s (retrying)", tid, exc.error.code)
+                    if self.entries.get(tid) is expired:
+                        self._resume_later(tid)
         for tid, entry in list(self.entries.items()):
             if st.tombstone(entry, now, self._expiration_ms) is None:
                 continue

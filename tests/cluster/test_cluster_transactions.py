@@ -28,7 +28,7 @@ from tests.integration.txnsupport import Session, payloads, read_all
 
 pytestmark = pytest.mark.timeout(240)
 
-TIMEOUT_MS = 4000
+TIMEOUT_MS = 8000
 CRASH = "after_prepare_commit@crashprep-"
 #: Only this broker dies as a partition leader between markers (two deaths would leave Raft no quorum).
 MARKER_VICTIM = "node-3"
