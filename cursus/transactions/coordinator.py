@@ -839,7 +839,9 @@ class TransactionCoordinator:
                     and self.broker._owns_group(entry.group):
                 self._spawn(self._materialize_eventually(entry))
             if not ours and self._owned.get(command.shard) == command.shard_epoch:
-                self.entries[entry.transactional_id] = entry
+                current = self.entries.get(entry.transactional_id)
+                if current is None or _substance(current) != _substance(entry):  # not just our own, seen late
+                    self.entries[entry.transactional_id] = entry
 
     def on_leader_ready(self, replica: Replica) -> None:
         """A cluster replica became its partition's leader: rebuild its transaction index from the log when
@@ -948,6 +950,12 @@ def _log_failure(task: asyncio.Future[None]) -> None:
         if exc is not None:
             log.error("transaction timeout handling failed: %s", exc)
 
+
+
+def _substance(entry: TxnEntry) -> tuple[Any, ...]:
+    """What a transition changes (the message count is bookkeeping between transitions)."""
+    return (entry.producer_id, entry.epoch, entry.state, entry.partitions, entry.group, entry.member,
+            entry.generation, entry.offsets, entry.deadline_ms)
 
 
 async def _noop() -> None:
