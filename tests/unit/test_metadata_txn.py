@@ -7,10 +7,12 @@ from __future__ import annotations
 import json
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as hs
 
-from cursus.cluster.fsm import MetadataFSM
+from cursus.cluster.fsm import MetadataFSM, decode_result
 from cursus.metadata.apply import apply
-from cursus.metadata.commands import BrokerHeartbeat, FenceBroker, TxnSync, decode, encode
+from cursus.metadata.commands import BrokerHeartbeat, Command, FenceBroker, TxnSync, decode, encode
 from cursus.metadata.snapshot import decode_state, encode_state
 from cursus.metadata.state import BrokerInfo, MetadataState, transaction_shard
 from cursus.transactions.state import TxnEntry
@@ -115,3 +117,63 @@ def test_snapshot_v3_round_trip_and_v2_has_no_transactions() -> None:
     doc["txn"][0][3][0]["epoch"] = 0
     with pytest.raises(ValueError):
         decode_state(json.dumps(doc).encode())
+
+
+TIDS = ("t1", "t2", "t3", "t4", "t5")
+_step = hs.one_of(
+    hs.tuples(hs.just("sync"), hs.sampled_from(TIDS), hs.sampled_from(BROKERS), hs.integers(-1, 1),
+              hs.integers(1, 4)),
+    hs.tuples(hs.just("fence"), hs.sampled_from(BROKERS)),
+    hs.tuples(hs.just("beat"), hs.sampled_from(BROKERS)),
+)
+
+
+@settings(max_examples=150, deadline=None)
+@given(hs.lists(_step, max_size=40))
+def test_txn_sync_apply_rules(steps: list[tuple]) -> None:
+    """Accepted exactly when the origin owns the shard at the shard's epoch; an owner change bumps the epoch;
+    the stored entry per id is the last accepted one; counters only grow; FSM replay and snapshots agree."""
+    state = _cluster(*BROKERS)
+    commands: list[Command] = []
+    last: dict[str, TxnEntry] = {}
+    for n, s in enumerate(steps):
+        if s[0] == "sync":
+            _, tid, origin, epoch_delta, producer_epoch = s
+            shard = transaction_shard(tid, SHARDS)
+            current = state.txn_shards[shard]
+            previous = state.txn_entry(tid)
+            entry = TxnEntry(tid, str(SHARDS + shard), producer_epoch)
+            command: Command = TxnSync(f"s{n}", origin, shard, max(current.epoch + epoch_delta, 0), (entry,),
+                                       n + 1)
+        elif s[0] == "fence":
+            command = FenceBroker(f"f{n}", s[1])
+        else:
+            command = BrokerHeartbeat(f"h{n}", BrokerInfo(s[1], f"{s[1]}:9000"), SHARDS)
+        commands.append(command)
+        try:
+            new, _ = apply(state, command)
+        except BrokerError:
+            new = None
+        if isinstance(command, TxnSync):
+            current = state.txn_shards[command.shard]
+            fenced = current.owner != command.origin or current.epoch != command.shard_epoch
+            backwards = previous is not None and command.entries[0].epoch < previous.epoch
+            assert (new is None) == (fenced or backwards)
+            if new is not None:
+                last[command.entries[0].transactional_id] = command.entries[0]
+                assert new.txn[command.shard].next_producer_id >= state.txn.get(command.shard, new.txn[
+                    command.shard]).next_producer_id
+        elif new is not None:
+            for shard, owner in new.txn_shards.items():
+                before = state.txn_shards[shard]
+                assert owner.epoch == before.epoch + (owner.owner != before.owner)
+        if new is not None:
+            state = new
+    assert {tid: state.txn_entry(tid) for tid in last} == last
+    fsm = MetadataFSM(MetadataState(cluster=True))
+    for b in BROKERS:
+        decode_result(fsm.apply(encode(BrokerHeartbeat(f"hb-{b}", BrokerInfo(b, f"{b}:9000"), SHARDS))))
+    for command in commands:
+        fsm.apply(encode(command))
+    assert encode_state(fsm.state) == encode_state(state)
+    assert encode_state(decode_state(encode_state(state))) == encode_state(state)
