@@ -312,7 +312,10 @@ class TransactionCoordinator:
             seen = self._published.setdefault(tid, {})
             dup = seen.get((tp[0], seq_num))
             if dup is not None:
-                committed = self._committed_waiter((tp[0], dup[0]), dup[1])
+                assignment = self.broker.metadata.state.assignment(tp[0], dup[0]) if self.cluster else None
+                led_here = assignment is None or assignment.leader == self.broker.broker_id
+                # a record appended elsewhere was committed before its leader answered
+                committed = self._committed_waiter((tp[0], dup[0]), dup[1]) if led_here else _done()
             else:
                 if tp not in entry.partitions:
                     await self._persist(st.add_partition(entry, tp), touched=[tp])
@@ -473,13 +476,18 @@ class TransactionCoordinator:
         return end, _done()
 
     def _committed_waiter(self, tp: TopicPartition, end: int) -> Any:
-        """An awaitable that completes once ``tp``'s records below ``end`` are committed (acks=all); a
-        no-op for ``end`` 0 or a partition led elsewhere (its leader waited before answering)."""
+        """An awaitable that completes once ``tp``'s records below ``end``, appended here as its leader, are
+        committed (acks=all), a no-op for ``end`` 0. It fails (``NOT_LEADER`` and the like, outcome
+        unknown) when this broker stopped leading ``tp`` meanwhile: a record is never taken as committed
+        because its leader moved."""
         from cursus.broker.handlers.produce import wait_ack  # the shared acks=all wait
 
-        replica = self.broker.replicas.get(tp)
-        if end <= 0 or replica is None or (self.cluster and replica.role.name != "LEADER"):
+        if end <= 0:
             return _done()
+        replica = self.broker.replicas.get(tp)
+        if replica is None:
+            return _fail(BrokerError.of("leader_not_available", topic=tp[0], partition=tp[1], outcome="unknown",
+                                        reason="the partition is no longer served here"))
         return wait_ack(self.broker, replica, "all", end, replica.isr)
 
     async def append_local(self, coordinator_id: str, tp: TopicPartition, record: bytes, *, kind: str, tid: str,
@@ -521,8 +529,10 @@ class TransactionCoordinator:
             index.on_data(producer_id, offset, transactional_id=tid, producer_epoch=epoch, seq_num=seq_num)
             return offset + 1
         txn = index.unresolved(producer_id)
-        if txn is None or txn.marker_offset is not None or txn.producer_epoch != epoch:
-            return 0  # nothing of that session is open here (or its marker is already written)
+        if txn is None or txn.producer_epoch != epoch:
+            return 0  # nothing of that session is open here
+        if txn.marker_offset is not None:  # written before (a retried finish): wait for that one
+            return txn.marker_offset + 1
         offset = self._append(replica, record)
         index.on_marker(producer_id, offset, commit=kind == "commit", final=False)
         return offset + 1
@@ -964,3 +974,7 @@ async def _noop() -> None:
 
 def _done() -> Any:
     return _noop()
+
+
+async def _fail(error: BaseException) -> None:
+    raise error
