@@ -525,6 +525,7 @@ class TransactionCoordinator:
             earlier = index.published(producer_id, epoch, seq_num) if seq_num > 0 else None
             if earlier is not None:
                 return earlier + 1
+            self._refuse_late(index, tid, producer_id, epoch)
             offset = self._append(replica, record)
             index.on_data(producer_id, offset, transactional_id=tid, producer_epoch=epoch, seq_num=seq_num)
             return offset + 1
@@ -536,6 +537,24 @@ class TransactionCoordinator:
         offset = self._append(replica, record)
         index.on_marker(producer_id, offset, commit=kind == "commit", final=False)
         return offset + 1
+
+    def _refuse_late(self, index: PartitionTxnIndex, tid: str, producer_id: str, epoch: int) -> None:
+        """A data record that arrives after its session was decided (a delayed call of a coordinator that
+        gave up on it) would stay unresolved forever behind the marker and pin the LSO: refuse it.
+
+        Raises:
+            BrokerError: ``transaction_not_open`` (the marker of that session is already here, or the applied
+                decision is past it).
+        """
+        txn = index.unresolved(producer_id)
+        late = txn is not None and txn.producer_epoch == epoch and txn.marker_offset is not None
+        if not late and self.cluster:
+            entry = self.broker.metadata.state.txn_entry(tid)
+            late = entry is not None and entry.producer_id == producer_id and (
+                entry.epoch > epoch or (entry.epoch == epoch and entry.state not in (st.EMPTY, st.OPEN)))
+        if late:
+            raise BrokerError.of("transaction_not_open", transactional_id=tid, epoch=epoch,
+                                 reason="the transaction was decided before this record arrived")
 
     def _index_complete(self, tp: TopicPartition) -> bool:
         return tp not in self._rebuilding and (tp in self._txn_ready or tp in self.indexes
