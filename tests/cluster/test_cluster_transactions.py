@@ -199,12 +199,15 @@ def test_abort_hides_everything(cluster: Cluster, conn: RoutingConnection) -> No
 
 def test_owner_killed_with_an_open_transaction_aborts_at_timeout_and_fences_the_zombie(
         cluster: Cluster, conn: RoutingConnection) -> None:
-    out = _topic(conn, 2)
+    out, inp, group = _topic(conn, 2), _topic(conn, 1), _name("cg")
+    _fill(conn, inp, 4)
+    member, generation = _join(conn, inp, group)
     s = Session(conn, _name("tx-"))  # type: ignore[arg-type]
     s.init()
     s.begin()
     s.publish(out, "lost0", partition=0)
     s.publish(out, "lost1", partition=1)
+    s.send_offsets(inp, group, member, generation, {0: 4})
     owner = _owner(cluster, s.tid)
     owner.kill()
     try:
@@ -213,6 +216,7 @@ def test_owner_killed_with_an_open_transaction_aborts_at_timeout_and_fences_the_
                           "the open transaction aborted by the new owner at its deadline")
         assert status["epoch"] == "1"
         assert _visible(conn, out, 0) == [] and _visible(conn, out, 1) == []
+        assert _offset(conn, inp, group) == 0  # nothing of it: output nor offsets
         zombie = Session(conn, s.tid, s.producer_id, s.epoch, s.seq)  # type: ignore[arg-type]
         s.init()  # the next epoch fences the old session
         assert s.epoch == 2
