@@ -326,9 +326,10 @@ class TransactionCoordinator:
                 if len(record) > self.broker.config.max_message_bytes:
                     raise BrokerError.of("message_too_large", size=len(record),
                                          limit=self.broker.config.max_message_bytes)
-                end, committed = await self._send(tp, record, kind="data", tid=tid, producer_id=producer_id,
-                                                  epoch=epoch, seq_num=seq_num)
-                entry = st.count_messages(entry, 1)
+                end, committed, appended = await self._send(tp, record, kind="data", tid=tid,
+                                                            producer_id=producer_id, epoch=epoch, seq_num=seq_num)
+                if appended:  # a retry through a new coordinator found its first copy: not counted twice
+                    entry = st.count_messages(entry, 1)
                 self.entries[tid] = entry  # message count is bookkeeping; persisted with the next transition
                 seen[(tp[0], seq_num)] = (tp[1], end)
                 dup = (tp[1], end)
@@ -441,8 +442,8 @@ class TransactionCoordinator:
             record = marker_record(tp[0], tp[1], transactional_id=tid, producer_id=producer_id,
                                    producer_epoch=epoch, commit=commit, coordinator_epoch=coordinator_epoch,
                                    timestamp_ms=self._now())
-            _, committed = await self._send(tp, record, kind="commit" if commit else "abort", tid=tid,
-                                            producer_id=producer_id, epoch=epoch, wait=False)
+            _, committed, _ = await self._send(tp, record, kind="commit" if commit else "abort", tid=tid,
+                                               producer_id=producer_id, epoch=epoch, wait=False)
             waits.append(committed)
             if "after_first_marker" in _CRASH_AT and len(partitions) > 1:
                 await committed
@@ -455,25 +456,27 @@ class TransactionCoordinator:
     # ---------------------------------------------------------------------------- participants
 
     async def _send(self, tp: TopicPartition, record: bytes, *, kind: str, tid: str, producer_id: str, epoch: int,
-                    wait: bool = True, seq_num: int = 0) -> tuple[int, Any]:
+                    wait: bool = True, seq_num: int = 0) -> tuple[int, Any, bool]:
         """Append one transactional record on ``tp``'s leader: here when this broker leads it, else over the
-        internal listener. Returns (end offset or 0, an awaitable that completes once it is committed).
-        With ``wait`` a remote call completes before returning. Raises the leader's errors."""
+        internal listener. Returns (end offset or 0, an awaitable that completes once it is committed,
+        whether it was appended now: False for a record the leader already held). With ``wait`` a remote
+        call completes before returning (without, the end is 0 and appended True). Raises the leader's
+        errors."""
         state = self.broker.metadata.state
         assignment = state.assignment(*tp) if self.cluster else None
         coordinator_epoch = self.store.coordinator_epoch(tid) if self.store is not None else 0
         if assignment is None or assignment.leader is None or assignment.leader == self.broker.broker_id:
-            end = await self.append_local(self.broker.broker_id, tp, record, kind=kind, tid=tid,
-                                          producer_id=producer_id, epoch=epoch, coordinator_epoch=coordinator_epoch,
-                                          seq_num=seq_num)
-            return end, self._committed_waiter(tp, end)
+            end, appended = await self.append_local(self.broker.broker_id, tp, record, kind=kind, tid=tid,
+                                                    producer_id=producer_id, epoch=epoch,
+                                                    coordinator_epoch=coordinator_epoch, seq_num=seq_num)
+            return end, self._committed_waiter(tp, end), appended
         call = asyncio.ensure_future(self._send_remote(assignment.leader, tp, record, kind=kind, tid=tid,
                                                        producer_id=producer_id, epoch=epoch,
                                                        coordinator_epoch=coordinator_epoch))
         if not wait:
-            return 0, call
-        end = await call
-        return end, _done()
+            return 0, call, True
+        end, appended = await call
+        return end, _done(), appended
 
     def _committed_waiter(self, tp: TopicPartition, end: int) -> Any:
         """An awaitable that completes once ``tp``'s records below ``end``, appended here as its leader, are
@@ -491,9 +494,11 @@ class TransactionCoordinator:
         return wait_ack(self.broker, replica, "all", end, replica.isr)
 
     async def append_local(self, coordinator_id: str, tp: TopicPartition, record: bytes, *, kind: str, tid: str,
-                           producer_id: str, epoch: int, coordinator_epoch: int, seq_num: int = 0) -> int:
+                           producer_id: str, epoch: int, coordinator_epoch: int, seq_num: int = 0
+                           ) -> tuple[int, bool]:
         """The partition-leader side: append one transactional record of ``coordinator_id``'s transaction
-        to ``tp`` (led here) and index it; returns the end offset (0: a marker nobody needs, not appended). A
+        to ``tp`` (led here) and index it; returns (the end offset to wait for, whether it was appended now;
+        end 0: a marker nobody needs). A
         data record whose ``seq_num`` the open transaction already holds here is not appended again (a
         TXN_PUBLISH retried through a new coordinator): the first copy's end offset is returned.
 
@@ -524,19 +529,19 @@ class TransactionCoordinator:
         if kind == "data":
             earlier = index.published(producer_id, epoch, seq_num) if seq_num > 0 else None
             if earlier is not None:
-                return earlier + 1
+                return earlier + 1, False
             self._refuse_late(index, tid, producer_id, epoch)
             offset = self._append(replica, record)
             index.on_data(producer_id, offset, transactional_id=tid, producer_epoch=epoch, seq_num=seq_num)
-            return offset + 1
+            return offset + 1, True
         txn = index.unresolved(producer_id)
         if txn is None or txn.producer_epoch != epoch:
-            return 0  # nothing of that session is open here
+            return 0, False  # nothing of that session is open here
         if txn.marker_offset is not None:  # written before (a retried finish): wait for that one
-            return txn.marker_offset + 1
+            return txn.marker_offset + 1, False
         offset = self._append(replica, record)
         index.on_marker(producer_id, offset, commit=kind == "commit", final=False)
-        return offset + 1
+        return offset + 1, True
 
     def _refuse_late(self, index: PartitionTxnIndex, tid: str, producer_id: str, epoch: int) -> None:
         """A data record that arrives after its session was decided (a delayed call of a coordinator that
@@ -577,7 +582,7 @@ class TransactionCoordinator:
                 await asyncio.wait_for(event.wait(), max(0.0, deadline - loop.time()))
 
     async def _send_remote(self, leader: str, tp: TopicPartition, record: bytes, *, kind: str, tid: str,
-                           producer_id: str, epoch: int, coordinator_epoch: int) -> int:
+                           producer_id: str, epoch: int, coordinator_epoch: int) -> tuple[int, bool]:
         from cursus.internal.client import InternalRpcError
         from cursus.internal.v1 import replication_pb2 as pb
 
@@ -599,7 +604,7 @@ class TransactionCoordinator:
         if response.HasField("error") and response.error.code:
             fields = dict(response.error.fields)
             raise BrokerError.of(response.error.code, response.error.message, **fields)
-        return int(response.end_offset)
+        return int(response.end_offset), not response.duplicate
 
     async def serve_txn_record(self, coordinator_id: str, request: pb.TxnRecordRequest) -> pb.TxnRecordResponse:
         """``Replication.AppendTxnRecord`` on the partition leader: :meth:`append_local`, then wait until
@@ -615,7 +620,7 @@ class TransactionCoordinator:
                     or info.producer_id != request.producer_id or info.producer_epoch != request.producer_epoch \
                     or (info.marker or "data") != request.kind:
                 raise BrokerError.of("invalid_cluster_request", reason="the record does not match the request")
-            end = await self.append_local(coordinator_id, tp, request.record, kind=request.kind,
+            end, appended = await self.append_local(coordinator_id, tp, request.record, kind=request.kind,
                                           tid=request.transactional_id, producer_id=request.producer_id,
                                           epoch=request.producer_epoch, coordinator_epoch=request.coordinator_epoch,
                                           seq_num=info.seq_num if info.marker is None else 0)
@@ -627,7 +632,7 @@ class TransactionCoordinator:
                                                        fields={k: str(v) for k, v in exc.error.fields.items()}))
         except Exception as exc:  # a malformed record
             return pb.TxnRecordResponse(error=pb.Error(code="invalid_cluster_request", message=type(exc).__name__))
-        return pb.TxnRecordResponse(end_offset=end)
+        return pb.TxnRecordResponse(end_offset=end, duplicate=not appended)
 
     async def _materialize(self, entry: TxnEntry) -> None:
         if entry.group is None:
