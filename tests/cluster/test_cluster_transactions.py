@@ -337,3 +337,44 @@ def test_sdk_consume_transform_produce_on_the_cluster(cluster: Cluster, conn: Ro
         with Consumer(sink, bootstrap, start="earliest", isolation_level="read_committed") as reader:
             return sorted(r.value for r in reader.records(until_end=True))
     wait_for(lambda: committed() == [f"V{i}".encode() for i in range(6)], 15, "the output, exactly once")
+
+
+def test_markers_of_a_coordinator_not_owning_the_shard_epoch_are_refused(cluster: Cluster, conn: RoutingConnection,
+                                                                        pki) -> None:
+    """What a previous shard owner (or any other broker) sends a partition leader: refused, nothing appended."""
+    import asyncio
+
+    from cursus.internal.client import InternalClient
+    from cursus.internal.v1 import replication_pb2 as pb
+    from cursus.transactions.markers import marker_record
+
+    out = _topic(conn, 1)
+    s = Session(conn, _name("tx-"))  # type: ignore[arg-type]
+    s.init()
+    s.begin()
+    s.publish(out, "z0", partition=0)
+    owner = _owner(cluster, s.tid).log_dir.name
+    leader = next(b for b in cluster.brokers if b.port == _leader_port(conn, out, 0)).log_dir.name
+    other = next(b.log_dir.name for b in cluster.brokers if b.log_dir.name != owner)
+
+    async def send(caller: str, coordinator_epoch: int) -> pb.TxnRecordResponse:
+        client = InternalClient(caller, tls=pki.files(caller), token="test-token")
+        try:
+            record = marker_record(out, 0, transactional_id=s.tid, producer_id=s.producer_id, producer_epoch=s.epoch,
+                                   commit=True, coordinator_epoch=coordinator_epoch,
+                                   timestamp_ms=int(time.time() * 1000))
+            request = pb.TxnRecordRequest(coordinator_id=caller, topic=out, partition=0, record=record,
+                                          coordinator_epoch=coordinator_epoch, transactional_id=s.tid,
+                                          producer_id=s.producer_id, producer_epoch=s.epoch, kind="commit")
+            return await client.append_txn_record(cluster.internal[leader], request, 10.0)
+        finally:
+            await client.close()
+
+    for caller, epoch in ((other, 1), (other, 2), (owner, 0)):  # not the owner; the owner at a stale epoch
+        response = asyncio.run(send(caller, epoch))
+        assert response.error.code == "NOT_COORDINATOR", (caller, epoch, response)
+    raw = read_all(conn, out, 0, isolation="read_uncommitted")  # type: ignore[arg-type]
+    assert [r.payload for r in raw] == [b"z0"]  # no marker got in
+    assert _visible(conn, out, 0) == []
+    assert s.end("abort")["state"] == "aborted"
+    assert _visible(conn, out, 0) == []
