@@ -35,7 +35,13 @@ from cursus.metadata.commands import (
     RegisterBroker,
     TxnSync,
 )
-from cursus.metadata.groups import GroupEntry, GroupRecordRefused, fold_records, parse_record
+from cursus.metadata.groups import (
+    GroupEntry,
+    GroupRecordRefused,
+    check_offsets_fence,
+    fold_records,
+    parse_record,
+)
 from cursus.metadata.state import (
     APPLIED_REQUESTS_KEPT,
     BrokerInfo,
@@ -48,6 +54,7 @@ from cursus.metadata.state import (
     transaction_shard,
 )
 from cursus.metadata.topics import TopicDefinition, apply_create
+from cursus.transactions.state import PREPARE_COMMIT as TXN_PREPARE_COMMIT
 from cursus.wire.errors import BrokerError
 
 
@@ -355,6 +362,14 @@ def _txn_sync(state: MetadataState, command: TxnSync) -> tuple[MetadataState, Ap
         if previous is not None and (entry.epoch < previous.epoch or entry.producer_id != previous.producer_id):
             raise BrokerError.of("invalid_cluster_request", shard=command.shard,
                                  reason="producer_session_moves_back", epoch=entry.epoch, current=previous.epoch)
+        if entry.state == TXN_PREPARE_COMMIT and entry.group is not None and entry.member is not None \
+                and entry.generation is not None and (previous is None or previous.state != TXN_PREPARE_COMMIT):
+            # the offsets' group fence in Raft order (the coordinator checked it on its possibly older view)
+            try:
+                check_offsets_fence(state.groups.get(entry.group), entry.group, entry.member, entry.generation,
+                                    entry.offset_partitions)
+            except GroupRecordRefused as exc:
+                raise BrokerError.of(exc.code, transactional_id=tid, reason=exc.reason, **exc.fields) from None
         entries[tid] = entry
     shard_state = TxnShardState(entries, max(current.next_producer_id, command.next_producer_id),
                                 command.request_id)

@@ -30,6 +30,8 @@ from cursus.wire.errors import BrokerError
 
 log = logging.getLogger("cursus.transactions")
 
+#: Refusals of the metadata FSM's group fence (a commit's staged offsets), answered as they are.
+FENCE_CODES = frozenset({"group_not_found", "GEN_MISMATCH", "member_not_found", "NOT_OWNER"})
 #: ``run_blocking(fn) -> awaitable``: the broker's worker thread.
 RunBlocking = Callable[[Callable[[], Any]], Awaitable[Any]]
 
@@ -215,6 +217,8 @@ class RaftTxnStore:
             code = exc.error.code
             if code == "NOT_COORDINATOR":
                 raise self._not_coordinator(exc.error.fields.get("owner")) from None
+            if code in FENCE_CODES:  # the FSM's group fence of the staged offsets: nothing stored
+                raise
             unknown = exc.error.fields.get("outcome") == "unknown"
             log.warning("transactions: TxnSync for %s failed: %s%s", tid, code, " (outcome unknown)" if unknown else "")
             raise BrokerError.of("transaction_sync_failed", transactional_id=tid, reason=code,

@@ -177,3 +177,29 @@ def test_txn_sync_apply_rules(steps: list[tuple]) -> None:
         fsm.apply(encode(command))
     assert encode_state(fsm.state) == encode_state(state)
     assert encode_state(decode_state(encode_state(state))) == encode_state(state)
+
+
+def test_prepare_commit_checks_the_offsets_group_fence_in_raft_order() -> None:
+    from tests.unit.test_metadata_groups import cmd, members, reg
+
+    state = _cluster(*BROKERS)
+    state, _ = apply(state, cmd(state, reg(), members()))  # group g: m-0001 owns t/0 and t/1 at generation 1
+    shard = transaction_shard("t1", SHARDS)
+    base = TxnEntry("t1", str(SHARDS + shard), 1, "open", partitions=(("out", 0),), group="g", member="m-0001",
+                    generation=1, offsets=(("t", 0, 5),))
+    state, _ = apply(state, _sync(state, entry=base, rid="open"))
+
+    def prepare(**changes: object) -> TxnSync:
+        import dataclasses
+        return _sync(state, entry=dataclasses.replace(base, state="prepare_commit", **changes), rid="p")
+
+    assert _code(state, prepare(generation=2)) == "GEN_MISMATCH"
+    assert _code(state, prepare(member="m-0002")) == "member_not_found"
+    assert _code(state, prepare(offsets=(("t", 0, 5), ("t", 2, 1)))) == "NOT_OWNER"
+    assert _code(state, prepare(group="nope")) == "group_not_found"
+    prepared, _ = apply(state, prepare())
+    assert prepared.txn_entry("t1").state == "prepare_commit"
+    # once prepared the decision stands: its retry and the final decision are not re-fenced
+    moved, _ = apply(prepared, cmd(prepared, members(generation=2, revision=2)))
+    again, _ = apply(moved, _sync(moved, entry=prepared.txn_entry("t1"), rid="p2"))
+    assert again.txn_entry("t1").state == "prepare_commit"
