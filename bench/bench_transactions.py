@@ -10,7 +10,12 @@
    the two must be equal (no index, the old path).
    ``CURSUS_BENCH_PLAIN_ONLY=1`` runs only the plain-topic reads (``txn_read_plain_only``), e.g. with
    ``PYTHONPATH=<checkout without transactions>`` for a before/after of the plain read path.
-3. ``txn_journal_replay``: a journal holding 100,000 transactions (4 transitions each over 1,000 ids):
+3. ``txn_commit_cluster`` (three-node mode): the same transactions against a 3-node Raft cluster (mutual
+   TLS, replication factor 3, output partitions led by different brokers): each transactional id's commands go
+   to its coordinator (FIND_COORDINATOR), the state persists through TxnSync, records and markers on
+   partitions led elsewhere travel over the internal listener; transactions/s and END_TXN p50/p99 (ms).
+   ``CURSUS_BENCH_TXN_CLUSTER=0`` skips it, ``=only`` runs only it.
+4. ``txn_journal_replay``: a journal holding 100,000 transactions (4 transitions each over 1,000 ids):
    replay time of the compacted file (what the broker keeps) and of the same history uncompacted.
 """
 
@@ -197,8 +202,55 @@ def _bench_replay() -> list[dict]:
              "compacted_bytes": size_compacted, "compacted_replay_ms": round(compacted_s * 1000, 1)}]
 
 
+def _bench_cluster() -> list[dict]:
+    from tests.cluster.clustersupport import Cluster
+    from tests.cluster.raftsupport import make_test_pki
+
+    with tempfile.TemporaryDirectory(prefix="bench-txn-cluster-") as tmp:
+        root = Path(tmp)
+        (root / "nodes").mkdir()
+        cluster = Cluster(root / "nodes", make_test_pki(root / "pki"))
+        conns: dict[int, Connection] = {}
+        try:
+            cluster.start()
+            ports = [b.port for b in cluster.brokers]
+            for port in ports:
+                conns[port] = Connection("127.0.0.1", port, timeout_s=60)
+            admin = conns[ports[0]]
+            _ok(admin.command("CREATE topic=bench-out partitions=2 replication_factor=3"))
+            deadline = time.monotonic() + 30
+            while any(conns[p].command(f"LIST_OFFSETS topic=bench-out partition={q}").status != Status.OK
+                      and time.monotonic() < deadline for p in ports[:1] for q in range(2)):
+                time.sleep(0.1)
+            owners: dict[str, Connection] = {}
+            for i in range(10):
+                found = _ok(admin.command(f"FIND_COORDINATOR transactional_id=bench-{i}"))
+                owners[f"bench-{i}"] = conns[int(found["port"])]
+            for i in range(10):  # warm-up: leaders ready, channels open
+                _transaction(owners[f"bench-{i}"], f"bench-{i}", "bench-out", 2)
+            commit_s = []
+            started = time.perf_counter()
+            for i in range(TXNS):
+                tid = f"bench-{i % 10}"
+                commit_s.append(_transaction(owners[tid], tid, "bench-out", 2))
+            elapsed = time.perf_counter() - started
+            ms = [x * 1000 for x in commit_s]
+            return [{"bench": "txn_commit_cluster", "nodes": 3, "replication_factor": 3, "transactions": TXNS,
+                     "records_per_txn": RECORDS_PER_TXN, "txn_per_s": round(TXNS / elapsed, 1),
+                     "commit_p50_ms": round(_pct(ms, 0.5), 2), "commit_p99_ms": round(_pct(ms, 0.99), 2)}]
+        finally:
+            for conn in conns.values():
+                conn.close()
+            cluster.stop()
+
+
 def run() -> list[dict]:
-    return _bench_broker() if PLAIN_ONLY else _bench_broker() + _bench_replay()
+    mode = os.environ.get("CURSUS_BENCH_TXN_CLUSTER", "1")
+    if mode == "only":
+        return _bench_cluster()
+    if PLAIN_ONLY:
+        return _bench_broker()
+    return _bench_broker() + (_bench_cluster() if mode != "0" else []) + _bench_replay()
 
 
 if __name__ == "__main__":

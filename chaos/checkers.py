@@ -554,6 +554,57 @@ def check_replica_divergence(ops: list[Op]) -> list[Anomaly]:
 
 
 #: Every checker, by the name used in reports.
+def check_txn_reads(ops: list[Op]) -> list[Anomaly]:
+    """The transactional workload (:mod:`chaos.txn`): read_committed must never return a value of an aborted
+    transaction (an ``ok`` txn whose result is abort, or a ``fail`` one: refused before any decision), nor one
+    of a transaction before its END_TXN was even sent (an uncommitted read), nor one value twice. In the final
+    reads every value of an acknowledged commit is visible, and an unknown outcome (``info``) is all or
+    nothing."""
+    txns = {v: op for op in ops if op.f == "txn" for v in op.value.get("values") or []}
+    reads = [op for op in ops if op.f == "txn-read" and op.type == OK]
+    out: list[Anomaly] = []
+    final_seen: dict[str, list[Op]] = defaultdict(list)
+    for op in reads:
+        positions: dict[str, int] = {}
+        for offset, value, _key in op.result.get("records") or []:
+            txn = txns.get(value)
+            if op.value.get("final"):
+                final_seen[value].append(op)
+            if value in positions and positions[value] != offset:
+                out.append(Anomaly("aborted-or-uncommitted-read", f"txn value {value} read twice in one reply",
+                                   op.start, op.end, {"value": value, "offsets": [positions[value], offset],
+                                                      "read": _op_ref(op)}))
+            positions[value] = offset
+            if txn is None:
+                out.append(Anomaly("aborted-or-uncommitted-read", f"read_committed returned {value}, which no "
+                                   "transaction wrote", op.start, op.end, {"value": value, "read": _op_ref(op)}))
+                continue
+            aborted = txn.type == FAIL or (txn.type == OK and (txn.result.get("state") == "aborted"
+                                                               or txn.value.get("result") == "abort"))
+            if aborted:
+                out.append(Anomaly("aborted-or-uncommitted-read", f"read_committed returned {value} of an aborted "
+                                   "transaction", min(txn.start, op.start), op.end,
+                                   {"value": value, "txn": _op_ref(txn), "read": _op_ref(op), "what": "aborted"}))
+            elif op.end < txn.start:
+                out.append(Anomaly("aborted-or-uncommitted-read", f"read_committed returned {value} before its "
+                                   "END_TXN was sent", op.start, txn.start,
+                                   {"value": value, "txn": _op_ref(txn), "read": _op_ref(op), "what": "uncommitted"}))
+    if any(op.value.get("final") for op in reads):
+        for txn in {id(t): t for t in txns.values()}.values():
+            values = txn.value.get("values") or []
+            visible = [v for v in values if v in final_seen]
+            committed = txn.type == OK and txn.result.get("state") == "committed"
+            if committed and len(visible) != len(values):
+                out.append(Anomaly("aborted-or-uncommitted-read", "an acknowledged commit is not fully visible in "
+                                   "the final reads", txn.start, txn.end,
+                                   {"txn": _op_ref(txn), "missing": sorted(set(values) - set(visible))}))
+            elif txn.type not in (OK, FAIL) and visible and len(visible) != len(values):
+                out.append(Anomaly("aborted-or-uncommitted-read", "a transaction of unknown outcome is partly "
+                                   "visible", txn.start, txn.end,
+                                   {"txn": _op_ref(txn), "visible": visible, "values": values}))
+    return out
+
+
 CHECKERS: dict[str, Callable[[list[Op]], list[Anomaly]]] = {
     "lost-writes": check_lost_writes,
     "duplicates": check_duplicates,
@@ -567,6 +618,7 @@ CHECKERS: dict[str, Callable[[list[Op]], list[Anomaly]]] = {
     "leaderless": check_leaderless,
     "replica-divergence": check_replica_divergence,
     "acks1-losses": check_acks1_losses,
+    "aborted-or-uncommitted-read": check_txn_reads,
 }
 #: Checkers whose findings are reported but are not violations (cluster acks=1 losses under leader loss).
 INFORMATIONAL = frozenset({"acks1-losses"})

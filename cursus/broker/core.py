@@ -179,10 +179,14 @@ class Broker:
             self.raft_group_log.on_adopt_offsets = self.coordinator.adopt_offsets
             self.metadata.observe(self.raft_group_log.observe)
             self.metadata.subscribe(self._groups_follow_ownership)
-        #: Transactions (standalone): coordinator state, journal, per-partition transaction indexes.
+        #: Transactions: coordinator state (journal standalone, TxnSync in a cluster), per-partition
+        #: transaction indexes.
         self.transactions = TransactionCoordinator(self)
         #: Event sourcing: per-partition stream indexes and snapshot stores (cursus.broker.eventstore).
         self.events = EventStore(self)
+        if isinstance(self.metadata, RaftMetadata):
+            self.metadata.subscribe(self.transactions.on_metadata)
+            self.metadata.observe(self.transactions.observe)
         #: Active STREAM requests; each has ``stop(reason)`` (see cursus.broker.handlers.stream).
         self.streams: set[Any] = set()
         #: Is the client connection ``host:port`` still open? The server installs its answer; until then
@@ -279,10 +283,11 @@ class Broker:
                 await broker.replication.start()
             await broker._open_coordinator()
             broker.events.start()
-            if not config.enabled_distribution:
-                broker.not_ready_reasons["transactions"] = "recovering"
-                await broker.transactions.open()
-                broker.not_ready_reasons.pop("transactions", None)
+            broker.not_ready_reasons["transactions"] = "recovering"
+            if broker.replication is not None:
+                broker.replication.server.txn_handler = broker.transactions.serve_txn_record
+            await broker.transactions.open()
+            broker.not_ready_reasons.pop("transactions", None)
         except BaseException:
             await broker.events.close()
             await broker.transactions.close()
@@ -446,6 +451,7 @@ class Broker:
         key = (replica.topic, replica.partition)
         if self.replicas.get(key) is replica:
             self.producers[key] = producers
+            self.transactions.on_leader_ready(replica)
 
     def _follow_leadership(self, old: MetadataState, new: MetadataState) -> None:
         """Metadata listener: local replicas whose assignment changed take their new role."""

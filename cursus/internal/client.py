@@ -197,6 +197,22 @@ class InternalClient:
             raise InternalRpcError.of(exc) from None
         return response
 
+    async def append_txn_record(self, address: str, request: pb.TxnRecordRequest,
+                                timeout_s: float) -> pb.TxnRecordResponse:
+        """One ``Replication.AppendTxnRecord`` call to the internal listener at ``address`` (waits for the
+        channel to (re)connect within ``timeout_s``: a peer that just restarted is reached).
+
+        Raises:
+            InternalRpcError: the peer is down, refused the call, or did not answer within ``timeout_s``.
+        """
+        stub = pb_grpc.ReplicationStub(self.channel(address))
+        try:
+            response: pb.TxnRecordResponse = await stub.AppendTxnRecord(
+                request, metadata=self._metadata, timeout=timeout_s, wait_for_ready=True)
+        except grpc.aio.AioRpcError as exc:
+            raise InternalRpcError.of(exc) from None
+        return response
+
     async def forget(self, address: str) -> None:
         """Close and drop the channel to ``address`` (a peer that left the cluster)."""
         channel = self._channels.pop(address, None)

@@ -1,5 +1,6 @@
 """The internal listener: a ``grpc.aio`` server for broker-to-broker calls (``Replication.Fetch``, and
-``Replication.ReplicateSnapshot`` for the event store).
+``Replication.ReplicateSnapshot`` for the event store, and ``Replication.AppendTxnRecord``: a transaction
+coordinator writes a record to a partition this broker leads).
 
 Every call is authenticated before the handler sees a single request (``docs/cluster.md, "The internal listener"``):
 
@@ -64,6 +65,12 @@ def _bind_target(host: str, port: int) -> str:
 
 def _read_tls(files: TLSFiles) -> tuple[bytes, bytes, bytes]:
     return Path(files.key).read_bytes(), Path(files.cert).read_bytes(), Path(files.ca).read_bytes()
+
+
+#: ``handler(coordinator_id, request) -> response``: the partition-leader side of AppendTxnRecord.
+TxnRecordHandler = Callable[[str, pb.TxnRecordRequest], Awaitable[pb.TxnRecordResponse]]
+#: Stores a replicated event-store snapshot on this broker (the broker's event store installs it).
+SnapshotHandler = Callable[[pb.SnapshotRequest], Awaitable[pb.SnapshotResponse]]
 
 
 class _Refused(Exception):
@@ -155,9 +162,26 @@ class _Servicer(pb_grpc.ReplicationServicer):
             await context.abort(grpc.StatusCode.INTERNAL, "snapshot handler failed (see the follower's log)")
             raise
 
-
-#: Stores a replicated event-store snapshot on this broker (the broker's event store installs it).
-SnapshotHandler = Callable[[pb.SnapshotRequest], Awaitable[pb.SnapshotResponse]]
+    async def AppendTxnRecord(self, request: pb.TxnRecordRequest,  # the generated method name
+                              context: grpc.aio.ServicerContext) -> pb.TxnRecordResponse:
+        server = self._server
+        refusal = server.authenticate(context) or server.check_follower(
+            request.coordinator_id, server.identity_of(context), context)
+        if refusal is not None:
+            await server.refuse(context, *refusal)
+            return pb.TxnRecordResponse()
+        handler = server.txn_handler
+        if handler is None:
+            return pb.TxnRecordResponse(error=pb.Error(code="transaction_manager_not_available",
+                                                       message="no transaction participant here"))
+        try:
+            return await handler(request.coordinator_id, request)
+        except asyncio.CancelledError:
+            raise
+        except Exception:  # a handler bug must not leak details to the peer, nor crash the server
+            log.exception("internal listener: AppendTxnRecord failed for %s", request.coordinator_id)
+            await context.abort(grpc.StatusCode.INTERNAL, "txn record handler failed (see the leader's log)")
+            return pb.TxnRecordResponse()
 
 
 class InternalServer:
@@ -201,6 +225,9 @@ class InternalServer:
         self.active_streams = 0
         self.bound_port = 0
         self._server: grpc.aio.Server | None = None
+        #: The AppendTxnRecord handler (installed by the broker's transaction coordinator; None: refused
+        #: with ``transaction_manager_not_available``). Called only for authenticated members.
+        self.txn_handler: TxnRecordHandler | None = None
         self._warned: dict[str, float] = {}
         #: ``ReplicateSnapshot`` calls go here once the broker installs it (None: answered UNSUPPORTED_FEATURE).
         self.snapshot_handler: SnapshotHandler | None = None

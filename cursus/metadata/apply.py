@@ -33,18 +33,28 @@ from cursus.metadata.commands import (
     GroupRecords,
     PutTopic,
     RegisterBroker,
+    TxnSync,
 )
-from cursus.metadata.groups import GroupEntry, GroupRecordRefused, fold_records, parse_record
+from cursus.metadata.groups import (
+    GroupEntry,
+    GroupRecordRefused,
+    check_offsets_fence,
+    fold_records,
+    parse_record,
+)
 from cursus.metadata.state import (
     APPLIED_REQUESTS_KEPT,
     BrokerInfo,
     MetadataState,
     PartitionAssignment,
     PartitionKey,
+    TxnShardState,
     derive_txn_shards,
     place,
+    transaction_shard,
 )
 from cursus.metadata.topics import TopicDefinition, apply_create
+from cursus.transactions.state import PREPARE_COMMIT as TXN_PREPARE_COMMIT
 from cursus.wire.errors import BrokerError
 
 
@@ -108,6 +118,10 @@ def apply(state: MetadataState, command: Command) -> tuple[MetadataState, ApplyR
         new, result = _group_records(state, command)
         # Not recorded in ``applied`` either: retries are deduplicated by the Raft request id and fenced by
         # the group's sequence, and offset commits are far too frequent for the bounded record.
+        return dataclasses.replace(new, revision=state.revision + 1), result
+    elif isinstance(command, TxnSync):
+        new, result = _txn_sync(state, command)
+        # Not recorded in ``applied``: fenced by the shard epoch, and as frequent as transactions.
         return dataclasses.replace(new, revision=state.revision + 1), result
     elif isinstance(command, DeleteTopic):
         new, result = _delete(state, command)
@@ -319,6 +333,51 @@ def _group_records(state: MetadataState, command: GroupRecords) -> tuple[Metadat
     return new, ApplyResult(changed=True)
 
 
+def _txn_sync(state: MetadataState, command: TxnSync) -> tuple[MetadataState, ApplyResult]:
+    """Store one shard owner's coordinator transitions (rules: :class:`TxnSync`).
+
+    Raises:
+        BrokerError: ``invalid_cluster_request`` (standalone, a bad shard, an id of another shard, an
+            epoch moving back), ``NOT_COORDINATOR`` (``origin`` does not own the shard at that epoch;
+            ``owner=`` names who does); the state is unchanged.
+    """
+    if not state.cluster:
+        raise BrokerError.of("invalid_cluster_request", reason="TxnSync is a cluster command")
+    shards = state.coordinator_shards
+    if not 0 <= command.shard < shards:
+        raise BrokerError.of("invalid_cluster_request", shard=command.shard, reason="no such coordinator shard")
+    owner = state.txn_shards.get(command.shard)
+    if owner is None or owner.owner != command.origin or owner.epoch != command.shard_epoch:
+        raise BrokerError.of("NOT_COORDINATOR", shard=command.shard, origin=command.origin,
+                             owner=owner.owner if owner is not None else None,
+                             epoch=owner.epoch if owner is not None else 0, requested_epoch=command.shard_epoch,
+                             reason="origin_does_not_own_shard")
+    current = state.txn.get(command.shard) or TxnShardState()
+    entries = dict(current.entries)
+    for entry in command.entries:
+        tid = entry.transactional_id
+        if transaction_shard(tid, shards) != command.shard:
+            raise BrokerError.of("invalid_cluster_request", shard=command.shard, reason="id_of_another_shard")
+        previous = entries.get(tid)
+        if previous is not None and (entry.epoch < previous.epoch or entry.producer_id != previous.producer_id):
+            raise BrokerError.of("invalid_cluster_request", shard=command.shard,
+                                 reason="producer_session_moves_back", epoch=entry.epoch, current=previous.epoch)
+        if entry.state == TXN_PREPARE_COMMIT and entry.group is not None and entry.member is not None \
+                and entry.generation is not None and (previous is None or previous.state != TXN_PREPARE_COMMIT):
+            # the offsets' group fence in Raft order (the coordinator checked it on its possibly older view)
+            try:
+                check_offsets_fence(state.groups.get(entry.group), entry.group, entry.member, entry.generation,
+                                    entry.offset_partitions)
+            except GroupRecordRefused as exc:
+                raise BrokerError.of(exc.code, transactional_id=tid, reason=exc.reason, **exc.fields) from None
+        entries[tid] = entry
+    shard_state = TxnShardState(entries, max(current.next_producer_id, command.next_producer_id),
+                                command.request_id)
+    touched = state.txn_touched | frozenset(command.touched) if command.touched else state.txn_touched
+    new = dataclasses.replace(state, txn={**state.txn, command.shard: shard_state}, txn_touched=touched)
+    return new, ApplyResult(changed=True)
+
+
 def _delete(state: MetadataState, command: DeleteTopic) -> tuple[MetadataState, ApplyResult]:
     _check_revision(state, command.topic, command.expected_revision)
     if command.topic not in state.topics:
@@ -326,7 +385,8 @@ def _delete(state: MetadataState, command: DeleteTopic) -> tuple[MetadataState, 
     topics = {n: d for n, d in state.topics.items() if n != command.topic}
     removed = tuple(sorted(k for k in state.assignments if k[0] == command.topic))
     assignments = {k: a for k, a in state.assignments.items() if k[0] != command.topic}
-    new = dataclasses.replace(state, topics=topics, assignments=assignments)
+    touched = frozenset(tp for tp in state.txn_touched if tp[0] != command.topic)
+    new = dataclasses.replace(state, topics=topics, assignments=assignments, txn_touched=touched)
     return new, ApplyResult(topic=None, changed=True, removed=removed)
 
 

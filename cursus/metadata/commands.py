@@ -18,6 +18,7 @@ from typing import Any
 from cursus.metadata.state import BrokerInfo
 from cursus.metadata.topics import TopicDefinition, TopicSpec
 from cursus.params import parse_args
+from cursus.transactions.state import TxnEntry
 from cursus.wire.errors import BrokerError
 
 COMMAND_VERSION = 1
@@ -184,8 +185,28 @@ class GroupRecords:
     records: tuple[str, ...]
 
 
+@dataclass(frozen=True, slots=True)
+class TxnSync:
+    """The transaction coordinator on ``origin`` persists transitions of one shard (cluster only; the
+    reference's ``TXN_SYNC``): the same per-transactional-id snapshots the standalone journal appends.
+
+    Applied only when ``origin`` owns ``shard`` at ``shard_epoch`` in the state it is applied to (else
+    ``NOT_COORDINATOR owner=``: a previous owner is fenced), every entry's id maps to ``shard`` and no
+    entry's producer epoch moves back. ``next_producer_id`` raises the shard's counter; ``touched`` adds
+    partitions that take transactional records.
+    """
+
+    request_id: str
+    origin: str
+    shard: int
+    shard_epoch: int
+    entries: tuple[TxnEntry, ...]
+    next_producer_id: int = 1
+    touched: tuple[tuple[str, int], ...] = ()
+
+
 Command = (CreateTopic | PutTopic | AlterTopicConfig | DeleteTopic | RegisterBroker | BrokerHeartbeat
-           | FenceBroker | ElectLeader | ChangeIsr | CommitHwm | GroupRecords)
+           | FenceBroker | ElectLeader | ChangeIsr | CommitHwm | GroupRecords | TxnSync)
 
 _TYPES: dict[str, type] = {
     "create_topic": CreateTopic,
@@ -199,6 +220,7 @@ _TYPES: dict[str, type] = {
     "change_isr": ChangeIsr,
     "commit_hwm": CommitHwm,
     "group_records": GroupRecords,
+    "txn_sync": TxnSync,
 }
 _NAMES = {cls: name for name, cls in _TYPES.items()}
 
@@ -234,6 +256,10 @@ def _body(command: Command) -> dict[str, Any]:
     if isinstance(command, GroupRecords):
         return {"group": command.group, "origin": command.origin, "sequence": command.sequence,
                 "records": list(command.records)}
+    if isinstance(command, TxnSync):
+        return {"origin": command.origin, "shard": command.shard, "shard_epoch": command.shard_epoch,
+                "entries": [e.to_json() for e in command.entries], "next_producer_id": command.next_producer_id,
+                "touched": [list(tp) for tp in command.touched]}
     return {"broker": command.broker.to_dict()}
 
 
@@ -275,6 +301,7 @@ _FIELDS = {
     "change_isr": {"topic", "partition", "leader_epoch", "isr"},
     "commit_hwm": {"broker_id", "entries"},
     "group_records": {"group", "origin", "sequence", "records"},
+    "txn_sync": {"origin", "shard", "shard_epoch", "entries", "next_producer_id", "touched"},
 }
 
 
@@ -342,6 +369,17 @@ def decode(data: bytes) -> Command:
                 raise ValueError("group_records sequence must be >= 1")
             return GroupRecords(request_id, _str(doc["group"]), _str(doc["origin"]), sequence,
                                 tuple(_str(r) for r in doc["records"]))
+        if kind == "txn_sync":
+            if not isinstance(doc["entries"], list) or not isinstance(doc["touched"], list):
+                raise ValueError("entries and touched must be lists")
+            touched = []
+            for row in doc["touched"]:
+                if not isinstance(row, list) or len(row) != 2:
+                    raise ValueError("a touched partition is [topic, partition]")
+                touched.append((_str(row[0]), _int(row[1])))
+            return TxnSync(request_id, _str(doc["origin"]), _int(doc["shard"]), _int(doc["shard_epoch"]),
+                           tuple(TxnEntry.from_json(e) for e in doc["entries"]), _int(doc["next_producer_id"]),
+                           tuple(touched))
         if not isinstance(doc["broker"], dict):
             raise ValueError("broker must be an object")
         broker = BrokerInfo.from_dict(doc["broker"])

@@ -206,3 +206,33 @@ def entry_from_row(row: Any) -> tuple[str, GroupEntry]:
             raise ValueError(f"group {name!r} repeats slot {rec.slot}")
         records[rec.slot] = rec
     return name, GroupEntry(sequence, last_request, origin, records)
+
+
+def check_offsets_fence(entry: GroupEntry | None, group: str, member: str, generation: int,
+                        partitions: Iterable[tuple[str, int]]) -> None:
+    """The group fence of a transaction's staged offsets against the group's applied records (cluster
+    ``TxnSync`` entering ``prepare_commit``): the group is registered, ``member`` belongs to its current
+    membership at ``generation`` and owns every partition.
+
+    Raises:
+        GroupRecordRefused: ``code`` ``group_not_found``, ``GEN_MISMATCH``, ``member_not_found`` or ``NOT_OWNER``.
+    """
+    registration = entry.records.get(REGISTRATION_SLOT) if entry is not None else None
+    if registration is None or registration.kind != "group_registration":
+        raise GroupRecordRefused("group_not_found", "group_not_registered", group=group)
+    membership = entry.records.get(MEMBERSHIP_SLOT) if entry is not None else None
+    doc: dict[str, Any] = {}
+    if membership is not None and membership.epoch == registration.epoch:
+        doc = json.loads(membership.payload)
+    current = doc.get("generation")
+    if current != generation:
+        raise GroupRecordRefused("GEN_MISMATCH", "generation_changed", group=group, generation=generation,
+                                 current=current if current is not None else 0)
+    owned = {m.get("member_id"): {(a.get("topic"), a.get("partition")) for a in m.get("assignments") or []}
+             for m in doc.get("members") or []}
+    if member not in owned:
+        raise GroupRecordRefused("member_not_found", "member_not_in_membership", group=group, member=member)
+    for topic, partition in partitions:
+        if (topic, partition) not in owned[member]:
+            raise GroupRecordRefused("NOT_OWNER", "partition_not_assigned", group=group, member=member,
+                                     topic=topic, partition=partition)

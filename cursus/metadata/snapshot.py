@@ -12,7 +12,11 @@ one row per group, its payloads re-validated on decode). A ``v: 1`` state (writt
 the metadata log, when they lived in the replicated ``__consumer_offsets`` topic) is accepted with no groups
 *only* when it has no ``__consumer_offsets`` topic, i.e. no group can have existed; otherwise it is refused
 (:class:`UnsupportedGroupState`, so ``unsupported recovery protocol``): defaulting it would silently drop
-every committed offset. The Raft snapshot container stays format 9.
+every committed offset. ``v: 3`` adds ``txn`` (per coordinator shard: its producer-id counter and the latest
+:class:`~cursus.transactions.state.TxnEntry` per transactional id, ``TxnSync``) and ``txn_touched``. A ``v: 2``
+(or ``v: 1``) state is read with no transaction state: before v3 a cluster's shard owner answered
+``UNSUPPORTED_FEATURE`` to every transaction command, so no cluster transaction can have existed. The Raft
+snapshot container stays format 9.
 """
 
 from __future__ import annotations
@@ -29,12 +33,14 @@ from cursus.metadata.state import (
     MetadataState,
     PartitionAssignment,
     ShardOwner,
+    TxnShardState,
 )
 from cursus.metadata.topics import TopicDefinition
+from cursus.transactions.state import TxnEntry
 
-STATE_VERSION = 2
+STATE_VERSION = 3
 #: Older state versions :func:`decode_state` still reads (see the module docstring).
-LEGACY_STATE_VERSIONS = (1,)
+LEGACY_STATE_VERSIONS = (1, 2)
 #: The topic whose presence in a v1 state means groups lived outside the metadata log.
 LEGACY_OFFSETS_TOPIC = "__consumer_offsets"
 
@@ -108,6 +114,10 @@ def encode_state(state: MetadataState) -> bytes:
         "brokers": [state.brokers[b].to_dict() for b in sorted(state.brokers)],
         "applied": [[rid, result_to_dict(r)] for rid, r in state.applied.items()],
         "groups": [entry_to_row(name, state.groups[name]) for name in sorted(state.groups)],
+        "txn": [[shard, state.txn[shard].next_producer_id, state.txn[shard].last_request,
+                 [state.txn[shard].entries[tid].to_json() for tid in sorted(state.txn[shard].entries)]]
+                for shard in sorted(state.txn)],
+        "txn_touched": sorted([t, p] for t, p in state.txn_touched),
     }
     if state.txn_shards:  # absent in states that never had a shard table (their bytes stay as they were)
         doc["txn_shards"] = [[shard, state.txn_shards[shard].owner, state.txn_shards[shard].epoch]
@@ -136,7 +146,15 @@ def decode_state(data: bytes) -> MetadataState:
         applied = {str(rid): result_from_dict(r) for rid, r in doc["applied"]}
         shards = {int(shard): ShardOwner(None if owner is None else str(owner), int(epoch))
                   for shard, owner, epoch in doc.get("txn_shards", ())}
+        txn: dict[int, TxnShardState] = {}
+        touched: frozenset[tuple[str, int]] = frozenset()
         if version == STATE_VERSION:
+            for shard, next_pid, last_request, entries in doc["txn"]:
+                parsed = [TxnEntry.from_json(e) for e in entries]
+                txn[int(shard)] = TxnShardState({e.transactional_id: e for e in parsed}, int(next_pid),
+                                                str(last_request))
+            touched = frozenset((str(t), int(p)) for t, p in doc["txn_touched"])
+        if version in (2, STATE_VERSION):
             groups = dict(entry_from_row(row) for row in doc["groups"])
         elif LEGACY_OFFSETS_TOPIC in topics:
             raise UnsupportedGroupState(f"a v{version} metadata state keeps consumer groups in "
@@ -146,7 +164,7 @@ def decode_state(data: bytes) -> MetadataState:
         return MetadataState(revision=int(doc["revision"]), topics=topics, assignments=assignments,
                              brokers=brokers, applied=applied, initial_leader_epoch=int(doc["initial_leader_epoch"]),
                              cluster=bool(doc["cluster"]), coordinator_shards=int(doc["coordinator_shards"]),
-                             txn_shards=shards, groups=groups)
+                             txn_shards=shards, groups=groups, txn=txn, txn_touched=touched)
     except (MissingProvenance, UnsupportedGroupState):
         raise
     except (KeyError, TypeError, AttributeError, UnicodeDecodeError, json.JSONDecodeError, ValueError) as exc:

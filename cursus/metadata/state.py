@@ -22,6 +22,7 @@ from typing import Any
 
 from cursus.metadata.groups import GroupEntry
 from cursus.metadata.topics import TopicDefinition
+from cursus.transactions.state import TxnEntry
 
 #: Virtual nodes per broker on the placement ring (facts B7).
 RING_VIRTUAL_NODES = 150
@@ -109,6 +110,23 @@ class ShardOwner:
 
 
 @dataclass(frozen=True, slots=True)
+class TxnShardState:
+    """Cluster only: the transaction-coordinator state of one shard, as its owner's ``TxnSync`` commands
+    left it (the same per-transactional-id snapshots the standalone journal persists).
+
+    Attributes:
+        entries: transactional id -> its latest :class:`~cursus.transactions.state.TxnEntry`.
+        next_producer_id: the shard's producer-id counter ``n`` (ids are ``n * shards + shard``, so the
+            shards never collide); only grows.
+        last_request: request id of the last applied ``TxnSync`` (observers tell theirs apart).
+    """
+
+    entries: Mapping[str, TxnEntry] = field(default_factory=dict)
+    next_producer_id: int = 1
+    last_request: str = ""
+
+
+@dataclass(frozen=True, slots=True)
 class MetadataState:
     """One immutable version of all authoritative metadata.
 
@@ -132,6 +150,10 @@ class MetadataState:
         groups: cluster only: consumer group name -> its compacted records (registration or tombstone,
             membership, offset snapshots), see :mod:`cursus.metadata.groups`. Standalone keeps groups in
             ``__consumer_offsets`` and this stays empty.
+        txn: cluster only: transaction-coordinator shard -> its entries (``TxnSync``); standalone keeps
+            them in ``__transaction_state.journal`` and this stays empty.
+        txn_touched: cluster only: every partition that ever took a transactional record (a new leader of
+            one rebuilds its transaction index from its log).
     """
 
     revision: int = 0
@@ -144,6 +166,15 @@ class MetadataState:
     coordinator_shards: int = 0
     txn_shards: Mapping[int, ShardOwner] = field(default_factory=dict)
     groups: Mapping[str, GroupEntry] = field(default_factory=dict)
+    txn: Mapping[int, TxnShardState] = field(default_factory=dict)
+    txn_touched: frozenset[tuple[str, int]] = frozenset()
+
+    def txn_entry(self, transactional_id: str) -> TxnEntry | None:
+        """The applied coordinator entry of ``transactional_id`` (cluster), or None."""
+        if not self.coordinator_shards:
+            return None
+        shard = self.txn.get(transaction_shard(transactional_id, self.coordinator_shards))
+        return shard.entries.get(transactional_id) if shard is not None else None
 
     def topic(self, name: str) -> TopicDefinition | None:
         return self.topics.get(name)

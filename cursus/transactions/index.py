@@ -36,6 +36,8 @@ class OpenTxn:
     #: offset of its marker once written (None before); ``commit`` is the marker's decision
     marker_offset: int | None = None
     commit: bool = False
+    #: seqNum -> offset of its data records here (a retried TXN_PUBLISH appends nothing)
+    seqs: dict[int, int] = field(default_factory=dict)
 
     def add(self, offset: int) -> None:
         if self.ranges and self.ranges[-1][1] == offset:
@@ -61,14 +63,24 @@ class PartitionTxnIndex:
 
     # ------------------------------------------------------------------------------------ updates
 
-    def on_data(self, producer_id: str, offset: int, *, transactional_id: str, producer_epoch: int) -> None:
-        """A transactional data record was appended at ``offset``."""
+    def on_data(self, producer_id: str, offset: int, *, transactional_id: str, producer_epoch: int,
+                seq_num: int = 0) -> None:
+        """A transactional data record was appended at ``offset`` (``seq_num`` > 0: its TXN_PUBLISH seqNum)."""
         txn = self.open.get(producer_id)
         if txn is None or txn.marker_offset is not None:
             if txn is not None:  # a record after a pending marker: the old one resolves as decided
                 self.finalize(producer_id)
             txn = self.open[producer_id] = OpenTxn(transactional_id, producer_epoch, offset)
         txn.add(offset)
+        if seq_num > 0:
+            txn.seqs[seq_num] = offset
+
+    def published(self, producer_id: str, producer_epoch: int, seq_num: int) -> int | None:
+        """The offset of the open transaction's record with ``seq_num`` in ``producer_epoch``, if any."""
+        txn = self.open.get(producer_id)
+        if txn is None or txn.producer_epoch != producer_epoch or txn.marker_offset is not None:
+            return None
+        return txn.seqs.get(seq_num)
 
     def on_marker(self, producer_id: str, offset: int, *, commit: bool, final: bool) -> None:
         """A marker was appended at ``offset`` for ``producer_id``'s transaction (hidden at once). With

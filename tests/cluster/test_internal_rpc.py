@@ -463,3 +463,34 @@ async def test_closed_client_refuses_new_streams(clients) -> None:
     with pytest.raises(RuntimeError):
         client.fetch_stream("127.0.0.1:1")
     assert "internal-secret" not in repr(client)
+
+
+# -- AppendTxnRecord (a transaction coordinator writing to another broker's partition) ----------------------
+
+
+async def test_append_txn_record_is_authenticated_and_bound_to_the_caller_identity(make_server, clients,
+                                                                                   pki) -> None:
+    server = await make_server(Echo(), tls=pki.files("node-1"))
+    seen: list[tuple[str, str]] = []
+
+    async def handler(coordinator_id: str, request: pb.TxnRecordRequest) -> pb.TxnRecordResponse:
+        seen.append((coordinator_id, request.topic))
+        return pb.TxnRecordResponse(end_offset=7)
+
+    request = pb.TxnRecordRequest(coordinator_id="node-2", topic="t", partition=0, kind="data")
+    client = client_for(clients, "node-2", pki.files("node-2"))
+    # no handler installed yet: a typed, retryable refusal
+    response = await client.append_txn_record(address(server), request, STEP_S)
+    assert response.error.code == "transaction_manager_not_available"
+    server.txn_handler = handler
+    assert (await client.append_txn_record(address(server), request, STEP_S)).end_offset == 7
+    assert seen == [("node-2", "t")]
+    with pytest.raises(InternalRpcError) as info:  # a member claiming another coordinator
+        await client.append_txn_record(address(server), pb.TxnRecordRequest(coordinator_id="node-3"), STEP_S)
+    assert info.value.code == grpc.StatusCode.PERMISSION_DENIED
+    wrong = client_for(clients, "node-2", pki.files("node-2"), token="guess")
+    with pytest.raises(InternalRpcError) as info:
+        await wrong.append_txn_record(address(server), request, STEP_S)
+    assert info.value.code == grpc.StatusCode.UNAUTHENTICATED
+    assert seen == [("node-2", "t")]
+    assert server.refusals == {"follower_mismatch": 1, "wrong_token": 1}

@@ -587,3 +587,63 @@ def test_parse_cluster_status() -> None:
                                              "isr": ["node-2", "node-0"]}}}
     with pytest.raises(ValueError):
         parse_status("ERROR nope")
+
+
+# ------------------------------------------------------------------------------------------ transactions
+
+
+def _txn_history() -> Builder:
+    """A clean transactional history: one commit, one abort, one unknown outcome (nothing visible), reads."""
+    h = Builder()
+    h.op("txn-0", "txn", {"tid": "x", "epoch": 1, "topic": "chaos-txn", "values": ["txn-0:1", "txn-0:2"],
+                          "result": "commit"}, {"state": "committed"})
+    h.op("txn-0", "txn", {"tid": "x", "epoch": 2, "topic": "chaos-txn", "values": ["txn-0:3"], "result": "abort"},
+         {"state": "aborted"})
+    h.op("txn-0", "txn", {"tid": "x", "epoch": 3, "topic": "chaos-txn", "values": ["txn-0:4", "txn-0:5"],
+                          "result": "commit"}, kind=INFO)
+    h.op("txn-0", "txn-read", {"topic": "chaos-txn", "partition": 0, "offset": 0, "final": False},
+         {"records": [[0, "txn-0:1", None]]})
+    h.op("txn-0", "txn-read", {"topic": "chaos-txn", "partition": 0, "offset": 0, "final": True},
+         {"records": [[0, "txn-0:1", None], [1, "txn-0:2", None]]})
+    return h
+
+
+def _txn_anomalies(h: Builder) -> list[checkers.Anomaly]:
+    return found(h, "aborted-or-uncommitted-read")
+
+
+def test_txn_checker_accepts_a_clean_history() -> None:
+    assert _txn_anomalies(_txn_history()) == []
+
+
+def test_txn_checker_finds_an_aborted_read() -> None:
+    h = _txn_history()
+    h.op("txn-0", "txn-read", {"topic": "chaos-txn", "partition": 1, "offset": 0, "final": False},
+         {"records": [[0, "txn-0:3", None]]})
+    [anomaly] = _txn_anomalies(h)
+    assert anomaly.details["what"] == "aborted" and anomaly.details["value"] == "txn-0:3"
+
+
+def test_txn_checker_finds_a_read_before_end_txn_was_sent() -> None:
+    h = Builder()
+    h.op("txn-0", "txn-read", {"topic": "chaos-txn", "partition": 0, "offset": 0, "final": False},
+         {"records": [[0, "txn-0:1", None]]}, start=1.0, end=2.0)
+    h.op("txn-0", "txn", {"tid": "x", "epoch": 1, "topic": "chaos-txn", "values": ["txn-0:1"],
+                          "result": "commit"}, {"state": "committed"}, start=3.0, end=4.0)
+    [anomaly] = _txn_anomalies(h)
+    assert anomaly.details["what"] == "uncommitted"
+
+
+def test_txn_checker_finds_missing_committed_and_partial_unknown() -> None:
+    h = _txn_history()
+    h.op("txn-0", "txn-read", {"topic": "chaos-txn", "partition": 1, "offset": 0, "final": True},
+         {"records": [[0, "txn-0:4", None]]})  # half of the unknown transaction
+    kinds = sorted(a.message for a in _txn_anomalies(h))
+    assert kinds == ["a transaction of unknown outcome is partly visible"]
+    h = Builder()
+    h.op("txn-0", "txn", {"tid": "x", "epoch": 1, "topic": "chaos-txn", "values": ["txn-0:1", "txn-0:2"],
+                          "result": "commit"}, {"state": "committed"})
+    h.op("txn-0", "txn-read", {"topic": "chaos-txn", "partition": 0, "offset": 0, "final": True},
+         {"records": [[0, "txn-0:1", None]]})
+    [anomaly] = _txn_anomalies(h)
+    assert anomaly.details["missing"] == ["txn-0:2"]

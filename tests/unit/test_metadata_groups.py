@@ -164,7 +164,7 @@ def test_snapshot_round_trip_with_groups() -> None:
     raw = encode_state(state)
     restored = decode_state(raw)
     assert restored.groups == state.groups and encode_state(restored) == raw
-    assert json.loads(raw)["v"] == 2
+    assert json.loads(raw)["v"] == 3
     fsm = MetadataFSM(MetadataState(cluster=True))
     fsm.restore(raw)
     assert fsm.state.groups["g"].records["offset/t"].payload == state.groups["g"].records["offset/t"].payload

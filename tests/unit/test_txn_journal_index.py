@@ -125,3 +125,13 @@ def test_a_reply_ending_on_a_marker_keeps_it():
     assert kept == 1 and out == struct.pack(">I", 3) + bytes([1]) * 3  # the marker: the client moves past it
     out, kept = filter_records(_section(1), 0, 1, hidden, markers)  # cut before the marker: nothing
     assert kept == 0 and out == b""
+
+
+def test_published_seq_nums_of_the_open_transaction_only():
+    index = PartitionTxnIndex()
+    index.on_data("7", 10, transactional_id="t", producer_epoch=2, seq_num=1)
+    index.on_data("7", 11, transactional_id="t", producer_epoch=2, seq_num=2)
+    assert index.published("7", 2, 2) == 11 and index.published("7", 2, 3) is None
+    assert index.published("7", 1, 1) is None  # another epoch: a new session's seqNums start over
+    index.on_marker("7", 12, commit=True, final=False)
+    assert index.published("7", 2, 1) is None  # decided: a publish after the marker is a new transaction

@@ -26,7 +26,7 @@ def _code(broker: types.SimpleNamespace, tid: str) -> BrokerError:
     return info.value
 
 
-def test_non_owners_redirect_and_the_owner_is_not_built_yet():
+def test_non_owners_redirect_and_the_owner_coordinates():
     state = MetadataState(cluster=True)
     for b, port in (("a", 1), ("b", 2), ("c", 3)):
         state, _ = apply(state, BrokerHeartbeat(f"h{b}", BrokerInfo(b, f"host-{b}:{port}"), 50))
@@ -35,7 +35,8 @@ def test_non_owners_redirect_and_the_owner_is_not_built_yet():
     other = next(b for b in "abc" if b != owner)
     err = _code(_broker(state, other), "payments").error
     assert err.code == "NOT_COORDINATOR" and err.fields == {"host": f"host-{owner}", "port": str(" abc".index(owner))}
-    assert _code(_broker(state, owner), "payments").error.code == "UNSUPPORTED_FEATURE"
+    broker = _broker(state, owner)
+    assert _coordinator(broker, "BEGIN_TXN", "payments") is broker.transactions  # type: ignore[arg-type]
     for b in "abc":
         state, _ = apply(state, FenceBroker(f"f{b}", b))
     assert _code(_broker(state, "a"), "payments").error.code == "coordinator_not_available"

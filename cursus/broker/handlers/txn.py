@@ -1,9 +1,9 @@
 """Transaction commands (spec "Transaction Coordinator"; facts A6 "Transactions", B5): INIT_PRODUCER_ID,
 BEGIN_TXN, TXN_PUBLISH, SEND_OFFSETS_TO_TXN, END_TXN, TXN_STATUS.
 
-Standalone only for now. In a cluster a command reaching a broker that does not own the id's coordinator
-shard answers ``NOT_COORDINATOR host= port=`` (the owner from the metadata FSM's shard table), and the owner
-answers ``UNSUPPORTED_FEATURE`` (decision 1: transaction state is not replicated through the FSM yet). The work happens in
+In a cluster a command reaching a broker that does not own the id's coordinator shard answers
+``NOT_COORDINATOR host= port=`` (the owner from the metadata FSM's shard table); the owner runs it, its
+state persisted through ``TxnSync`` (docs/transactions.md "Cluster"). The work happens in
 :class:`cursus.transactions.coordinator.TransactionCoordinator` (``broker.transactions``).
 """
 
@@ -13,10 +13,10 @@ import re
 
 from cursus.broker.args import EndTxnArgs, InitProducerIdArgs, SendOffsetsArgs, TxnPublishArgs, TxnSessionArgs
 from cursus.broker.core import Broker
-from cursus.broker.handlers.common import partition_of
-from cursus.broker.handlers.produce import choose_partition, target_topic, wait_ack
+from cursus.broker.handlers.produce import choose_partition, target_topic
 from cursus.broker.request import Request
 from cursus.metadata.state import transaction_coordinator
+from cursus.metadata.topics import TopicDefinition
 from cursus.transactions.coordinator import TransactionCoordinator
 from cursus.transactions.state import TxnEntry
 from cursus.wire.errors import BrokerError
@@ -31,8 +31,7 @@ def _coordinator(broker: Broker, command: str, transactional_id: str) -> Transac
 
     Raises:
         BrokerError: in a cluster ``NOT_COORDINATOR host= port=`` (retryable) when another broker owns the id's
-            shard, ``coordinator_not_available`` when no broker does, else ``UNSUPPORTED_FEATURE`` (the
-            cluster's coordinator is not built yet).
+            shard, ``coordinator_not_available`` when no broker does.
     """
     if broker.config.enabled_distribution:
         state = broker.metadata.state
@@ -46,9 +45,15 @@ def _coordinator(broker: Broker, command: str, transactional_id: str) -> Transac
                 raise BrokerError.of("NOT_COORDINATOR", host=host, port=port)
             raise BrokerError.of("coordinator_not_available", command=command, coordinator_type="transaction",
                                  reason="the shard owner has no registered address")
-        raise BrokerError.of("UNSUPPORTED_FEATURE", command=command,
-                             reason="transactions are not available in a cluster yet")
     return broker.transactions
+
+
+def check_partition(defn: TopicDefinition, partition: int) -> None:
+    """Raises ``invalid_partition`` / ``partition_not_found`` for a partition ``defn`` does not have."""
+    if partition < 0:
+        raise BrokerError.of("invalid_partition", topic=defn.name, partition=partition)
+    if partition >= defn.partitions:
+        raise BrokerError.of("partition_not_found", topic=defn.name, partition=partition)
 
 
 def parse_txn_offsets(args: SendOffsetsArgs) -> dict[int, int]:
@@ -98,13 +103,11 @@ async def handle_txn_publish(broker: Broker, req: Request, args: TxnPublishArgs)
     coordinator = _coordinator(broker, "TXN_PUBLISH", args.transactional_id)
     defn = target_topic(broker, args.topic, req, "TXN_PUBLISH")
     partition = args.partition if args.partition != -1 else choose_partition(broker, defn, args.key)
-    replica = partition_of(broker, defn, partition)
-    entry, appended_to, end = await coordinator.publish(
-        args.transactional_id, args.producer_id, args.epoch, replica, seq_num=args.seq_num, key=args.key,
-        payload=args.message.encode("utf-8"))
-    if appended_to != partition:  # a retry the broker routed elsewhere this time: the first append counts
-        partition, replica = appended_to, broker.replica(defn.name, appended_to)
-    await wait_ack(broker, replica, "all", end, replica.isr)
+    check_partition(defn, partition)
+    # a retry the broker routed elsewhere this time answers the first append's partition
+    entry, partition = await coordinator.publish(
+        args.transactional_id, args.producer_id, args.epoch, (defn.name, partition), seq_num=args.seq_num,
+        key=args.key, payload=args.message.encode("utf-8"))
     return ok_text(("transactional_id", entry.transactional_id), ("appended", True), ("topic", defn.name),
                    ("partition", partition), ("state", "open"))
 

@@ -112,3 +112,37 @@ class SnapshotResponse(_message.Message):
     ERROR_FIELD_NUMBER: _ClassVar[int]
     error: Error
     def __init__(self, error: _Optional[_Union[Error, _Mapping]] = ...) -> None: ...
+
+class TxnRecordRequest(_message.Message):
+    __slots__ = ("coordinator_id", "topic", "partition", "record", "coordinator_epoch", "transactional_id", "producer_id", "producer_epoch", "kind", "timeout_ms")
+    COORDINATOR_ID_FIELD_NUMBER: _ClassVar[int]
+    TOPIC_FIELD_NUMBER: _ClassVar[int]
+    PARTITION_FIELD_NUMBER: _ClassVar[int]
+    RECORD_FIELD_NUMBER: _ClassVar[int]
+    COORDINATOR_EPOCH_FIELD_NUMBER: _ClassVar[int]
+    TRANSACTIONAL_ID_FIELD_NUMBER: _ClassVar[int]
+    PRODUCER_ID_FIELD_NUMBER: _ClassVar[int]
+    PRODUCER_EPOCH_FIELD_NUMBER: _ClassVar[int]
+    KIND_FIELD_NUMBER: _ClassVar[int]
+    TIMEOUT_MS_FIELD_NUMBER: _ClassVar[int]
+    coordinator_id: str
+    topic: str
+    partition: int
+    record: bytes
+    coordinator_epoch: int
+    transactional_id: str
+    producer_id: str
+    producer_epoch: int
+    kind: str
+    timeout_ms: int
+    def __init__(self, coordinator_id: _Optional[str] = ..., topic: _Optional[str] = ..., partition: _Optional[int] = ..., record: _Optional[bytes] = ..., coordinator_epoch: _Optional[int] = ..., transactional_id: _Optional[str] = ..., producer_id: _Optional[str] = ..., producer_epoch: _Optional[int] = ..., kind: _Optional[str] = ..., timeout_ms: _Optional[int] = ...) -> None: ...
+
+class TxnRecordResponse(_message.Message):
+    __slots__ = ("error", "end_offset", "duplicate")
+    ERROR_FIELD_NUMBER: _ClassVar[int]
+    END_OFFSET_FIELD_NUMBER: _ClassVar[int]
+    DUPLICATE_FIELD_NUMBER: _ClassVar[int]
+    error: Error
+    end_offset: int
+    duplicate: bool
+    def __init__(self, error: _Optional[_Union[Error, _Mapping]] = ..., end_offset: _Optional[int] = ..., duplicate: _Optional[bool] = ...) -> None: ...

@@ -44,6 +44,11 @@ class ReplicationStub:
                 request_serializer=cursus_dot_internal_dot_v1_dot_replication__pb2.SnapshotRequest.SerializeToString,
                 response_deserializer=cursus_dot_internal_dot_v1_dot_replication__pb2.SnapshotResponse.FromString,
                 _registered_method=True)
+        self.AppendTxnRecord = channel.unary_unary(
+                '/cursus.internal.v1.Replication/AppendTxnRecord',
+                request_serializer=cursus_dot_internal_dot_v1_dot_replication__pb2.TxnRecordRequest.SerializeToString,
+                response_deserializer=cursus_dot_internal_dot_v1_dot_replication__pb2.TxnRecordResponse.FromString,
+                _registered_method=True)
 
 
 class ReplicationServicer:
@@ -64,6 +69,14 @@ class ReplicationServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def AppendTxnRecord(self, request, context):
+        """A transaction coordinator appends one transactional record (data or marker) to a partition this
+        broker leads; answered once it is committed (below the HWM). Fenced by the coordinator shard epoch.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_ReplicationServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -76,6 +89,11 @@ def add_ReplicationServicer_to_server(servicer, server):
                     servicer.ReplicateSnapshot,
                     request_deserializer=cursus_dot_internal_dot_v1_dot_replication__pb2.SnapshotRequest.FromString,
                     response_serializer=cursus_dot_internal_dot_v1_dot_replication__pb2.SnapshotResponse.SerializeToString,
+            ),
+            'AppendTxnRecord': grpc.unary_unary_rpc_method_handler(
+                    servicer.AppendTxnRecord,
+                    request_deserializer=cursus_dot_internal_dot_v1_dot_replication__pb2.TxnRecordRequest.FromString,
+                    response_serializer=cursus_dot_internal_dot_v1_dot_replication__pb2.TxnRecordResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -132,6 +150,33 @@ class Replication:
             '/cursus.internal.v1.Replication/ReplicateSnapshot',
             cursus_dot_internal_dot_v1_dot_replication__pb2.SnapshotRequest.SerializeToString,
             cursus_dot_internal_dot_v1_dot_replication__pb2.SnapshotResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def AppendTxnRecord(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/cursus.internal.v1.Replication/AppendTxnRecord',
+            cursus_dot_internal_dot_v1_dot_replication__pb2.TxnRecordRequest.SerializeToString,
+            cursus_dot_internal_dot_v1_dot_replication__pb2.TxnRecordResponse.FromString,
             options,
             channel_credentials,
             insecure,
