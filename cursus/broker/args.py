@@ -104,6 +104,15 @@ class DeleteArgs(Args):
 
 
 @dataclass(frozen=True)
+class TruncateArgs(Args):
+    """TRUNCATE topic= expected_revision=N (admin only)."""
+
+    topic: str = param(kind="custom", convert=topic_name, required=True)
+    expected_revision: int = param(kind="int", required=True, minimum=1,
+                                   doc="the topic's current definition revision (compare-and-set)")
+
+
+@dataclass(frozen=True)
 class TopicArgs(Args):
     """METADATA / DESCRIBE topic=."""
 
@@ -349,6 +358,7 @@ ARGS: Mapping[Command, type[Args]] = {
     Command.DESCRIBE: TopicArgs,
     Command.ALTER_TOPIC_CONFIG: AlterTopicConfigArgs,
     Command.DELETE: DeleteArgs,
+    Command.TRUNCATE: TruncateArgs,
     Command.METADATA: TopicArgs,
     Command.LIST_OFFSETS: ListOffsetsArgs,
     Command.PUBLISH: PublishArgs,

@@ -11,22 +11,30 @@ atomic rename, both parents fsynced), so a same-name topic can never reopen old 
 afterwards and at every startup. When even the rename fails the name is an *orphan*: CREATE of that name
 is refused (the spec's orphan-storage guard) until a retry succeeds (the next CREATE or ``DELETE
 if_exists=true`` of the name, or a restart).
+
+A topic whose lifecycle epoch grows (TRUNCATE, committed in the metadata first) is *reset*: its local
+replicas are detached at once (every request for it is fenced: ``leader_not_available``), their logs
+closed, the folder replaced by an empty one whose lifecycle-epoch marker names the new epoch
+(:func:`cursus.broker.topic_storage.reset_topic_storage`), then its partitions are opened again (LEO = HWM
+= 0). Partitions of a topic whose local marker is behind the committed epoch are never opened: startup
+finishes an interrupted reset first, and a failed reset keeps the topic fenced on this node
+(``cleanup_pending``) until :meth:`Reconciler.retry_pending` succeeds (the broker calls it every
+``topic_cleanup_retry_interval_ms``; ``cursus_topic_cleanup_pending`` counts what is left).
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
-import os
-import shutil
-import uuid
 from collections.abc import Callable, Iterable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any, Protocol
 
+from cursus.broker.topic_storage import empty_trash, move_to_trash, read_marker, reset_topic_storage
 from cursus.metadata.state import MetadataState, PartitionKey
-from cursus.storage import fsync_dir
+
+__all__ = ["Reconciler", "ReplicaHost", "empty_trash", "move_to_trash"]
 
 log = logging.getLogger("cursus.reconciler")
 
@@ -60,30 +68,6 @@ class ReplicaHost(Protocol):
         ...
 
 
-def move_to_trash(topics_dir: Path, trash_dir: Path, name: str) -> None:
-    """Atomically rename ``topics_dir/name`` into ``trash_dir`` (both parents fsynced). Raises OSError."""
-    source = topics_dir / name
-    if not source.exists():
-        return
-    if not trash_dir.is_dir():
-        trash_dir.mkdir()
-        fsync_dir(trash_dir.parent)
-    os.rename(source, trash_dir / uuid.uuid4().hex)
-    fsync_dir(topics_dir)
-    fsync_dir(trash_dir)
-
-
-def empty_trash(trash_dir: Path) -> None:
-    """Delete everything in the trash; failures are logged (the next startup tries again)."""
-    if not trash_dir.is_dir():
-        return
-    for entry in trash_dir.iterdir():
-        try:
-            shutil.rmtree(entry) if entry.is_dir() and not entry.is_symlink() else entry.unlink()
-        except OSError as exc:
-            log.warning("cannot empty trash entry %s: %s", entry, exc)
-
-
 class Reconciler:
     """Local replicas follow the committed metadata (see the module docstring).
 
@@ -106,6 +90,13 @@ class Reconciler:
         #: Topic names whose old storage could not be moved away; CREATE of them is refused.
         self.orphans: set[str] = set()
         self._on_orphans = on_orphans
+        #: Topic -> lifecycle epoch whose local storage reset is running or failed: never opened meanwhile.
+        self.resets_pending: dict[str, int] = {}
+        self._resetting: dict[str, asyncio.Task[bool]] = {}
+        #: Called after every retry round with the number of topics still pending (metrics).
+        self.on_pending: Callable[[int], None] = lambda count: None
+        #: Called once per retry of a pending cleanup (metrics).
+        self.on_retry: Callable[[], None] = lambda: None
 
     # ----------------------------------------------------------------------------------------- plan
 
@@ -113,11 +104,18 @@ class Reconciler:
         """Metadata listener: detach deleted topics now, open newly assigned partitions in the pool."""
         self._state = new
         for name in sorted(set(old.topics) - set(new.topics)):
+            self.resets_pending.pop(name, None)
             self._start_removal(name)
+        for name, defn in sorted(new.topics.items()):
+            before = old.topics.get(name)
+            if before is not None and defn.lifecycle_epoch > before.lifecycle_epoch:
+                self._start_reset(name, defn.lifecycle_epoch)
         self._open_missing(new)
 
     def _open_missing(self, state: MetadataState) -> None:
         for key in sorted(state.partitions_on(self._host.broker_id)):
+            if key[0] in self.resets_pending:
+                continue  # fenced until its storage holds the committed lifecycle epoch
             if key not in self._host.replicas and key not in self._opening:
                 task = asyncio.get_running_loop().create_task(self._open(key))
                 self._opening[key] = task
@@ -154,6 +152,9 @@ class Reconciler:
         known = set(state.topics)
         self.orphans = set(await loop.run_in_executor(self._pool, self._clear_unknown_storage, known))
         self._on_orphans(len(self.orphans))
+        epochs = {name: defn.lifecycle_epoch for name, defn in state.topics.items()}
+        self.resets_pending = await loop.run_in_executor(self._pool, self._finish_resets, epochs)
+        self.on_pending(len(self.resets_pending) + len(self.orphans))
         self._open_missing(state)
         keys = list(self._opening)
         await self.wait_open(keys)
@@ -172,6 +173,89 @@ class Reconciler:
                         orphans.append(entry.name)
         empty_trash(self._trash_dir)
         return orphans
+
+    def _finish_resets(self, epochs: dict[str, int]) -> dict[str, int]:
+        """Startup (blocking, nothing open yet): reset every topic folder whose marker is behind the committed
+        lifecycle epoch (an interrupted TRUNCATE); return those that still failed."""
+        failed: dict[str, int] = {}
+        for name, epoch in sorted(epochs.items()):
+            topic_dir = self._topics_dir / name
+            try:
+                if read_marker(topic_dir) == epoch:
+                    continue
+                if epoch == 0 and not topic_dir.exists():
+                    continue
+                log.warning("topic %s: local storage is not of lifecycle epoch %d; finishing its reset", name, epoch)
+                reset_topic_storage(self._topics_dir, self._trash_dir, name, epoch)
+            except (OSError, ValueError) as exc:
+                log.error("topic %s stays unavailable: its storage reset failed: %s", name, exc)
+                failed[name] = epoch
+        return failed
+
+    # ---------------------------------------------------------------------------------------- reset
+
+    def _start_reset(self, name: str, epoch: int) -> asyncio.Task[bool]:
+        self.resets_pending[name] = epoch
+        replicas = self._host.detach_topic(name)  # fenced from here on
+        previous = self._resetting.get(name) or self._removing.get(name)
+        task = asyncio.get_running_loop().create_task(self._reset(name, epoch, replicas, previous))
+        self._resetting[name] = task
+        task.add_done_callback(
+            lambda t: self._resetting.pop(name, None) if self._resetting.get(name) is t else None)
+        return task
+
+    async def _reset(self, name: str, epoch: int, replicas: list[Any], previous: asyncio.Task[bool] | None) -> bool:
+        """Replace the topic's storage by an empty folder of ``epoch``, then reopen its partitions. Returns
+        True when the reset failed (the topic stays fenced here; :meth:`retry_pending` retries)."""
+        if previous is not None:
+            await asyncio.gather(previous, return_exceptions=True)
+        opening = [t for k, t in self._opening.items() if k[0] == name]
+        if opening:
+            await asyncio.gather(*opening, return_exceptions=True)
+            replicas += self._host.detach_topic(name)
+
+        def reset() -> None:
+            for replica in replicas:
+                replica.log.close()
+            reset_topic_storage(self._topics_dir, self._trash_dir, name, epoch)
+
+        try:
+            await self._host.run_blocking(reset)
+        except OSError as exc:
+            log.warning("storage reset of truncated topic %s pending: %s", name, exc)
+            return True
+        if self.resets_pending.get(name) == epoch:
+            del self.resets_pending[name]
+        self._open_missing(self._state)
+        await asyncio.get_running_loop().run_in_executor(self._pool, empty_trash, self._trash_dir)
+        return False
+
+    async def reset_done(self, name: str) -> bool:
+        """Wait for the storage reset of truncated topic ``name`` and the open of its local partitions; True
+        when the reset is still pending (cleanup_pending). Raises a partition open's error."""
+        task = self._resetting.get(name)
+        if task is not None:
+            await asyncio.shield(task)
+        if name in self.resets_pending:
+            return True
+        await self.wait_open(key for key in self._state.partitions_on(self._host.broker_id) if key[0] == name)
+        return False
+
+    async def retry_pending(self) -> int:
+        """Retry every failed storage reset and orphaned removal; return how many are still pending."""
+        for name, epoch in sorted(self.resets_pending.items()):
+            defn = self._state.topics.get(name)
+            if name in self._resetting or defn is None or defn.lifecycle_epoch != epoch:
+                continue
+            self.on_retry()
+            await self._start_reset(name, epoch)
+        for name in sorted(self.orphans):
+            if name not in self._removing and name not in self._state.topics:
+                self.on_retry()
+                await self._start_removal(name)
+        pending = len(self.resets_pending) + len(self.orphans)
+        self.on_pending(pending)
+        return pending
 
     # --------------------------------------------------------------------------------------- remove
 
@@ -226,7 +310,7 @@ class Reconciler:
 
     async def close(self) -> None:
         """Wait for opens and removals in flight, then stop the pool."""
-        pending = [*self._opening.values(), *self._removing.values()]
+        pending = [*self._opening.values(), *self._removing.values(), *self._resetting.values()]
         if pending:
             await asyncio.gather(*pending, return_exceptions=True)
         self._pool.shutdown(wait=True)

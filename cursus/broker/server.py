@@ -175,6 +175,7 @@ class BrokerServer:
             asyncio.create_task(self._every(self.config.log_retention_check_interval_ms, broker.enforce_retention)),
             asyncio.create_task(self._every(min(self.config.producer_state_ttl_ms, 60_000),
                                             broker.expire_producers)),
+            asyncio.create_task(self._every(self.config.topic_cleanup_retry_interval_ms, broker.retry_topic_cleanup)),
         ]
         await self._stopping.wait()
         for task in periodic:

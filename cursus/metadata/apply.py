@@ -33,8 +33,10 @@ from cursus.metadata.commands import (
     GroupRecords,
     PutTopic,
     RegisterBroker,
+    TruncateTopic,
 )
 from cursus.metadata.groups import GroupEntry, GroupRecordRefused, fold_records, parse_record
+from cursus.metadata.lifecycle import require_lifecycle_protocol
 from cursus.metadata.state import (
     APPLIED_REQUESTS_KEPT,
     BrokerInfo,
@@ -44,7 +46,7 @@ from cursus.metadata.state import (
     derive_txn_shards,
     place,
 )
-from cursus.metadata.topics import TopicDefinition, apply_create
+from cursus.metadata.topics import TopicDefinition, apply_create, is_internal_topic
 from cursus.wire.errors import BrokerError
 
 
@@ -111,6 +113,8 @@ def apply(state: MetadataState, command: Command) -> tuple[MetadataState, ApplyR
         return dataclasses.replace(new, revision=state.revision + 1), result
     elif isinstance(command, DeleteTopic):
         new, result = _delete(state, command)
+    elif isinstance(command, TruncateTopic):
+        new, result = _truncate(state, command)
     else:
         new, result = _put(state, command)
     if not result.changed:
@@ -328,6 +332,28 @@ def _delete(state: MetadataState, command: DeleteTopic) -> tuple[MetadataState, 
     assignments = {k: a for k, a in state.assignments.items() if k[0] != command.topic}
     new = dataclasses.replace(state, topics=topics, assignments=assignments)
     return new, ApplyResult(topic=None, changed=True, removed=removed)
+
+
+def _truncate(state: MetadataState, command: TruncateTopic) -> tuple[MetadataState, ApplyResult]:
+    """TRUNCATE: same definition, revision + 1 and lifecycle epoch + 1; every partition keeps its replicas,
+    leader and ISR, moves to the next leader epoch (a cluster's) and the new lifecycle epoch, with committed HWM 0 (the
+    replicas reset their storage when they apply it). Every active broker of a cluster must implement the
+    lifecycle protocol (``unsupported_topic_policy``)."""
+    if is_internal_topic(command.topic):
+        raise BrokerError.of("internal_topic_delete_forbidden", topic=command.topic, command="TRUNCATE")
+    current = state.topics.get(command.topic)
+    if current is None:
+        raise BrokerError.of("topic_not_found", topic=command.topic)
+    _check_revision(state, command.topic, command.expected_revision)
+    require_lifecycle_protocol(state, "truncate")
+    defn = dataclasses.replace(current, revision=current.revision + 1, lifecycle_epoch=current.lifecycle_epoch + 1)
+    bump = 1 if state.cluster else 0  # standalone epochs stay 0 (facts B5), rebuilt so at every open
+    moves = {key: dataclasses.replace(a, leader_epoch=a.leader_epoch + bump, committed_hwm=0,
+                                      lifecycle_epoch=defn.lifecycle_epoch)
+             for key, a in state.assignments.items() if key[0] == command.topic}
+    new = dataclasses.replace(state, topics={**state.topics, command.topic: defn},
+                              assignments={**state.assignments, **moves})
+    return new, ApplyResult(topic=defn, changed=True, moved=tuple(sorted(moves)))
 
 
 def _next_definition(state: MetadataState, command: CreateTopic | PutTopic | AlterTopicConfig,

@@ -45,6 +45,9 @@ class BrokerInfo:
         incarnation: a random id of the broker *process* (new at every start, like Kafka's broker epoch): a
             registration with another incarnation is a restart, and the partitions it leads move to a new
             leader epoch (a restarted leader never resumes its old epoch with a different tail).
+        lifecycle_protocol: the topic lifecycle protocol version the broker implements (spec TRUNCATE:
+            version 1 = guarded TRUNCATE; 0 = none, e.g. a registration from an older broker), see
+            :mod:`cursus.metadata.lifecycle`.
     """
 
     id: str
@@ -52,22 +55,31 @@ class BrokerInfo:
     internal_address: str = ""
     status: str = "active"
     incarnation: str = ""
+    lifecycle_protocol: int = 0
 
     def to_dict(self) -> dict[str, Any]:
-        return {"id": self.id, "client_address": self.client_address, "internal_address": self.internal_address,
-                "status": self.status, "incarnation": self.incarnation}
+        doc: dict[str, Any] = {"id": self.id, "client_address": self.client_address,
+                               "internal_address": self.internal_address, "status": self.status,
+                               "incarnation": self.incarnation}
+        if self.lifecycle_protocol:  # absent for 0, so older registrations keep their bytes
+            doc["lifecycle_protocol"] = self.lifecycle_protocol
+        return doc
 
     @classmethod
     def from_dict(cls, doc: Mapping[str, Any]) -> BrokerInfo:
-        """Strict parse; raises ValueError on unknown/missing fields or a bad status (``incarnation`` may be
-        absent: an older command or snapshot)."""
+        """Strict parse; raises ValueError on unknown/missing fields or a bad status (``incarnation`` and
+        ``lifecycle_protocol`` may be absent: an older command or snapshot)."""
         if not {"id", "client_address", "internal_address", "status"} <= set(doc) <= {
-                "id", "client_address", "internal_address", "status", "incarnation"}:
+                "id", "client_address", "internal_address", "status", "incarnation", "lifecycle_protocol"}:
             raise ValueError(f"bad broker fields {sorted(doc)}")
-        if not all(isinstance(doc[k], str) for k in doc) or doc["status"] not in BROKER_STATUSES or not doc["id"]:
+        protocol = doc.get("lifecycle_protocol", 0)
+        if type(protocol) is not int or protocol < 0:
+            raise ValueError("bad broker lifecycle_protocol")
+        if (not all(isinstance(doc[k], str) for k in doc if k != "lifecycle_protocol")
+                or doc["status"] not in BROKER_STATUSES or not doc["id"]):
             raise ValueError("bad broker values")
         return cls(doc["id"], doc["client_address"], doc["internal_address"], doc["status"],
-                   doc.get("incarnation", ""))
+                   doc.get("incarnation", ""), protocol)
 
 
 @dataclass(frozen=True, slots=True)

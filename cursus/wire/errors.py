@@ -238,6 +238,8 @@ _REGISTRY_TABLE: tuple[tuple[ErrorClass, bool, tuple[str, ...]], ...] = (
             # our broker (invalid_field: an unknown field on CREATE/ALTER_TOPIC_CONFIG, decision 8)
             "message_too_large", "invalid_isolation", "invalid_batch", "invalid_wait_ms",
             "invalid_max_bytes", "invalid_field",
+            # our broker: TRUNCATE's required compare-and-set revision
+            "invalid_expected_revision", "missing_expected_revision",
         ),
     ),
     (
@@ -264,6 +266,8 @@ _REGISTRY_TABLE: tuple[tuple[ErrorClass, bool, tuple[str, ...]], ...] = (
             # spec codes the reference classifies by fallback (internal)
             "request_timeout", "topic_delete_blocked", "topic_truncate_blocked",
             "internal_topic_delete_forbidden",
+            # our broker: TRUNCATE's metadata commit failed (nothing changed), as delete_topic_failed
+            "truncate_topic_failed",
         ),
     ),
 )

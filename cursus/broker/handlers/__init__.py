@@ -43,6 +43,7 @@ _TYPED: Mapping[Command, TypedHandler] = {
     Command.DESCRIBE: admin.handle_describe,
     Command.ALTER_TOPIC_CONFIG: admin.handle_alter_topic_config,
     Command.DELETE: admin.handle_delete,
+    Command.TRUNCATE: admin.handle_truncate,
     Command.METADATA: topics.handle_metadata,
     Command.LIST_OFFSETS: topics.handle_list_offsets,
     Command.REGISTER_GROUP: groups.handle_register_group,
