@@ -286,6 +286,7 @@ class Broker:
                 broker.not_ready_reasons["transactions"] = "recovering"
                 await broker.transactions.open()
                 broker.not_ready_reasons.pop("transactions", None)
+            await broker._resume_topic_cleanup()
         except BaseException:
             await broker.transactions.close()
             if broker.replication is not None:
@@ -298,6 +299,18 @@ class Broker:
                  and not log_dir.clean_shutdown else f"clean shutdown: {log_dir.clean_shutdown}")
         broker.not_ready_reasons.pop("recovery", None)
         return broker
+
+    async def _resume_topic_cleanup(self) -> None:
+        """Startup, after groups and transactions are open: finish interrupted TRUNCATEs (their topics stay
+        fenced until then) and drop the transaction references of topics deleted before a crash (the
+        coordinator's replay already tombstoned their groups)."""
+        gone = {t for entry in self.transactions.entries.values() for t, _ in entry.partitions} | {
+            t for entry in self.transactions.entries.values() for t, _, _ in entry.offsets}
+        for topic in sorted(gone - set(self.metadata.names())):
+            await self.topic_state.drop(topic, "delete")
+        if await self.reconciler.resume_resets():
+            log.warning("a truncated topic stays unavailable: its cleanup is retried every %d ms",
+                        self.config.topic_cleanup_retry_interval_ms)
 
     # ------------------------------------------------------------------------------- group coordinator
 
@@ -468,10 +481,6 @@ class Broker:
         if new.cluster:  # a DELETE on another broker: the groups this broker owns drop the topic too
             for name in old.topics.keys() - new.topics.keys():
                 self._spawn_group_task(self._topic_deleted(name))
-            for name, defn in new.topics.items():  # ... and a TRUNCATE: they lose their offsets of it
-                before = old.topics.get(name)
-                if before is not None and defn.lifecycle_epoch > before.lifecycle_epoch:
-                    self._spawn_group_task(self._drop_group_state(name, "truncate"))
 
     async def _topic_deleted(self, name: str) -> None:
         async with self._group_sync:
@@ -777,9 +786,14 @@ class Broker:
             self.coordinator.topic_delete_aborted(name)  # subscriptions to the topic are allowed again
         crash_point("truncate_after_commit")
         assert result.topic is not None
-        pending = await self.reconciler.reset_done(name)
-        pending = await self.topic_state.drop(name, "truncate") or pending
-        return result.topic, pending
+        # the reconciler (on every replica: the same path in a cluster) drops the topic state, resets the
+        # storage and reopens the partitions
+        return result.topic, await self.reconciler.reset_done(name)
+
+    async def drop_topic_state(self, name: str) -> bool:
+        """The reconciler's hook before a truncated topic's storage is reset: drop its node-local state
+        (:attr:`topic_state`); True when a dropper failed (the reset waits for a retry)."""
+        return await self.topic_state.drop(name, "truncate")
 
     async def retry_cleanup_of(self, name: str) -> bool:
         """Retry the pending node-local cleanup of deleted topic ``name`` (storage, then the topic state);

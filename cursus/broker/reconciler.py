@@ -13,13 +13,16 @@ is refused (the spec's orphan-storage guard) until a retry succeeds (the next CR
 if_exists=true`` of the name, or a restart).
 
 A topic whose lifecycle epoch grows (TRUNCATE, committed in the metadata first) is *reset*: its local
-replicas are detached at once (every request for it is fenced: ``leader_not_available``), their logs
-closed, the folder replaced by an empty one whose lifecycle-epoch marker names the new epoch
-(:func:`cursus.broker.topic_storage.reset_topic_storage`), then its partitions are opened again (LEO = HWM
-= 0). Partitions of a topic whose local marker is behind the committed epoch are never opened: startup
-finishes an interrupted reset first, and a failed reset keeps the topic fenced on this node
-(``cleanup_pending``) until :meth:`Reconciler.retry_pending` succeeds (the broker calls it every
-``topic_cleanup_retry_interval_ms``; ``cursus_topic_cleanup_pending`` counts what is left).
+replicas are detached at once (every request for it is fenced: ``leader_not_available``), the host drops
+the topic's node-local state (``drop_topic_state``: groups, transactions, ...), the logs are closed and the
+folder replaced by an empty one whose lifecycle-epoch marker names the new epoch
+(:func:`cursus.broker.topic_storage.reset_topic_storage`; the marker is written last, so a synced marker
+means every step before it is done), then its partitions are opened again (LEO = HWM = 0). Partitions of a
+topic whose local marker is behind the committed epoch are never opened: at startup such a topic stays
+fenced until the host calls :meth:`Reconciler.resume_resets` (once the group coordinator and transactions
+are open), and a failed step keeps the topic fenced on this node (``cleanup_pending``) until
+:meth:`Reconciler.retry_pending` succeeds (the broker calls it every ``topic_cleanup_retry_interval_ms``;
+``cursus_topic_cleanup_pending`` counts what is left).
 """
 
 from __future__ import annotations
@@ -65,6 +68,11 @@ class ReplicaHost(Protocol):
 
     async def run_blocking(self, fn: Any) -> Any:
         """Run ``fn`` on the writer thread, in order with appends."""
+        ...
+
+    async def drop_topic_state(self, name: str) -> bool:
+        """Loop: drop the node-local state of truncated topic ``name`` (groups, transactions, ...) before its
+        storage is reset; True when a step failed (the reset waits for a retry)."""
         ...
 
 
@@ -175,22 +183,31 @@ class Reconciler:
         return orphans
 
     def _finish_resets(self, epochs: dict[str, int]) -> dict[str, int]:
-        """Startup (blocking, nothing open yet): reset every topic folder whose marker is behind the committed
-        lifecycle epoch (an interrupted TRUNCATE); return those that still failed."""
-        failed: dict[str, int] = {}
+        """Startup (blocking, nothing open yet): the topics whose folder marker is not the committed lifecycle
+        epoch (an interrupted TRUNCATE, or storage of another generation): they stay fenced until
+        :meth:`resume_resets` finishes their reset."""
+        behind: dict[str, int] = {}
         for name, epoch in sorted(epochs.items()):
             topic_dir = self._topics_dir / name
             try:
                 if read_marker(topic_dir) == epoch:
                     continue
-                if epoch == 0 and not topic_dir.exists():
-                    continue
-                log.warning("topic %s: local storage is not of lifecycle epoch %d; finishing its reset", name, epoch)
-                reset_topic_storage(self._topics_dir, self._trash_dir, name, epoch)
             except (OSError, ValueError) as exc:
-                log.error("topic %s stays unavailable: its storage reset failed: %s", name, exc)
-                failed[name] = epoch
-        return failed
+                log.error("topic %s: unreadable lifecycle epoch marker: %s", name, exc)
+            log.warning("topic %s: local storage is not of lifecycle epoch %d; its reset resumes", name, epoch)
+            behind[name] = epoch
+        return behind
+
+    async def resume_resets(self) -> bool:
+        """Startup, once the host's group coordinator and transactions are open: finish every interrupted
+        reset found by :meth:`start` and open those partitions. True when one is still pending."""
+        for name, epoch in sorted(self.resets_pending.items()):
+            if name not in self._resetting:
+                self._start_reset(name, epoch)
+        pending = False
+        for name in list(self.resets_pending):
+            pending |= await self.reset_done(name)
+        return pending
 
     # ---------------------------------------------------------------------------------------- reset
 
@@ -219,6 +236,9 @@ class Reconciler:
                 replica.log.close()
             reset_topic_storage(self._topics_dir, self._trash_dir, name, epoch)
 
+        if await self._host.drop_topic_state(name):
+            log.warning("truncated topic %s stays unavailable here until its cleanup is retried", name)
+            return True
         try:
             await self._host.run_blocking(reset)
         except OSError as exc:

@@ -1,0 +1,139 @@
+"""TRUNCATE and DELETE lifecycles of a standalone broker (spec "DELETE", "TRUNCATE"): what is reset or removed,
+the preflight refusals, kill -9 at each step of both with restart, and recreation starting empty."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from cursus.client.connection import ConnectionClosed
+from tests.integration.conftest import connect
+from tests.integration.helpers import ack_of, consume_all, create_topic, error_of, ok_fields, publish_batch
+from tests.integration.txnsupport import Session
+
+pytestmark = pytest.mark.timeout(120)
+
+
+def _describe(conn, topic: str) -> dict:
+    return json.loads(conn.command(f"DESCRIBE topic={topic}").payload)
+
+
+def _fill(conn, topic: str, partitions: int = 2) -> None:
+    """Records on every partition, and an inactive one-topic group with committed offsets."""
+    for p in range(partitions):
+        ack_of(publish_batch(conn, topic, p, [f"old-{p}-{i}".encode() for i in range(5)]))
+    joined = ok_fields(conn.command(f"JOIN_GROUP topic={topic} group=g member=m"))
+    member, generation = joined["member"], joined["generation"]
+    for p in range(partitions):
+        ok_fields(conn.command(f"COMMIT_OFFSET topic={topic} partition={p} group=g offset=3 member={member} "
+                               f"generation={generation}"))
+    ok_fields(conn.command(f"LEAVE_GROUP topic={topic} group=g member={member}"))
+
+
+def _assert_reset(conn, topic: str, partitions: int = 2, *, revision: int = 2, epoch: int = 1) -> None:
+    doc = _describe(conn, topic)
+    assert (doc["definition"]["revision"], doc["definition"]["lifecycle_epoch"]) == (revision, epoch)
+    assert [(p["leo"], p["hwm"], p["log_start_offset"]) for p in doc["partitions"]] == [(0, 0, 0)] * partitions
+    for p in range(partitions):
+        assert consume_all(conn, topic, p) == []
+    # the group and its offsets are gone: a new member starts from the beginning
+    assert error_of(conn.command("GROUP_STATUS group=g")).code == "group_not_found"
+
+
+def test_truncate_resets_every_partition_and_keeps_the_definition(broker_factory):
+    broker = broker_factory().start()
+    with connect(broker) as conn:
+        created = create_topic(conn, "t", partitions=2, retention_hours="5")
+        assert created["revision"] == "1" and created["lifecycle_epoch"] == "0"
+        _fill(conn, "t")
+        assert error_of(conn.command("TRUNCATE topic=t")).code == "missing_expected_revision"
+        assert error_of(conn.command("TRUNCATE topic=t expected_revision=x")).code == "invalid_expected_revision"
+        conflict = error_of(conn.command("TRUNCATE topic=t expected_revision=7"))
+        assert conflict.code == "version_conflict" and conflict.fields["revision"] == "1"
+        assert error_of(conn.command("TRUNCATE topic=nope expected_revision=1")).code == "topic_not_found"
+        assert error_of(conn.command("TRUNCATE topic=__consumer_offsets expected_revision=1")).code == \
+            "internal_topic_delete_forbidden"
+        assert ok_fields(conn.command("TRUNCATE topic=t expected_revision=1")) == {
+            "topic": "t", "truncated": "true", "revision": "2", "lifecycle_epoch": "1", "leo": "0", "hwm": "0"}
+        _assert_reset(conn, "t")
+        assert _describe(conn, "t")["definition"]["policy"]["retention_hours"] == 5  # the definition stays
+        assert ack_of(publish_batch(conn, "t", 0, [b"new"]))["last_offset"] == 0
+        # the compare-and-set uses the new revision
+        assert error_of(conn.command("TRUNCATE topic=t expected_revision=1")).code == "version_conflict"
+    broker.restart(kill=True)
+    with connect(broker) as conn:
+        doc = _describe(conn, "t")
+        assert (doc["definition"]["revision"], doc["definition"]["lifecycle_epoch"]) == (2, 1)
+        assert [r.payload for r in consume_all(conn, "t", 0)] == [b"new"]
+        assert consume_all(conn, "t", 1) == []
+        assert ok_fields(conn.command("TRUNCATE topic=t expected_revision=2"))["lifecycle_epoch"] == "2"
+        assert consume_all(conn, "t", 0) == []
+    assert (broker.log_dir / "topics" / "t" / "lifecycle_epoch").read_text().strip() == "2"
+
+
+def test_truncate_and_delete_are_refused_while_a_group_is_active_or_a_transaction_is_open(broker_factory):
+    broker = broker_factory().start()
+    with connect(broker) as conn:
+        create_topic(conn, "t", partitions=1)
+        ack_of(publish_batch(conn, "t", 0, [b"kept"]))
+        joined = ok_fields(conn.command("JOIN_GROUP topic=t group=live member=m"))
+        blocked = error_of(conn.command("TRUNCATE topic=t expected_revision=1"))
+        assert blocked.code == "topic_truncate_blocked" and blocked.fields["group"] == "live"
+        assert error_of(conn.command("DELETE topic=t")).code == "topic_delete_blocked"
+        ok_fields(conn.command(f"LEAVE_GROUP topic=t group=live member={joined['member']}"))
+
+        s = Session(conn, "tx")
+        s.init()
+        s.begin()
+        s.publish("t", "pending", partition=0)
+        blocked = error_of(conn.command("TRUNCATE topic=t expected_revision=1"))
+        assert blocked.code == "topic_truncate_blocked" and blocked.fields["transactional_id"] == "tx"
+        assert error_of(conn.command("DELETE topic=t")).code == "topic_delete_blocked"
+        # nothing changed
+        assert _describe(conn, "t")["definition"]["revision"] == 1
+        assert [r.payload for r in consume_all(conn, "t", 0)] == [b"kept"]
+        s.end("commit")
+        # a terminal transaction does not block; its reference to the topic goes
+        assert ok_fields(conn.command("TRUNCATE topic=t expected_revision=1"))["truncated"] == "true"
+        assert consume_all(conn, "t", 0) == []
+        assert ok_fields(conn.command("TXN_STATUS transactional_id=tx"))["state"] == "committed"
+
+
+@pytest.mark.parametrize("point", ["truncate_after_commit", "truncate_after_trash"])
+def test_kill_during_truncate_then_restart_resumes_the_reset(broker_factory, point):
+    broker = broker_factory(env={"CURSUS_LIFECYCLE_CRASH_AT": point}).start()
+    with connect(broker) as conn:
+        create_topic(conn, "t", partitions=2)
+        _fill(conn, "t")
+        with pytest.raises((ConnectionClosed, OSError)):
+            conn.command("TRUNCATE topic=t expected_revision=1")
+    assert broker.wait_exit() != 0
+    broker.env = {}
+    broker.start()
+    with connect(broker) as conn:
+        _assert_reset(conn, "t")  # never the old generation
+        assert ack_of(publish_batch(conn, "t", 1, [b"new"]))["last_offset"] == 0
+    assert (broker.log_dir / "topics" / "t" / "lifecycle_epoch").read_text().strip() == "1"
+
+
+def test_kill_after_the_delete_commit_then_restart_and_recreate_starts_empty(broker_factory):
+    broker = broker_factory(env={"CURSUS_LIFECYCLE_CRASH_AT": "delete_after_commit"}).start()
+    with connect(broker) as conn:
+        create_topic(conn, "t", partitions=2)
+        _fill(conn, "t")
+        with pytest.raises((ConnectionClosed, OSError)):
+            conn.command("DELETE topic=t")
+    assert broker.wait_exit() != 0
+    broker.env = {}
+    broker.start()
+    with connect(broker) as conn:
+        assert ok_fields(conn.command("LIST"))["count"] == "0"
+        assert error_of(conn.command("GROUP_STATUS group=g")).code == "group_not_found"
+        fresh = create_topic(conn, "t", partitions=2)
+        assert (fresh["revision"], fresh["lifecycle_epoch"]) == ("1", "0")
+        assert consume_all(conn, "t", 0) == [] and consume_all(conn, "t", 1) == []
+        assert error_of(conn.command("GROUP_STATUS group=g")).code == "group_not_found"
+        joined = ok_fields(conn.command("JOIN_GROUP topic=t group=g member=m2"))
+        assert ok_fields(conn.command("FETCH_OFFSET topic=t partition=0 group=g")) == {"offset": "0"}
+        ok_fields(conn.command(f"LEAVE_GROUP topic=t group=g member={joined['member']}"))
