@@ -122,8 +122,10 @@ class Reconciler:
 
     def _open_missing(self, state: MetadataState) -> None:
         for key in sorted(state.partitions_on(self._host.broker_id)):
-            if key[0] in self.resets_pending:
-                continue  # fenced until its storage holds the committed lifecycle epoch
+            if key[0] in self.resets_pending or key[0] in self._removing or key[0] in self.orphans:
+                # fenced until its storage holds the committed lifecycle epoch, or until the storage of a
+                # deleted topic of that name is gone (a same-name topic must never open the old folder)
+                continue
             if key not in self._host.replicas and key not in self._opening:
                 task = asyncio.get_running_loop().create_task(self._open(key))
                 self._opening[key] = task
@@ -236,11 +238,22 @@ class Reconciler:
                 replica.log.close()
             reset_topic_storage(self._topics_dir, self._trash_dir, name, epoch)
 
-        if await self._host.drop_topic_state(name):
+        loop = asyncio.get_running_loop()
+        try:
+            done = await loop.run_in_executor(self._pool, read_marker, self._topics_dir / name) == epoch
+        except (OSError, ValueError):
+            done = False
+        if done:
+            # The folder already holds this epoch (a node replaying its Raft log at startup sees every
+            # earlier TRUNCATE again; the marker is written last): nothing to drop or reset.
+            for replica in replicas:
+                await self._host.run_blocking(replica.log.close)
+        elif await self._host.drop_topic_state(name):
             log.warning("truncated topic %s stays unavailable here until its cleanup is retried", name)
             return True
         try:
-            await self._host.run_blocking(reset)
+            if not done:
+                await self._host.run_blocking(reset)
         except OSError as exc:
             log.warning("storage reset of truncated topic %s pending: %s", name, exc)
             return True
@@ -270,7 +283,7 @@ class Reconciler:
             self.on_retry()
             await self._start_reset(name, epoch)
         for name in sorted(self.orphans):
-            if name not in self._removing and name not in self._state.topics:
+            if name not in self._removing:
                 self.on_retry()
                 await self._start_removal(name)
         pending = len(self.resets_pending) + len(self.orphans)
@@ -310,6 +323,9 @@ class Reconciler:
             return True
         self.orphans.discard(name)
         self._on_orphans(len(self.orphans))
+        if self._removing.get(name) is asyncio.current_task():
+            del self._removing[name]
+        self._open_missing(self._state)  # a same-name topic created meanwhile (a cluster) opens now
         await asyncio.get_running_loop().run_in_executor(self._pool, empty_trash, self._trash_dir)
         return False
 
