@@ -4,12 +4,15 @@ the preflight refusals, kill -9 at each step of both with restart, and recreatio
 from __future__ import annotations
 
 import json
+import time
 
 import pytest
 
 from cursus.client.connection import ConnectionClosed
+from cursus.wire import Status
 from tests.integration.conftest import connect
 from tests.integration.helpers import ack_of, consume_all, create_topic, error_of, ok_fields, publish_batch
+from tests.integration.test_metadata_lifecycle import immutable  # noqa: F401  (fixture)
 from tests.integration.txnsupport import Session
 
 pytestmark = pytest.mark.timeout(120)
@@ -137,3 +140,59 @@ def test_kill_after_the_delete_commit_then_restart_and_recreate_starts_empty(bro
         joined = ok_fields(conn.command("JOIN_GROUP topic=t group=g member=m2"))
         assert ok_fields(conn.command("FETCH_OFFSET topic=t partition=0 group=g")) == {"offset": "0"}
         ok_fields(conn.command(f"LEAVE_GROUP topic=t group=g member={joined['member']}"))
+
+
+def _metric(broker, name: str) -> float:
+    text = broker.http_get("/metrics", port=broker.metrics_port)[1].decode()
+    return float(next(line for line in text.splitlines() if line.startswith(f"{name} ")).split()[1])
+
+
+def test_a_failed_manifest_commit_leaves_the_topic_and_its_groups_live(broker_factory, immutable):
+    broker = broker_factory().start()
+    with connect(broker) as conn:
+        create_topic(conn, "t", partitions=2)
+        _fill(conn, "t")
+        immutable(broker.log_dir)  # the manifest cannot be replaced now
+        assert error_of(conn.command("DELETE topic=t")).code == "delete_topic_failed"
+        assert error_of(conn.command("TRUNCATE topic=t expected_revision=1")).code == "truncate_topic_failed"
+        immutable.release(broker.log_dir)  # type: ignore[attr-defined]
+        assert _describe(conn, "t")["definition"]["revision"] == 1
+        assert len(consume_all(conn, "t", 0)) == 5
+        assert ok_fields(conn.command("FETCH_OFFSET topic=t partition=0 group=g")) == {"offset": "3"}
+        # and the topic is not fenced afterwards: new subscriptions are accepted again
+        joined = ok_fields(conn.command("JOIN_GROUP topic=t group=g2 member=m"))
+        ok_fields(conn.command(f"LEAVE_GROUP topic=t group=g2 member={joined['member']}"))
+
+
+def test_a_failed_storage_reset_answers_cleanup_pending_fences_the_topic_and_is_retried(broker_factory, immutable):
+    broker = broker_factory(settings={"exporter_port": 0, "topic_cleanup_retry_interval_ms": 100}).start()
+    topics = broker.log_dir / "topics"
+    with connect(broker) as conn:
+        create_topic(conn, "t", partitions=1)
+        ack_of(publish_batch(conn, "t", 0, [b"old"] * 3))
+        immutable(topics)  # the topic folder cannot be moved to the trash now
+        reply = ok_fields(conn.command("TRUNCATE topic=t expected_revision=1"))
+        assert reply["cleanup_pending"] == "true" and reply["lifecycle_epoch"] == "1"
+        # fenced: neither the old generation nor anything else is served meanwhile
+        assert error_of(conn.command("CONSUME topic=t partition=0 offset=0")).code == "leader_not_available"
+        assert error_of(publish_batch(conn, "t", 0, [b"x"])).code == "leader_not_available"
+        deadline = time.monotonic() + 10
+        while _metric(broker, "cursus_topic_cleanup_pending") != 1.0:
+            assert time.monotonic() < deadline, "the pending cleanup is not reported"
+            time.sleep(0.05)
+        assert _metric(broker, "cursus_topic_cleanup_retries_total") >= 1
+    # a crash meanwhile: startup keeps it fenced (the marker is behind the committed epoch)
+    broker.restart(kill=True)
+    with connect(broker) as conn:
+        assert error_of(conn.command("CONSUME topic=t partition=0 offset=0")).code == "leader_not_available"
+        immutable.release(topics)  # type: ignore[attr-defined]
+        deadline = time.monotonic() + 10
+        while conn.command("CONSUME topic=t partition=0 offset=0").status != Status.OK:
+            assert time.monotonic() < deadline, "the reset was not retried"
+            time.sleep(0.05)
+        assert consume_all(conn, "t", 0) == []
+        assert ack_of(publish_batch(conn, "t", 0, [b"new"]))["last_offset"] == 0
+        deadline = time.monotonic() + 10
+        while _metric(broker, "cursus_topic_cleanup_pending") != 0.0:
+            assert time.monotonic() < deadline
+            time.sleep(0.05)
