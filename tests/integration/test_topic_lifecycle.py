@@ -10,12 +10,14 @@ import pytest
 
 from cursus.client.connection import ConnectionClosed
 from cursus.wire import Status
+from tests.integration import test_metadata_lifecycle
 from tests.integration.conftest import connect
 from tests.integration.helpers import ack_of, consume_all, create_topic, error_of, ok_fields, publish_batch
-from tests.integration.test_metadata_lifecycle import immutable  # noqa: F401  (fixture)
 from tests.integration.txnsupport import Session
 
 pytestmark = pytest.mark.timeout(120)
+#: ``immutable(path)``: chattr +i (released at teardown), shared with the metadata lifecycle tests.
+immutable = test_metadata_lifecycle.immutable
 
 
 def _describe(conn, topic: str) -> dict:
