@@ -792,7 +792,10 @@ class Broker:
 
     async def drop_topic_state(self, name: str) -> bool:
         """The reconciler's hook before a truncated topic's storage is reset: drop its node-local state
-        (:attr:`topic_state`); True when a dropper failed (the reset waits for a retry)."""
+        (:attr:`topic_state`); True when a dropper failed or the group coordinator is not open yet (a node
+        replaying its metadata log at startup): the reset then waits for a retry."""
+        if not self.coordinator.ready:
+            return True
         return await self.topic_state.drop(name, "truncate")
 
     async def retry_cleanup_of(self, name: str) -> bool:

@@ -330,7 +330,8 @@ def _delete(state: MetadataState, command: DeleteTopic) -> tuple[MetadataState, 
     topics = {n: d for n, d in state.topics.items() if n != command.topic}
     removed = tuple(sorted(k for k in state.assignments if k[0] == command.topic))
     assignments = {k: a for k, a in state.assignments.items() if k[0] != command.topic}
-    new = dataclasses.replace(state, topics=topics, assignments=assignments)
+    incarnations = {n: i for n, i in state.incarnations.items() if n != command.topic}
+    new = dataclasses.replace(state, topics=topics, assignments=assignments, incarnations=incarnations)
     return new, ApplyResult(topic=None, changed=True, removed=removed)
 
 
@@ -411,4 +412,6 @@ def _put(state: MetadataState, command: CreateTopic | PutTopic | AlterTopicConfi
     topics = dict(state.topics)
     topics[name] = defn
     new = dataclasses.replace(state, topics=topics, assignments=assignments)
+    if current is None and state.cluster:  # a new incarnation of the name: the revision of this state
+        new = dataclasses.replace(new, incarnations={**state.incarnations, name: state.revision + 1})
     return new, ApplyResult(topic=defn, changed=True, added=added)

@@ -109,6 +109,8 @@ def encode_state(state: MetadataState) -> bytes:
         "applied": [[rid, result_to_dict(r)] for rid, r in state.applied.items()],
         "groups": [entry_to_row(name, state.groups[name]) for name in sorted(state.groups)],
     }
+    if state.incarnations:  # absent in states without any (their bytes stay as they were)
+        doc["incarnations"] = [[name, state.incarnations[name]] for name in sorted(state.incarnations)]
     if state.txn_shards:  # absent in states that never had a shard table (their bytes stay as they were)
         doc["txn_shards"] = [[shard, state.txn_shards[shard].owner, state.txn_shards[shard].epoch]
                              for shard in sorted(state.txn_shards)]
@@ -136,6 +138,9 @@ def decode_state(data: bytes) -> MetadataState:
         applied = {str(rid): result_from_dict(r) for rid, r in doc["applied"]}
         shards = {int(shard): ShardOwner(None if owner is None else str(owner), int(epoch))
                   for shard, owner, epoch in doc.get("txn_shards", ())}
+        incarnations = {str(name): int(inc) for name, inc in doc.get("incarnations", ())}
+        if not set(incarnations) <= set(topics):
+            raise ValueError("an incarnation of an unknown topic")
         if version == STATE_VERSION:
             groups = dict(entry_from_row(row) for row in doc["groups"])
         elif LEGACY_OFFSETS_TOPIC in topics:
@@ -146,7 +151,7 @@ def decode_state(data: bytes) -> MetadataState:
         return MetadataState(revision=int(doc["revision"]), topics=topics, assignments=assignments,
                              brokers=brokers, applied=applied, initial_leader_epoch=int(doc["initial_leader_epoch"]),
                              cluster=bool(doc["cluster"]), coordinator_shards=int(doc["coordinator_shards"]),
-                             txn_shards=shards, groups=groups)
+                             txn_shards=shards, groups=groups, incarnations=incarnations)
     except (MissingProvenance, UnsupportedGroupState):
         raise
     except (KeyError, TypeError, AttributeError, UnicodeDecodeError, json.JSONDecodeError, ValueError) as exc:

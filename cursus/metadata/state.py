@@ -144,6 +144,10 @@ class MetadataState:
         groups: cluster only: consumer group name -> its compacted records (registration or tombstone,
             membership, offset snapshots), see :mod:`cursus.metadata.groups`. Standalone keeps groups in
             ``__consumer_offsets`` and this stays empty.
+        incarnations: cluster only: topic name -> the state revision that created it (unique and growing
+            over the cluster's history, so a topic deleted and created again under the same name is told
+            apart by every replica's storage marker, :mod:`cursus.broker.topic_storage`). Standalone keeps
+            it empty (incarnation 0: its manifest is the only authority and removal is synchronous).
     """
 
     revision: int = 0
@@ -156,12 +160,17 @@ class MetadataState:
     coordinator_shards: int = 0
     txn_shards: Mapping[int, ShardOwner] = field(default_factory=dict)
     groups: Mapping[str, GroupEntry] = field(default_factory=dict)
+    incarnations: Mapping[str, int] = field(default_factory=dict)
 
     def topic(self, name: str) -> TopicDefinition | None:
         return self.topics.get(name)
 
     def names(self) -> list[str]:
         return sorted(self.topics)
+
+    def incarnation(self, name: str) -> int:
+        """The incarnation of topic ``name`` (0: standalone, or created before incarnations were kept)."""
+        return self.incarnations.get(name, 0)
 
     def assignment(self, topic: str, partition: int) -> PartitionAssignment | None:
         return self.assignments.get((topic, partition))

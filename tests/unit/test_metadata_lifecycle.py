@@ -184,3 +184,18 @@ def test_any_sequence_keeps_lifecycle_invariants(steps: list[str]) -> None:
         defn = state.topics.get("t")
         for key, a in state.assignments.items():
             assert defn is not None and a.lifecycle_epoch == defn.lifecycle_epoch, key
+
+
+def test_a_recreated_cluster_topic_is_a_new_incarnation_kept_in_snapshots() -> None:
+    state = _cluster("a", "b", "c")
+    first = state.incarnation("t")
+    assert first > 0
+    state, _ = apply(state, TruncateTopic("x", "t", 1))
+    assert state.incarnation("t") == first  # a truncation keeps the incarnation
+    state, _ = apply(state, DeleteTopic("d", "t"))
+    assert "t" not in state.incarnations
+    state, _ = apply(state, CreateTopic("c2", _spec("t", partitions="1", replication_factor="3")))
+    assert state.incarnation("t") > first
+    restored = decode_state(encode_state(state))
+    assert restored == state and restored.incarnation("t") == state.incarnation("t")
+    assert _standalone().incarnations == {}  # standalone: the manifest is the only authority
