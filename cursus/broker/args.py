@@ -376,6 +376,7 @@ ARGS: Mapping[Command, type[Args]] = {
     Command.LIST_GROUPS: NoArgs,
     Command.FIND_COORDINATOR: FindCoordinatorArgs,
     Command.CLUSTER_STATUS: NoArgs,
+    Command.LIST_CLUSTER: NoArgs,
     Command.ELECT_LEADER: ElectLeaderArgs,
     Command.INIT_PRODUCER_ID: InitProducerIdArgs,
     Command.BEGIN_TXN: TxnSessionArgs,

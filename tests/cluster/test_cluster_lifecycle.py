@@ -85,6 +85,13 @@ def _everywhere(cluster: Cluster, check) -> None:
 def test_every_broker_advertises_lifecycle_protocol_1(cluster: Cluster) -> None:
     brokers = status(cluster.brokers[1])["brokers"]
     assert [b["lifecycle_protocol"] for b in brokers] == [1, 1, 1]
+    with via(cluster.brokers[2]) as conn:
+        text = conn.command("LIST_CLUSTER").payload.decode()
+    assert text.startswith("OK brokers="), text
+    rows = json.loads(text[len("OK brokers="):])
+    assert [(r["id"], r["status"], r["lifecycle_protocol"]) for r in rows] == [
+        ("node-1", "active", 1), ("node-2", "active", 1), ("node-3", "active", 1)]
+    assert all(r["client_addr"] and r["addr"] and r["last_seen"].endswith("Z") for r in rows)
 
 
 def test_truncate_resets_every_replica_and_survives_restart(cluster: Cluster, routed) -> None:

@@ -198,3 +198,27 @@ def test_a_failed_storage_reset_answers_cleanup_pending_fences_the_topic_and_is_
         while _metric(broker, "cursus_topic_cleanup_pending") != 0.0:
             assert time.monotonic() < deadline
             time.sleep(0.05)
+
+
+def test_truncate_keeps_a_multi_topic_group_and_only_drops_the_truncated_topics_offsets(broker_factory):
+    broker = broker_factory().start()
+    with connect(broker) as conn:
+        create_topic(conn, "t", partitions=1)
+        create_topic(conn, "u", partitions=1)
+        for topic in ("t", "u"):
+            ack_of(publish_batch(conn, topic, 0, [b"r"] * 4))
+        ok_fields(conn.command("REGISTER_GROUP group=mg topics=t,u"))
+        joined = ok_fields(conn.command("JOIN_GROUP group=mg member=m"))
+        for topic in ("t", "u"):
+            ok_fields(conn.command(f"COMMIT_OFFSET topic={topic} partition=0 group=mg offset=4 "
+                                   f"member={joined['member']} generation={joined['generation']}"))
+        ok_fields(conn.command(f"LEAVE_GROUP group=mg member={joined['member']}"))
+        ok_fields(conn.command("TRUNCATE topic=t expected_revision=1"))
+        doc = json.loads(conn.command("GROUP_STATUS group=mg").payload)
+        assert sorted(doc["topics"]) == ["t", "u"]
+        assert ok_fields(conn.command("FETCH_OFFSET topic=t partition=0 group=mg")) == {"offset": "0"}
+        assert ok_fields(conn.command("FETCH_OFFSET topic=u partition=0 group=mg")) == {"offset": "4"}
+    broker.restart(kill=True)
+    with connect(broker) as conn:
+        assert ok_fields(conn.command("FETCH_OFFSET topic=t partition=0 group=mg")) == {"offset": "0"}
+        assert ok_fields(conn.command("FETCH_OFFSET topic=u partition=0 group=mg")) == {"offset": "4"}

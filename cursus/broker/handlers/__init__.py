@@ -60,6 +60,7 @@ _TYPED: Mapping[Command, TypedHandler] = {
     Command.CONSUME: fetch.handle_consume,
     Command.STREAM: stream.handle_stream,
     Command.CLUSTER_STATUS: cluster.handle_cluster_status,
+    Command.LIST_CLUSTER: cluster.handle_list_cluster,
     Command.ELECT_LEADER: cluster.handle_elect_leader,
     Command.INIT_PRODUCER_ID: txn.handle_init_producer_id,
     Command.BEGIN_TXN: txn.handle_begin_txn,
