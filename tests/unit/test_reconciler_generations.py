@@ -170,3 +170,25 @@ def test_a_live_truncate_drops_the_topic_state_then_resets_the_folder(tmp_path):
         await rec.close()
 
     asyncio.run(scenario())
+
+
+def test_a_restart_restored_from_a_snapshot_of_a_recreated_topic_never_opens_the_old_folder(tmp_path):
+    async def scenario() -> None:
+        first = _create(_cluster(), "c1")
+        second = _create(apply(first, DeleteTopic("d", "t"))[0], "c2")
+        host = Host(tmp_path / "topics")
+        host.label = "first"
+        rec = Reconciler(host, tmp_path, 2)
+        await rec.start(first)
+        await rec.close()
+        # restart: the snapshot (taken after the DELETE and the CREATE) is the first state published
+        host = Host(tmp_path / "topics")
+        host.label = "second"
+        rec = Reconciler(host, tmp_path, 2)
+        rec.on_metadata(MetadataState(cluster=True), second)
+        await rec.start(second)
+        assert ("t", 0) in host.replicas and _data(tmp_path) == "second"
+        assert read_marker(tmp_path / "topics" / "t") == (second.incarnation("t"), 0)
+        await rec.close()
+
+    asyncio.run(scenario())
