@@ -181,3 +181,35 @@ def test_delete_then_recreate_starts_empty_and_stays_empty_after_restart(cluster
     _publish(routed, "gone", 0, 1, "new")
     assert [(r.offset, r.payload) for r in read_partition(cluster, "gone")] == [(0, b"new0")]
 
+
+
+def test_a_replica_killed_in_the_middle_of_its_reset_restarts_into_the_new_generation(cluster: Cluster,
+                                                                                       routed) -> None:
+    """A follower dies (kill -9 at the crash point) after moving the old folder away and before writing the
+    new generation's marker; restarted, it serves only the new generation once it leads."""
+    ok_fields(routed.command("CREATE topic=midway partitions=1 replication_factor=3"))
+    wait_isr(cluster, "midway", 3)
+    _publish(routed, "midway", 0, 12, "old")
+    row = partition_state(cluster, "midway")
+    victim = next(b for b in cluster.brokers if b.log_dir.name != row["leader"])
+    victim.kill()
+    victim.env = {"CURSUS_LIFECYCLE_CRASH_AT": "truncate_after_trash"}
+    try:
+        victim.start(timeout_s=60)
+        wait_isr(cluster, "midway", 3, timeout=30)
+        leader = cluster.by_id(partition_state(cluster, "midway")["leader"])
+        with via(leader) as conn:
+            assert ok_fields(conn.command("TRUNCATE topic=midway expected_revision=1"))["truncated"] == "true"
+        assert victim.wait_exit(30) == 137
+    finally:
+        victim.env = {}
+    _publish(routed, "midway", 0, 2, "new")
+    victim.start(timeout_s=60)
+    wait_isr(cluster, "midway", 3, timeout=30)
+    with via(leader) as conn:
+        wait_for(lambda: ok_fields(conn.command(f"ELECT_LEADER topic=midway partition=0 broker={victim.log_dir.name}")),
+                 20, "the victim elected")
+    wait_for(lambda: partition_state(cluster, "midway")["leader"] == victim.log_dir.name, 10, "the victim leads")
+    assert wait_for(lambda: [r.payload for r in read_partition(cluster, "midway")], 20, "the victim serving") == \
+        [b"new0", b"new1"]
+    assert (victim.log_dir / "topics" / "midway" / "lifecycle_epoch").read_text().split()[0] == "1"
