@@ -104,6 +104,15 @@ class DeleteArgs(Args):
 
 
 @dataclass(frozen=True)
+class TruncateArgs(Args):
+    """TRUNCATE topic= expected_revision=N (admin only)."""
+
+    topic: str = param(kind="custom", convert=topic_name, required=True)
+    expected_revision: int = param(kind="int", required=True, minimum=1,
+                                   doc="the topic's current definition revision (compare-and-set)")
+
+
+@dataclass(frozen=True)
 class TopicArgs(Args):
     """METADATA / DESCRIBE topic=."""
 
@@ -447,6 +456,7 @@ ARGS: Mapping[Command, type[Args]] = {
     Command.DESCRIBE: TopicArgs,
     Command.ALTER_TOPIC_CONFIG: AlterTopicConfigArgs,
     Command.DELETE: DeleteArgs,
+    Command.TRUNCATE: TruncateArgs,
     Command.METADATA: TopicArgs,
     Command.LIST_OFFSETS: ListOffsetsArgs,
     Command.PUBLISH: PublishArgs,
@@ -464,6 +474,7 @@ ARGS: Mapping[Command, type[Args]] = {
     Command.LIST_GROUPS: NoArgs,
     Command.FIND_COORDINATOR: FindCoordinatorArgs,
     Command.CLUSTER_STATUS: NoArgs,
+    Command.LIST_CLUSTER: NoArgs,
     Command.ELECT_LEADER: ElectLeaderArgs,
     Command.INIT_PRODUCER_ID: InitProducerIdArgs,
     Command.BEGIN_TXN: TxnSessionArgs,

@@ -137,6 +137,7 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("log_retention_ms", _I, -1, "ms", "Broker default time retention in ms; overrides log_retention_hours when >= 0.", -1),
     Setting("log_retention_bytes", _I, -1, "bytes", "Broker default size retention per partition; -1 keeps all.", -1),
     Setting("log_retention_check_interval_ms", _I, 300_000, "ms", "Interval of the retention task.", 1),
+    Setting("topic_cleanup_retry_interval_ms", _I, 10_000, "ms", "How often node-local cleanup of a deleted or truncated topic that failed (storage reset or removal, group offsets, transaction references; `cleanup_pending=true`) is retried.", 10),
     Setting("max_message_bytes", _I, 1 * MIB, "bytes", "Largest single record the broker accepts.", 64),
     Setting("max_client_connections", _I, 1000, "connections", "Concurrent client connections; further clients wait in the accept backlog (with client_idle_timeout_ms, idle clients cannot hold every slot for long).", 1),
     Setting("client_idle_timeout_ms", _I, 600_000, "ms", "Close a client connection with no request in flight for this long (as Kafka's connections.max.idle.ms, 10 min; an open STREAM or long poll is not idle); the SDK reopens such a connection before its next request; 0 never closes idle connections.", 0),

@@ -30,6 +30,8 @@ from cursus.broker.producer_state import ProducerStateTable
 from cursus.broker.reconciler import Reconciler
 from cursus.broker.replica import Replica
 from cursus.broker.replica_role import Role, TransitionRefused
+from cursus.broker.topic_cleanup import TopicStateDroppers
+from cursus.broker.topic_storage import crash_point
 from cursus.cluster.group_log import RaftGroupLog
 from cursus.cluster.metadata import RaftMetadata
 from cursus.cluster.raft.node import RaftConfig
@@ -45,6 +47,12 @@ from cursus.metadata.commands import (
     DeleteTopic,
     ElectLeader,
     PutTopic,
+    TruncateTopic,
+)
+from cursus.metadata.lifecycle import (
+    LIFECYCLE_COMPACTION,
+    LIFECYCLE_PROTOCOL_VERSION,
+    require_lifecycle_protocol,
 )
 from cursus.metadata.state import BrokerInfo, MetadataState, PartitionAssignment
 from cursus.metadata.topics import TopicDefinition, TopicSpec, is_compacted_policy, is_internal_topic
@@ -187,6 +195,14 @@ class Broker:
         if isinstance(self.metadata, RaftMetadata):
             self.metadata.subscribe(self.transactions.on_metadata)
             self.metadata.observe(self.transactions.observe)
+        #: Per-topic node-local state dropped after a committed DELETE or TRUNCATE (the one registry;
+        #: storage and producer state are the reconciler's): consumer groups, transactions, and whatever
+        #: registers later (an event store's indexes and snapshots).
+        self.topic_state = TopicStateDroppers()
+        self.topic_state.register("groups", self._drop_group_state)
+        self.topic_state.register("transactions", lambda topic, reason: self.transactions.on_topic_deleted(topic))
+        self.reconciler.on_retry = metrics.topic_cleanup_retries_total.inc
+        self.topic_state.register("eventstore", lambda topic, reason: self.events.drop_topic(topic, remove_files=True))
         #: Active STREAM requests; each has ``stop(reason)`` (see cursus.broker.handlers.stream).
         self.streams: set[Any] = set()
         #: Is the client connection ``host:port`` still open? The server installs its answer; until then
@@ -224,10 +240,11 @@ class Broker:
         config = self.config
         if not config.enabled_distribution:
             return StandaloneMetadata(self.log_dir.path, self.run_blocking,
-                                      BrokerInfo(self.broker_id, self.leader_address()))
+                                      BrokerInfo(self.broker_id, self.leader_address(),
+                                                 lifecycle_protocol=LIFECYCLE_PROTOCOL_VERSION))
         members = cluster_members(config)
         local = BrokerInfo(self.broker_id, self.leader_address(), internal_address(self),
-                           incarnation=uuid.uuid4().hex)
+                           incarnation=uuid.uuid4().hex, lifecycle_protocol=LIFECYCLE_PROTOCOL_VERSION)
         raft = RaftConfig(
             node_id=self.broker_id, members=members, data_dir=self.log_dir.path / "raft",
             tls=TLSFiles(Path(config.internal_tls_cert_path), Path(config.internal_tls_key_path),
@@ -288,6 +305,7 @@ class Broker:
                 broker.replication.server.txn_handler = broker.transactions.serve_txn_record
             await broker.transactions.open()
             broker.not_ready_reasons.pop("transactions", None)
+            await broker._resume_topic_cleanup()
         except BaseException:
             await broker.events.close()
             await broker.transactions.close()
@@ -301,6 +319,18 @@ class Broker:
                  and not log_dir.clean_shutdown else f"clean shutdown: {log_dir.clean_shutdown}")
         broker.not_ready_reasons.pop("recovery", None)
         return broker
+
+    async def _resume_topic_cleanup(self) -> None:
+        """Startup, after groups and transactions are open: finish interrupted TRUNCATEs (their topics stay
+        fenced until then) and drop the transaction references of topics deleted before a crash (the
+        coordinator's replay already tombstoned their groups)."""
+        gone = {t for entry in self.transactions.entries.values() for t, _ in entry.partitions} | {
+            t for entry in self.transactions.entries.values() for t, _, _ in entry.offsets}
+        for topic in sorted(gone - set(self.metadata.names())):
+            await self.topic_state.drop(topic, "delete")
+        if await self.reconciler.resume_resets():
+            log.warning("a truncated topic stays unavailable: its cleanup is retried every %d ms",
+                        self.config.topic_cleanup_retry_interval_ms)
 
     # ------------------------------------------------------------------------------- group coordinator
 
@@ -476,6 +506,19 @@ class Broker:
     async def _topic_deleted(self, name: str) -> None:
         async with self._group_sync:
             await self.coordinator.on_topic_deleted(name)
+
+    async def _drop_group_state(self, name: str, reason: str) -> None:
+        """The ``groups`` topic-state dropper: after a DELETE one-topic groups of ``name`` get a tombstone and
+        multi-topic groups drop it (their offsets of it are cleared); after a TRUNCATE the same, then
+        multi-topic groups take the (now empty) topic again with no committed offsets. Only groups this
+        broker coordinates change; idempotent. Raises the group log's BrokerError."""
+        async with self._group_sync:
+            if reason == "truncate":
+                self.coordinator.deleting.add(name)  # the topic is left out of every expansion once
+            await self.coordinator.on_topic_deleted(name)
+            defn = self.metadata.get(name)
+            if reason == "truncate" and defn is not None:
+                await self.coordinator.on_topic_changed(defn)
 
     def _group_task_done(self, task: asyncio.Task[None]) -> None:
         self._group_tasks.discard(task)
@@ -667,7 +710,7 @@ class Broker:
                 yet.
         """
         name = spec.topic
-        if self.metadata.get(name) is None and await self.reconciler.retry_cleanup(name):
+        if self.metadata.get(name) is None and await self.retry_cleanup_of(name):
             raise BrokerError.of("create_topic_failed", topic=name, cleanup_pending=True,
                                  reason="storage of a deleted topic of this name is not removed yet")
         current = self.metadata.get(name)
@@ -678,11 +721,9 @@ class Broker:
         check_partition_headroom(wanted - (current.partitions if current else 0),
                                  reserve=self.config.max_client_connections + FD_RESERVE)
         if self.metadata.state.cluster and spec.cleanup_policy is not None and is_compacted_policy(spec.cleanup_policy):
-            # TODO(issue 18, lifecycle): call cursus.metadata.lifecycle.require_lifecycle_protocol(
-            #     self.metadata.state, "compaction policy") here once that module lands: every active broker
-            #     must advertise the lifecycle protocol before a compaction policy is accepted
-            #     (unsupported_topic_policy otherwise).
-            pass
+            # every active broker must advertise the lifecycle protocol of distributed compaction (spec
+            # "ALTER_TOPIC_CONFIG"): unsupported_topic_policy otherwise
+            require_lifecycle_protocol(self.metadata.state, "compaction", version=LIFECYCLE_COMPACTION)
         command = CreateTopic(uuid.uuid4().hex, spec, self.config.default_partitions, self.config.log_cleanup_policy,
                               default_replication_factor=self.config.default_replication_factor)
         try:
@@ -715,16 +756,18 @@ class Broker:
             await self._topic_changed(defn)
 
     async def delete_topic(self, name: str) -> bool:
-        """Remove ``name``: the metadata commit first (raises OSError, topic stays), then groups, replicas
-        and storage (the reconciler moves the folder to the trash).
+        """Remove ``name``: the metadata commit first (raises OSError, topic stays), then the node-local state
+        (:attr:`topic_state`: groups, transactions, ...) and storage (the reconciler moves the folder to the
+        trash).
 
-        Returns True when storage cleanup failed after the commit (``cleanup_pending``): CREATE of the name
-        is refused until a retry succeeds.
+        Returns True when a cleanup step failed after the commit (``cleanup_pending``): CREATE of the name is
+        refused until a retry succeeds (``DELETE if_exists=true``, CREATE, the periodic retry, a restart).
 
         Raises:
             BrokerError: ``topic_not_found``; ``topic_delete_blocked`` while a consumer group with members
-                subscribes to the topic (checked before anything changes); after the commit inactive groups
-                lose the topic (one-topic groups get a tombstone, their offsets go).
+                subscribes to the topic or an open/committing transaction references it (checked before
+                anything changes); after the commit inactive groups lose the topic (one-topic groups get a
+                tombstone, their offsets go).
         """
         self.transactions.check_topic_deletable(name)
         self.coordinator.check_topic_deletable(name)
@@ -733,19 +776,84 @@ class Broker:
         except BaseException:
             self.coordinator.topic_delete_aborted(name)
             raise
+        crash_point("delete_after_commit")
         try:
-            async with self._group_sync:
-                await self.coordinator.on_topic_deleted(name)
-        except BrokerError as exc:
-            log.warning("group cleanup of deleted topic %s pending: %s", name, exc.error.code)
-        try:
-            await self.transactions.on_topic_deleted(name)
-        except BrokerError as exc:
-            log.warning("transaction cleanup of deleted topic %s pending: %s", name, exc.error.code)
-        try:
-            return await self.reconciler.removal(name)
+            pending = await self.topic_state.drop(name, "delete")
+            return await self.reconciler.removal(name) or pending
         finally:
             self.metrics.topics.set(len(self.metadata.names()))
+
+    def _truncate_preflight(self, name: str) -> None:
+        """TRUNCATE's preflight, DELETE's rules with TRUNCATE's code: ``topic_truncate_blocked`` while a group
+        with members subscribes to ``name`` or an open/committing transaction references it."""
+        try:
+            self.transactions.check_topic_deletable(name)
+            self.coordinator.check_topic_deletable(name)
+        except BrokerError as exc:
+            if exc.error.code != "topic_delete_blocked":
+                raise
+            raise BrokerError.of("topic_truncate_blocked", **exc.error.fields) from None
+
+    async def truncate_topic(self, name: str, expected_revision: int) -> tuple[TopicDefinition, bool]:
+        """TRUNCATE (spec "TRUNCATE"): keep the definition; revision and lifecycle epoch + 1; every partition
+        back to LEO = HWM = 0. The new epoch is committed first (standalone: the manifest; a cluster: one
+        Raft TOPIC_TRUNCATE that also advances the leader epochs); then each replica's storage is reset by
+        the reconciler (fenced meanwhile) and the node-local state dropped (:attr:`topic_state`).
+
+        Returns the new definition and whether a node-local cleanup step failed (``cleanup_pending``: the
+        topic stays fenced on this node until a retry succeeds).
+
+        Raises:
+            BrokerError: ``internal_topic_delete_forbidden`` (broker-owned topics), ``topic_not_found``,
+                ``version_conflict`` (``expected_revision`` is not the revision), ``topic_truncate_blocked``
+                (active group members, an open/committing transaction), ``unsupported_topic_policy`` (an
+                active broker does not advertise lifecycle protocol 1), ``truncate_topic_failed`` (the commit
+                failed: nothing changed).
+        """
+        if is_internal_topic(name):
+            raise BrokerError.of("internal_topic_delete_forbidden", topic=name, command="TRUNCATE")
+        defn = self.topic(name)
+        if defn.revision != expected_revision:
+            raise BrokerError.of("version_conflict", topic=name, expected_revision=expected_revision,
+                                 revision=defn.revision)
+        self._truncate_preflight(name)
+        try:
+            result = await self.metadata.submit(TruncateTopic(uuid.uuid4().hex, name, expected_revision))
+        except OSError as exc:
+            raise BrokerError.of("truncate_topic_failed", topic=name, reason=str(exc)) from exc
+        finally:
+            self.coordinator.topic_delete_aborted(name)  # subscriptions to the topic are allowed again
+        crash_point("truncate_after_commit")
+        assert result.topic is not None
+        # the reconciler (on every replica: the same path in a cluster) drops the topic state, resets the
+        # storage and reopens the partitions
+        return result.topic, await self.reconciler.reset_done(name)
+
+    async def drop_topic_state(self, name: str) -> bool:
+        """The reconciler's hook before a truncated topic's storage is reset: drop its node-local state
+        (:attr:`topic_state`); True when a dropper failed or the group coordinator is not open yet (a node
+        replaying its metadata log at startup): the reset then waits for a retry."""
+        if not self.coordinator.ready:
+            return True
+        return await self.topic_state.drop(name, "truncate")
+
+    async def retry_cleanup_of(self, name: str) -> bool:
+        """Retry the pending node-local cleanup of deleted topic ``name`` (storage, then the topic state);
+        True while something is still pending (CREATE of the name is refused meanwhile)."""
+        pending = await self.reconciler.retry_cleanup(name)
+        if self.topic_state.pending_for(name) and name not in self.metadata.names():
+            await self.topic_state.retry()
+        return pending or self.topic_state.pending_for(name)
+
+    async def retry_topic_cleanup(self) -> int:
+        """Periodic (``topic_cleanup_retry_interval_ms``): retry every pending storage reset or removal and
+        every failed topic-state dropper; return how many are still pending (``cursus_topic_cleanup_pending``)."""
+        failed_before = len(self.topic_state.pending)
+        if failed_before:
+            self.metrics.topic_cleanup_retries_total.inc(failed_before)
+        pending = await self.reconciler.retry_pending() + await self.topic_state.retry()
+        self.metrics.topic_cleanup_pending.set(pending)
+        return pending
 
     async def enforce_retention(self) -> int:
         """Delete whole closed segments past time or size retention; return segments deleted.

@@ -131,6 +131,12 @@ class BrokerMetrics:
             "cursus_topic_metadata_orphan_topics",
             "Deleted topics whose storage could not be moved away yet (CREATE of their names is refused).",
             registry=r)
+        self.topic_cleanup_pending = Gauge(
+            "cursus_topic_cleanup_pending",
+            "Deleted or truncated topics whose node-local cleanup (storage, groups, transactions) failed and is "
+            "retried every topic_cleanup_retry_interval_ms.", registry=r)
+        self.topic_cleanup_retries_total = Counter(
+            "cursus_topic_cleanup_retries_total", "Retries of a pending node-local topic cleanup.", registry=r)
         self.log_start = Gauge(
             "cursus_partition_log_start_offset", "First retained offset.", ["topic", "partition"], registry=r)
         self.log_end = Gauge(

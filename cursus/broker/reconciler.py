@@ -11,22 +11,49 @@ atomic rename, both parents fsynced), so a same-name topic can never reopen old 
 afterwards and at every startup. When even the rename fails the name is an *orphan*: CREATE of that name
 is refused (the spec's orphan-storage guard) until a retry succeeds (the next CREATE or ``DELETE
 if_exists=true`` of the name, or a restart).
+
+Every topic folder records the *generation* it holds (incarnation, lifecycle epoch:
+:mod:`cursus.broker.topic_storage`). A partition is opened only from a folder of the committed generation:
+a missing folder is created with its marker; a folder of an older incarnation (this node missed a DELETE
+and re-CREATE, e.g. restored from a snapshot) is moved to the trash first; a folder of a *newer* generation
+than the state being applied (a node replaying its Raft log at startup passes through older states) is
+left alone and not opened until the state catches up; removal of a deleted topic likewise never touches a
+folder of a later incarnation.
+
+A topic whose lifecycle epoch grows (TRUNCATE, committed in the metadata first) is *reset*: its local
+replicas are detached at once (every request for it is fenced: ``leader_not_available``), the host drops
+the topic's node-local state (``drop_topic_state``: groups, transactions, ...), the logs are closed and the
+folder replaced by an empty one whose marker names the new generation
+(:func:`cursus.broker.topic_storage.reset_topic_storage`; the marker is written last, so a synced marker
+means every step before it is done), then its partitions are opened again (LEO = HWM = 0). At startup a
+topic whose folder is behind the committed lifecycle epoch stays fenced until the host calls
+:meth:`Reconciler.resume_resets` (once the group coordinator and transactions are open), and a failed step
+keeps the topic fenced on this node (``cleanup_pending``) until :meth:`Reconciler.retry_pending` succeeds
+(the broker calls it every ``topic_cleanup_retry_interval_ms``; ``cursus_topic_cleanup_pending`` counts
+what is left).
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
-import os
-import shutil
-import uuid
+import threading
 from collections.abc import Callable, Iterable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any, Protocol
 
+from cursus.broker.topic_storage import (
+    Generation,
+    create_topic_dir,
+    empty_trash,
+    move_to_trash,
+    read_marker,
+    reset_topic_storage,
+)
 from cursus.metadata.state import MetadataState, PartitionKey
-from cursus.storage import fsync_dir
+
+__all__ = ["Reconciler", "ReplicaHost", "empty_trash", "move_to_trash"]
 
 log = logging.getLogger("cursus.reconciler")
 
@@ -59,29 +86,10 @@ class ReplicaHost(Protocol):
         """Run ``fn`` on the writer thread, in order with appends."""
         ...
 
-
-def move_to_trash(topics_dir: Path, trash_dir: Path, name: str) -> None:
-    """Atomically rename ``topics_dir/name`` into ``trash_dir`` (both parents fsynced). Raises OSError."""
-    source = topics_dir / name
-    if not source.exists():
-        return
-    if not trash_dir.is_dir():
-        trash_dir.mkdir()
-        fsync_dir(trash_dir.parent)
-    os.rename(source, trash_dir / uuid.uuid4().hex)
-    fsync_dir(topics_dir)
-    fsync_dir(trash_dir)
-
-
-def empty_trash(trash_dir: Path) -> None:
-    """Delete everything in the trash; failures are logged (the next startup tries again)."""
-    if not trash_dir.is_dir():
-        return
-    for entry in trash_dir.iterdir():
-        try:
-            shutil.rmtree(entry) if entry.is_dir() and not entry.is_symlink() else entry.unlink()
-        except OSError as exc:
-            log.warning("cannot empty trash entry %s: %s", entry, exc)
+    async def drop_topic_state(self, name: str) -> bool:
+        """Loop: drop the node-local state of truncated topic ``name`` (groups, transactions, ...) before its
+        storage is reset; True when a step failed (the reset waits for a retry)."""
+        ...
 
 
 class Reconciler:
@@ -105,19 +113,56 @@ class Reconciler:
         self._removing: dict[str, asyncio.Task[bool]] = {}
         #: Topic names whose old storage could not be moved away; CREATE of them is refused.
         self.orphans: set[str] = set()
+        #: The incarnation each orphan had (its removal never touches a folder of a later one).
+        self._orphan_incarnations: dict[str, int] = {}
         self._on_orphans = on_orphans
+        #: Topic -> generation whose local storage reset is running or failed: never opened meanwhile.
+        self.resets_pending: dict[str, Generation] = {}
+        self._resetting: dict[str, asyncio.Task[bool]] = {}
+        #: Serializes the blocking folder steps of one topic (partition opens run in parallel in the pool).
+        self._dir_locks: dict[str, threading.Lock] = {}
+        self._dir_locks_guard = threading.Lock()
+        #: Called after every retry round with the number of topics still pending (metrics).
+        self.on_pending: Callable[[int], None] = lambda count: None
+        #: Called once per retry of a pending cleanup (metrics).
+        self.on_retry: Callable[[], None] = lambda: None
+
+    def _dir_lock(self, name: str) -> threading.Lock:
+        with self._dir_locks_guard:
+            return self._dir_locks.setdefault(name, threading.Lock())
+
+    @staticmethod
+    def generation(state: MetadataState, name: str) -> Generation:
+        """The committed generation of topic ``name`` in ``state`` (its lifecycle epoch 0 when absent)."""
+        defn = state.topics.get(name)
+        return (state.incarnation(name), defn.lifecycle_epoch if defn is not None else 0)
 
     # ----------------------------------------------------------------------------------------- plan
 
     def on_metadata(self, old: MetadataState, new: MetadataState) -> None:
-        """Metadata listener: detach deleted topics now, open newly assigned partitions in the pool."""
+        """Metadata listener: detach deleted topics now, reset truncated ones, open newly assigned partitions
+        in the pool."""
         self._state = new
         for name in sorted(set(old.topics) - set(new.topics)):
-            self._start_removal(name)
+            self.resets_pending.pop(name, None)
+            self._start_removal(name, old.incarnation(name))
+        for name in sorted(set(old.topics) & set(new.topics)):
+            if old.incarnation(name) != new.incarnation(name):  # deleted and created again in one step (a
+                self.resets_pending.pop(name, None)             # snapshot restore): the old one goes first
+                self._start_removal(name, old.incarnation(name))
+        for name, defn in sorted(new.topics.items()):
+            before = old.topics.get(name)
+            if (before is not None and defn.lifecycle_epoch > before.lifecycle_epoch
+                    and old.incarnation(name) == new.incarnation(name)):
+                self._start_reset(name, self.generation(new, name))
         self._open_missing(new)
 
     def _open_missing(self, state: MetadataState) -> None:
         for key in sorted(state.partitions_on(self._host.broker_id)):
+            if key[0] in self.resets_pending or key[0] in self._removing or key[0] in self.orphans:
+                # fenced until its storage holds the committed generation, or until the storage of a
+                # deleted topic of that name is gone (a same-name topic must never open the old folder)
+                continue
             if key not in self._host.replicas and key not in self._opening:
                 task = asyncio.get_running_loop().create_task(self._open(key))
                 self._opening[key] = task
@@ -129,12 +174,37 @@ class Reconciler:
         if not task.cancelled() and task.exception() is not None:
             log.error("opening %s/%d failed: %s", key[0], key[1], task.exception())
 
+    def _prepare_topic_dir(self, name: str, wanted: Generation) -> bool:
+        """Blocking (the pool): make ``topics/<name>`` hold ``wanted`` before a partition of it is opened.
+        False when the folder holds a newer generation or the same incarnation at an older lifecycle epoch
+        (a reset is due): nothing may be opened from it now. Raises OSError, ValueError (a bad marker)."""
+        with self._dir_lock(name):
+            topic_dir = self._topics_dir / name
+            if not topic_dir.exists():
+                create_topic_dir(self._topics_dir, name, wanted)
+                return True
+            found = read_marker(topic_dir)
+            if found == wanted:
+                return True
+            if found[0] < wanted[0]:  # storage of an older incarnation of the name: never served
+                log.warning("topic %s: local storage is of an older incarnation (%d < %d); removing it",
+                            name, found[0], wanted[0])
+                reset_topic_storage(self._topics_dir, self._trash_dir, name, wanted)
+                return True
+            return False
+
     async def _open(self, key: PartitionKey) -> None:
         loop = asyncio.get_running_loop()
+        generation = self.generation(self._state, key[0])
+        if not await loop.run_in_executor(self._pool, self._prepare_topic_dir, key[0], generation):
+            return  # a newer state (or the pending reset) opens it
         opened = await loop.run_in_executor(self._pool, self._host.open_partition, *key)
         wanted = self._state.assignment(*key)
-        if wanted is None or self._host.broker_id not in wanted.replicas or key in self._host.replicas:
+        if (wanted is None or self._host.broker_id not in wanted.replicas or key in self._host.replicas
+                or self.generation(self._state, key[0]) != generation or key[0] in self.resets_pending):
             await loop.run_in_executor(self._pool, self._host.discard_opened, opened)
+            if wanted is not None and self._host.broker_id in wanted.replicas and key not in self._host.replicas:
+                loop.call_soon(self._open_missing, self._state)  # the generation moved on meanwhile
             return
         self._host.install_replica(key[0], key[1], opened)
 
@@ -147,13 +217,17 @@ class Reconciler:
             await asyncio.gather(*[asyncio.shield(t) for t in tasks])
 
     async def start(self, state: MetadataState) -> int:
-        """Startup: empty the trash, move away storage of topics ``state`` does not name, then open every
-        local partition (bounded parallel). Returns the partitions opened. Raises the first open error."""
+        """Startup: empty the trash, move away storage of topics ``state`` does not name, find interrupted
+        resets, then open every other local partition (bounded parallel). Returns the partitions opened.
+        Raises the first open error."""
         self._state = state
         loop = asyncio.get_running_loop()
         known = set(state.topics)
         self.orphans = set(await loop.run_in_executor(self._pool, self._clear_unknown_storage, known))
         self._on_orphans(len(self.orphans))
+        generations = {name: self.generation(state, name) for name in state.topics}
+        self.resets_pending = await loop.run_in_executor(self._pool, self._find_resets, generations)
+        self.on_pending(len(self.resets_pending) + len(self.orphans))
         self._open_missing(state)
         keys = list(self._opening)
         await self.wait_open(keys)
@@ -173,18 +247,133 @@ class Reconciler:
         empty_trash(self._trash_dir)
         return orphans
 
+    def _find_resets(self, generations: dict[str, Generation]) -> dict[str, Generation]:
+        """Startup (blocking, nothing open yet): the topics whose folder is of the committed incarnation but
+        an older lifecycle epoch (an interrupted TRUNCATE): they stay fenced until :meth:`resume_resets`
+        finishes their reset (after the host dropped their node-local state)."""
+        behind: dict[str, Generation] = {}
+        for name, wanted in sorted(generations.items()):
+            topic_dir = self._topics_dir / name
+            try:
+                found = read_marker(topic_dir)
+            except (OSError, ValueError) as exc:
+                log.error("topic %s: unreadable lifecycle epoch marker (%s); its storage is reset", name, exc)
+                found = (wanted[0], -1)
+            if topic_dir.exists() and found[0] == wanted[0] and found[1] < wanted[1]:
+                log.warning("topic %s: local storage is of lifecycle epoch %d, not %d; its reset resumes",
+                            name, found[1], wanted[1])
+                behind[name] = wanted
+        return behind
+
+    async def resume_resets(self) -> bool:
+        """Startup, once the host's group coordinator and transactions are open: finish every interrupted
+        reset found by :meth:`start` and open those partitions. True when one is still pending."""
+        for name, generation in sorted(self.resets_pending.items()):
+            if name not in self._resetting:
+                self._start_reset(name, generation)
+        pending = False
+        for name in list(self.resets_pending):
+            pending |= await self.reset_done(name)
+        return pending
+
+    # ---------------------------------------------------------------------------------------- reset
+
+    def _start_reset(self, name: str, generation: Generation) -> asyncio.Task[bool]:
+        self.resets_pending[name] = generation
+        replicas = self._host.detach_topic(name)  # fenced from here on
+        previous = self._resetting.get(name) or self._removing.get(name)
+        task = asyncio.get_running_loop().create_task(self._reset(name, generation, replicas, previous))
+        self._resetting[name] = task
+        task.add_done_callback(
+            lambda t: self._resetting.pop(name, None) if self._resetting.get(name) is t else None)
+        return task
+
+    async def _reset(self, name: str, generation: Generation, replicas: list[Any],
+                     previous: asyncio.Task[bool] | None) -> bool:
+        """Replace the topic's storage by an empty folder of ``generation``, then reopen its partitions.
+        Returns True when the reset failed (the topic stays fenced here; :meth:`retry_pending` retries)."""
+        if previous is not None:
+            await asyncio.gather(previous, return_exceptions=True)
+        opening = [t for k, t in self._opening.items() if k[0] == name]
+        if opening:
+            await asyncio.gather(*opening, return_exceptions=True)
+            replicas += self._host.detach_topic(name)
+        loop = asyncio.get_running_loop()
+        try:
+            found = await loop.run_in_executor(self._pool, read_marker, self._topics_dir / name)
+        except (OSError, ValueError):
+            found = (generation[0], -1)
+        done = found >= generation
+        if done:
+            # The folder already holds this generation or a newer one (a node replaying its Raft log at
+            # startup sees every earlier TRUNCATE again; the marker is written last): nothing to drop or
+            # reset; the partitions open when the state matches the folder.
+            for replica in replicas:
+                await self._host.run_blocking(replica.log.close)
+        elif await self._host.drop_topic_state(name):
+            log.warning("truncated topic %s stays unavailable here until its cleanup is retried", name)
+            return True
+
+        def reset() -> None:
+            for replica in replicas:
+                replica.log.close()
+            with self._dir_lock(name):
+                reset_topic_storage(self._topics_dir, self._trash_dir, name, generation)
+
+        try:
+            if not done:
+                await self._host.run_blocking(reset)
+        except OSError as exc:
+            log.warning("storage reset of truncated topic %s pending: %s", name, exc)
+            return True
+        if self.resets_pending.get(name) == generation:
+            del self.resets_pending[name]
+        if self._resetting.get(name) is asyncio.current_task():
+            del self._resetting[name]
+        self._open_missing(self._state)
+        await loop.run_in_executor(self._pool, empty_trash, self._trash_dir)
+        return False
+
+    async def reset_done(self, name: str) -> bool:
+        """Wait for the storage reset of truncated topic ``name`` and the open of its local partitions; True
+        when the reset is still pending (cleanup_pending). Raises a partition open's error."""
+        task = self._resetting.get(name)
+        if task is not None:
+            await asyncio.shield(task)
+        if name in self.resets_pending:
+            return True
+        await self.wait_open(key for key in self._state.partitions_on(self._host.broker_id) if key[0] == name)
+        return False
+
+    async def retry_pending(self) -> int:
+        """Retry every failed storage reset and orphaned removal; return how many are still pending."""
+        for name, generation in sorted(self.resets_pending.items()):
+            if name in self._resetting or self.generation(self._state, name) != generation:
+                continue
+            self.on_retry()
+            await self._start_reset(name, generation)
+        for name in sorted(self.orphans):
+            if name not in self._removing:
+                self.on_retry()
+                await self._start_removal(name, self._orphan_incarnations.get(name, 0))
+        pending = len(self.resets_pending) + len(self.orphans)
+        self.on_pending(pending)
+        return pending
+
     # --------------------------------------------------------------------------------------- remove
 
-    def _start_removal(self, name: str) -> asyncio.Task[bool]:
+    def _start_removal(self, name: str, incarnation: int) -> asyncio.Task[bool]:
         replicas = self._host.detach_topic(name)
-        previous = self._removing.get(name)
-        task = asyncio.get_running_loop().create_task(self._remove(name, replicas, previous))
+        previous = self._removing.get(name) or self._resetting.get(name)
+        task = asyncio.get_running_loop().create_task(self._remove(name, incarnation, replicas, previous))
         self._removing[name] = task
         task.add_done_callback(lambda t: self._removing.pop(name, None) if self._removing.get(name) is t else None)
         return task
 
-    async def _remove(self, name: str, replicas: list[Any], previous: asyncio.Task[bool] | None) -> bool:
-        """Close the replicas and move the topic folder to the trash. Returns True when that failed."""
+    async def _remove(self, name: str, incarnation: int, replicas: list[Any],
+                      previous: asyncio.Task[bool] | None) -> bool:
+        """Close the replicas and move the topic folder to the trash (unless it holds a later incarnation of
+        the name). Returns True when that failed."""
         if previous is not None:
             await asyncio.gather(previous, return_exceptions=True)
         opening = [t for k, t in self._opening.items() if k[0] == name]
@@ -195,17 +384,30 @@ class Reconciler:
         def remove() -> None:
             for replica in replicas:
                 replica.log.close()
-            move_to_trash(self._topics_dir, self._trash_dir, name)
+            with self._dir_lock(name):
+                try:
+                    found = read_marker(self._topics_dir / name)
+                except ValueError:
+                    found = (0, 0)
+                if found[0] > incarnation:
+                    log.info("topic %s: storage of a later incarnation (%d) kept", name, found[0])
+                    return
+                move_to_trash(self._topics_dir, self._trash_dir, name)
 
         try:
             await self._host.run_blocking(remove)
         except OSError as exc:
             log.warning("storage cleanup of deleted topic %s pending: %s", name, exc)
             self.orphans.add(name)
+            self._orphan_incarnations[name] = incarnation
             self._on_orphans(len(self.orphans))
             return True
         self.orphans.discard(name)
+        self._orphan_incarnations.pop(name, None)
         self._on_orphans(len(self.orphans))
+        if self._removing.get(name) is asyncio.current_task():
+            del self._removing[name]
+        self._open_missing(self._state)  # a same-name topic created meanwhile (a cluster) opens now
         await asyncio.get_running_loop().run_in_executor(self._pool, empty_trash, self._trash_dir)
         return False
 
@@ -222,11 +424,11 @@ class Reconciler:
             return await self.removal(name)
         if name not in self.orphans or name in self._state.topics:
             return False
-        return await self._start_removal(name)
+        return await self._start_removal(name, self._orphan_incarnations.get(name, 0))
 
     async def close(self) -> None:
-        """Wait for opens and removals in flight, then stop the pool."""
-        pending = [*self._opening.values(), *self._removing.values()]
+        """Wait for opens, resets and removals in flight, then stop the pool."""
+        pending = [*self._opening.values(), *self._removing.values(), *self._resetting.values()]
         if pending:
             await asyncio.gather(*pending, return_exceptions=True)
         self._pool.shutdown(wait=True)

@@ -176,6 +176,7 @@ class BrokerServer:
             asyncio.create_task(self._every(min(self.config.producer_state_ttl_ms, 60_000),
                                             broker.expire_producers)),
             asyncio.create_task(self._every(broker.cleaner.interval_s * 1000.0, broker.cleaner.run_once)),
+            asyncio.create_task(self._every(self.config.topic_cleanup_retry_interval_ms, broker.retry_topic_cleanup)),
         ]
         await self._stopping.wait()
         for task in periodic:

@@ -10,6 +10,7 @@ Usage::
     topic create NAME [--partitions N] [--idempotent] [--min-isr N|default] ...
     topic alter NAME --min-isr N|default
     topic delete NAME [--if-exists]
+    topic truncate NAME [--expected-revision N]
     topic list
     topic describe NAME
     produce TOPIC [--file F] [--key K | --key-sep SEP] [--acks 0|1|all] [--partition N] [--idempotent]
@@ -218,7 +219,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--version", action="version", version=f"cursusctl {__version__} (Cursus Wire v2)")
     commands = parser.add_subparsers(dest="command", metavar="COMMAND")
 
-    topic = commands.add_parser("topic", help="create, alter, delete, list or describe topics")
+    topic = commands.add_parser("topic", help="create, alter, delete, truncate, list or describe topics")
     topic_commands = topic.add_subparsers(dest="topic_command", required=True, metavar="ACTION")
     create = topic_commands.add_parser("create", parents=[common], help="create topics (or patch them)")
     create.add_argument("names", nargs="+", metavar="NAME")
@@ -255,6 +256,11 @@ def build_parser() -> argparse.ArgumentParser:
     delete = topic_commands.add_parser("delete", parents=[common], help="delete topics and their data")
     delete.add_argument("names", nargs="+", metavar="NAME")
     delete.add_argument("--if-exists", action="store_true")
+    truncate = topic_commands.add_parser("truncate", parents=[common],
+                                         help="remove every record of a topic but keep its definition")
+    truncate.add_argument("name")
+    truncate.add_argument("--expected-revision", type=_positive,
+                          help="refuse unless the topic is at this revision (default: the current one)")
     topic_commands.add_parser("list", parents=[common], help="list topics")
     describe = topic_commands.add_parser("describe", parents=[common], help="definition and partition state")
     describe.add_argument("name")
@@ -465,12 +471,15 @@ def next_step(error: CursusError) -> str | None:
     f = error.fields
     if error.code == "topic_not_found":
         return f"no topic {f.get('topic', '')!s}; create it with: cursusctl topic create {f.get('topic', 'NAME')}"
-    if error.code == "topic_delete_blocked" and f.get("group"):
+    if error.code in ("topic_delete_blocked", "topic_truncate_blocked") and f.get("transactional_id"):
+        return (f"transaction {f['transactional_id']} still references the topic; end it (END_TXN) or wait for "
+                "its timeout, then try again")
+    if error.code in ("topic_delete_blocked", "topic_truncate_blocked") and f.get("group"):
         members = f.get("members") or "its members"
         timeout = f"{int(f['session_timeout_ms']) // 1000} s" if f.get("session_timeout_ms", "").isdigit() \
             else "the session timeout"
         return (f"consumer group {f['group']} still has members ({members}); stop them (they leave at once) "
-                f"or wait {timeout} for their sessions to expire, then delete again")
+                f"or wait {timeout} for their sessions to expire, then try again")
     if error.code == "group_not_found":
         return "no such group; see the groups with: cursusctl group list"
     if error.code == "OFFSET_OUT_OF_RANGE" and "earliest" in f:
@@ -480,7 +489,7 @@ def next_step(error: CursusError) -> str | None:
 
 
 def cmd_topic(args: argparse.Namespace, options: ConnectionOptions, out: Output) -> int:
-    """``topic create|alter|delete|list|describe``."""
+    """``topic create|alter|delete|truncate|list|describe``."""
     with Admin(args.broker, options=options) as admin:
         action = args.topic_command
         if action == "create":
@@ -495,6 +504,12 @@ def cmd_topic(args: argparse.Namespace, options: ConnectionOptions, out: Output)
                     out.json(result.to_dict())
                 else:
                     out.fields("deleted", result.to_dict())
+        elif action == "truncate":
+            truncated = admin.truncate_topic(args.name, expected_revision=args.expected_revision)
+            if out.json_mode:
+                out.json(truncated.to_dict())
+            else:
+                out.fields("truncated", truncated.to_dict())
         elif action == "list":
             names = admin.list_topics()
             if out.json_mode:

@@ -30,6 +30,7 @@ __all__ = [
     "Admin",
     "AsyncAdmin",
     "DeleteResult",
+    "TruncateResult",
     "GroupOffset",
     "PartitionDescription",
     "PartitionOffsets",
@@ -322,6 +323,24 @@ class DeleteResult:
 
 
 @dataclass(frozen=True, slots=True)
+class TruncateResult:
+    """TRUNCATE: the topic's new definition ``revision`` and ``lifecycle_epoch`` (both one higher); every
+    partition is empty again (``leo`` = ``hwm`` = 0). ``cleanup_pending`` when the broker that answered
+    could not reset its local storage yet (the topic stays unavailable there until its retry succeeds)."""
+
+    topic: str
+    revision: int
+    lifecycle_epoch: int
+    leo: int
+    hwm: int
+    cleanup_pending: bool
+
+    def to_dict(self) -> dict[str, Any]:
+        """Plain JSON-able dict."""
+        return asdict(self)
+
+
+@dataclass(frozen=True, slots=True)
 class GroupOffset:
     """One topic-partition of a consumer group: committed offset and owner from GROUP_STATUS, log end from
     LIST_OFFSETS on the partition's leader (:func:`merge_group_offsets`).
@@ -427,6 +446,12 @@ def alter_patch(**settings: Any) -> dict[str, Any]:
 def _delete_result(frame: Frame, topic: str) -> DeleteResult:
     fields = ok_fields(frame)
     return DeleteResult(fields.get("topic", topic), _bool(fields, "deleted"), _bool(fields, "cleanup_pending"))
+
+
+def _truncate_result(frame: Frame, topic: str) -> TruncateResult:
+    fields = ok_fields(frame)
+    return TruncateResult(fields.get("topic", topic), _int(fields, "revision"), _int(fields, "lifecycle_epoch"),
+                          _int(fields, "leo"), _int(fields, "hwm"), _bool(fields, "cleanup_pending"))
 
 
 class Admin:
@@ -546,6 +571,27 @@ class Admin:
         fields = {"topic": topic, "if_exists": "true" if if_exists else "false"}
         return _delete_result(self.client.call(Command.DELETE, fields, retry_safe=if_exists), topic)
 
+    def truncate_topic(self, topic: str, *, expected_revision: int | None = None) -> TruncateResult:
+        """Remove every record of ``topic`` but keep its definition (spec TRUNCATE, admin only): its
+        revision and lifecycle epoch grow by one, every partition restarts at offset 0, and inactive
+        consumer groups of it, idempotent-producer state and finished transactions' references to it are
+        dropped. ``expected_revision`` is the compare-and-set guard (None: the revision DESCRIBE reports
+        now; pass it explicitly to be sure nobody changed the topic in between).
+
+        Not retried after a lost reply (a repeat would answer ``version_conflict``: check
+        :meth:`describe_topic`).
+
+        Raises:
+            TopicNotFoundError: no such topic.
+            CursusError: ``version_conflict`` (another revision), ``topic_truncate_blocked`` (a group with
+                members or an open transaction uses the topic), ``internal_topic_delete_forbidden``,
+                ``unsupported_topic_policy`` (a cluster broker without lifecycle protocol 1).
+        """
+        if expected_revision is None:
+            expected_revision = self.describe_topic(topic).revision
+        fields = {"topic": topic, "expected_revision": str(expected_revision)}
+        return _truncate_result(self.client.call(Command.TRUNCATE, fields), topic)
+
     def list_topics(self) -> list[str]:
         """Names of all application topics (internal topics hidden), in broker order."""
         return list(_csv(ok_fields(self.client.call(Command.LIST)).get("topics")))
@@ -662,6 +708,13 @@ class AsyncAdmin:
         """See :meth:`Admin.delete_topic`."""
         fields = {"topic": topic, "if_exists": "true" if if_exists else "false"}
         return _delete_result(await self.client.call(Command.DELETE, fields, retry_safe=if_exists), topic)
+
+    async def truncate_topic(self, topic: str, *, expected_revision: int | None = None) -> TruncateResult:
+        """See :meth:`Admin.truncate_topic`."""
+        if expected_revision is None:
+            expected_revision = (await self.describe_topic(topic)).revision
+        fields = {"topic": topic, "expected_revision": str(expected_revision)}
+        return _truncate_result(await self.client.call(Command.TRUNCATE, fields), topic)
 
     async def list_topics(self) -> list[str]:
         """See :meth:`Admin.list_topics`."""

@@ -72,7 +72,8 @@ def cluster_status(state: MetadataState, raft: Mapping[str, Any], min_isr_defaul
         "inactive_replicas": sum(p["inactive_replicas"] for p in partitions),
         "min_isr_unsatisfied_partitions": sum(p["min_isr_unsatisfied"] for p in partitions),
         "healthy": has_leader and len(active) == len(brokers) and not leaderless and not under,
-        "brokers": [{"id": b.id, "status": b.status, "addr": b.internal_address, "client_addr": b.client_address}
+        "brokers": [{"id": b.id, "status": b.status, "addr": b.internal_address, "client_addr": b.client_address,
+                     "lifecycle_protocol": b.lifecycle_protocol}
                     for b in brokers],
         "partitions": partitions,
     }

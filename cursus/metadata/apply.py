@@ -33,6 +33,7 @@ from cursus.metadata.commands import (
     GroupRecords,
     PutTopic,
     RegisterBroker,
+    TruncateTopic,
     TxnSync,
 )
 from cursus.metadata.groups import (
@@ -42,6 +43,7 @@ from cursus.metadata.groups import (
     fold_records,
     parse_record,
 )
+from cursus.metadata.lifecycle import require_lifecycle_protocol
 from cursus.metadata.state import (
     APPLIED_REQUESTS_KEPT,
     BrokerInfo,
@@ -53,7 +55,7 @@ from cursus.metadata.state import (
     place,
     transaction_shard,
 )
-from cursus.metadata.topics import TopicDefinition, apply_create
+from cursus.metadata.topics import TopicDefinition, apply_create, is_internal_topic
 from cursus.transactions.state import PREPARE_COMMIT as TXN_PREPARE_COMMIT
 from cursus.wire.errors import BrokerError
 
@@ -125,6 +127,8 @@ def apply(state: MetadataState, command: Command) -> tuple[MetadataState, ApplyR
         return dataclasses.replace(new, revision=state.revision + 1), result
     elif isinstance(command, DeleteTopic):
         new, result = _delete(state, command)
+    elif isinstance(command, TruncateTopic):
+        new, result = _truncate(state, command)
     else:
         new, result = _put(state, command)
     if not result.changed:
@@ -386,8 +390,32 @@ def _delete(state: MetadataState, command: DeleteTopic) -> tuple[MetadataState, 
     removed = tuple(sorted(k for k in state.assignments if k[0] == command.topic))
     assignments = {k: a for k, a in state.assignments.items() if k[0] != command.topic}
     touched = frozenset(tp for tp in state.txn_touched if tp[0] != command.topic)
-    new = dataclasses.replace(state, topics=topics, assignments=assignments, txn_touched=touched)
+    incarnations = {n: i for n, i in state.incarnations.items() if n != command.topic}
+    new = dataclasses.replace(state, topics=topics, assignments=assignments, txn_touched=touched,
+                              incarnations=incarnations)
     return new, ApplyResult(topic=None, changed=True, removed=removed)
+
+
+def _truncate(state: MetadataState, command: TruncateTopic) -> tuple[MetadataState, ApplyResult]:
+    """TRUNCATE: same definition, revision + 1 and lifecycle epoch + 1; every partition keeps its replicas,
+    leader and ISR, moves to the next leader epoch (a cluster's) and the new lifecycle epoch, with committed HWM 0 (the
+    replicas reset their storage when they apply it). Every active broker of a cluster must implement the
+    lifecycle protocol (``unsupported_topic_policy``)."""
+    if is_internal_topic(command.topic):
+        raise BrokerError.of("internal_topic_delete_forbidden", topic=command.topic, command="TRUNCATE")
+    current = state.topics.get(command.topic)
+    if current is None:
+        raise BrokerError.of("topic_not_found", topic=command.topic)
+    _check_revision(state, command.topic, command.expected_revision)
+    require_lifecycle_protocol(state, "truncate")
+    defn = dataclasses.replace(current, revision=current.revision + 1, lifecycle_epoch=current.lifecycle_epoch + 1)
+    bump = 1 if state.cluster else 0  # standalone epochs stay 0 (facts B5), rebuilt so at every open
+    moves = {key: dataclasses.replace(a, leader_epoch=a.leader_epoch + bump, committed_hwm=0,
+                                      lifecycle_epoch=defn.lifecycle_epoch)
+             for key, a in state.assignments.items() if key[0] == command.topic}
+    new = dataclasses.replace(state, topics={**state.topics, command.topic: defn},
+                              assignments={**state.assignments, **moves})
+    return new, ApplyResult(topic=defn, changed=True, moved=tuple(sorted(moves)))
 
 
 def _next_definition(state: MetadataState, command: CreateTopic | PutTopic | AlterTopicConfig,
@@ -445,4 +473,6 @@ def _put(state: MetadataState, command: CreateTopic | PutTopic | AlterTopicConfi
     topics = dict(state.topics)
     topics[name] = defn
     new = dataclasses.replace(state, topics=topics, assignments=assignments)
+    if current is None and state.cluster:  # a new incarnation of the name: the revision of this state
+        new = dataclasses.replace(new, incarnations={**state.incarnations, name: state.revision + 1})
     return new, ApplyResult(topic=defn, changed=True, added=added)

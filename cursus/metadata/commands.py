@@ -76,6 +76,17 @@ class DeleteTopic:
 
 
 @dataclass(frozen=True, slots=True)
+class TruncateTopic:
+    """TRUNCATE (the Raft log's TOPIC_TRUNCATE transition): keep the definition, bump its revision and
+    lifecycle epoch, and reset every partition to committed HWM 0 under the new lifecycle epoch and the next
+    leader epoch. ``expected_revision`` is required (spec TRUNCATE)."""
+
+    request_id: str
+    topic: str
+    expected_revision: int
+
+
+@dataclass(frozen=True, slots=True)
 class RegisterBroker:
     """Add or update a broker registration (id, addresses, status)."""
 
@@ -205,7 +216,7 @@ class TxnSync:
     touched: tuple[tuple[str, int], ...] = ()
 
 
-Command = (CreateTopic | PutTopic | AlterTopicConfig | DeleteTopic | RegisterBroker | BrokerHeartbeat
+Command = (CreateTopic | PutTopic | AlterTopicConfig | DeleteTopic | TruncateTopic | RegisterBroker | BrokerHeartbeat
            | FenceBroker | ElectLeader | ChangeIsr | CommitHwm | GroupRecords | TxnSync)
 
 _TYPES: dict[str, type] = {
@@ -213,6 +224,7 @@ _TYPES: dict[str, type] = {
     "put_topic": PutTopic,
     "alter_topic_config": AlterTopicConfig,
     "delete_topic": DeleteTopic,
+    "truncate_topic": TruncateTopic,
     "register_broker": RegisterBroker,
     "broker_heartbeat": BrokerHeartbeat,
     "fence_broker": FenceBroker,
@@ -237,7 +249,7 @@ def _body(command: Command) -> dict[str, Any]:
     if isinstance(command, AlterTopicConfig):
         return {"topic": command.topic, "min_in_sync_replicas": command.min_in_sync_replicas,
                 "expected_revision": command.expected_revision}
-    if isinstance(command, DeleteTopic):
+    if isinstance(command, (DeleteTopic, TruncateTopic)):
         return {"topic": command.topic, "expected_revision": command.expected_revision}
     if isinstance(command, BrokerHeartbeat):
         return {"broker": command.broker.to_dict(), "coordinator_shards": command.coordinator_shards}
@@ -294,6 +306,7 @@ _FIELDS = {
     "put_topic": {"definition", "expected_revision"},
     "alter_topic_config": {"topic", "min_in_sync_replicas", "expected_revision"},
     "delete_topic": {"topic", "expected_revision"},
+    "truncate_topic": {"topic", "expected_revision"},
     "register_broker": {"broker"},
     "broker_heartbeat": {"broker", "coordinator_shards"},
     "fence_broker": {"broker_id"},
@@ -347,6 +360,8 @@ def decode(data: bytes) -> Command:
                                     _opt_int(doc["expected_revision"]))
         if kind == "delete_topic":
             return DeleteTopic(request_id, _str(doc["topic"]), _opt_int(doc["expected_revision"]))
+        if kind == "truncate_topic":
+            return TruncateTopic(request_id, _str(doc["topic"]), _int(doc["expected_revision"]))
         if kind == "fence_broker":
             return FenceBroker(request_id, _str(doc["broker_id"]))
         if kind == "elect_leader":

@@ -119,6 +119,8 @@ def encode_state(state: MetadataState) -> bytes:
                 for shard in sorted(state.txn)],
         "txn_touched": sorted([t, p] for t, p in state.txn_touched),
     }
+    if state.incarnations:  # absent in states without any (their bytes stay as they were)
+        doc["incarnations"] = [[name, state.incarnations[name]] for name in sorted(state.incarnations)]
     if state.txn_shards:  # absent in states that never had a shard table (their bytes stay as they were)
         doc["txn_shards"] = [[shard, state.txn_shards[shard].owner, state.txn_shards[shard].epoch]
                              for shard in sorted(state.txn_shards)]
@@ -148,6 +150,9 @@ def decode_state(data: bytes) -> MetadataState:
                   for shard, owner, epoch in doc.get("txn_shards", ())}
         txn: dict[int, TxnShardState] = {}
         touched: frozenset[tuple[str, int]] = frozenset()
+        incarnations = {str(name): int(inc) for name, inc in doc.get("incarnations", ())}
+        if not set(incarnations) <= set(topics):
+            raise ValueError("an incarnation of an unknown topic")
         if version == STATE_VERSION:
             for shard, next_pid, last_request, entries in doc["txn"]:
                 parsed = [TxnEntry.from_json(e) for e in entries]
@@ -164,7 +169,8 @@ def decode_state(data: bytes) -> MetadataState:
         return MetadataState(revision=int(doc["revision"]), topics=topics, assignments=assignments,
                              brokers=brokers, applied=applied, initial_leader_epoch=int(doc["initial_leader_epoch"]),
                              cluster=bool(doc["cluster"]), coordinator_shards=int(doc["coordinator_shards"]),
-                             txn_shards=shards, groups=groups, txn=txn, txn_touched=touched)
+                             txn_shards=shards, groups=groups, txn=txn, txn_touched=touched,
+                             incarnations=incarnations)
     except (MissingProvenance, UnsupportedGroupState):
         raise
     except (KeyError, TypeError, AttributeError, UnicodeDecodeError, json.JSONDecodeError, ValueError) as exc:

@@ -46,6 +46,9 @@ class BrokerInfo:
         incarnation: a random id of the broker *process* (new at every start, like Kafka's broker epoch): a
             registration with another incarnation is a restart, and the partitions it leads move to a new
             leader epoch (a restarted leader never resumes its old epoch with a different tail).
+        lifecycle_protocol: the topic lifecycle protocol version the broker implements (spec TRUNCATE:
+            version 1 = guarded TRUNCATE; 0 = none, e.g. a registration from an older broker), see
+            :mod:`cursus.metadata.lifecycle`.
     """
 
     id: str
@@ -53,22 +56,31 @@ class BrokerInfo:
     internal_address: str = ""
     status: str = "active"
     incarnation: str = ""
+    lifecycle_protocol: int = 0
 
     def to_dict(self) -> dict[str, Any]:
-        return {"id": self.id, "client_address": self.client_address, "internal_address": self.internal_address,
-                "status": self.status, "incarnation": self.incarnation}
+        doc: dict[str, Any] = {"id": self.id, "client_address": self.client_address,
+                               "internal_address": self.internal_address, "status": self.status,
+                               "incarnation": self.incarnation}
+        if self.lifecycle_protocol:  # absent for 0, so older registrations keep their bytes
+            doc["lifecycle_protocol"] = self.lifecycle_protocol
+        return doc
 
     @classmethod
     def from_dict(cls, doc: Mapping[str, Any]) -> BrokerInfo:
-        """Strict parse; raises ValueError on unknown/missing fields or a bad status (``incarnation`` may be
-        absent: an older command or snapshot)."""
+        """Strict parse; raises ValueError on unknown/missing fields or a bad status (``incarnation`` and
+        ``lifecycle_protocol`` may be absent: an older command or snapshot)."""
         if not {"id", "client_address", "internal_address", "status"} <= set(doc) <= {
-                "id", "client_address", "internal_address", "status", "incarnation"}:
+                "id", "client_address", "internal_address", "status", "incarnation", "lifecycle_protocol"}:
             raise ValueError(f"bad broker fields {sorted(doc)}")
-        if not all(isinstance(doc[k], str) for k in doc) or doc["status"] not in BROKER_STATUSES or not doc["id"]:
+        protocol = doc.get("lifecycle_protocol", 0)
+        if type(protocol) is not int or protocol < 0:
+            raise ValueError("bad broker lifecycle_protocol")
+        if (not all(isinstance(doc[k], str) for k in doc if k != "lifecycle_protocol")
+                or doc["status"] not in BROKER_STATUSES or not doc["id"]):
             raise ValueError("bad broker values")
         return cls(doc["id"], doc["client_address"], doc["internal_address"], doc["status"],
-                   doc.get("incarnation", ""))
+                   doc.get("incarnation", ""), protocol)
 
 
 @dataclass(frozen=True, slots=True)
@@ -154,6 +166,10 @@ class MetadataState:
             them in ``__transaction_state.journal`` and this stays empty.
         txn_touched: cluster only: every partition that ever took a transactional record (a new leader of
             one rebuilds its transaction index from its log).
+        incarnations: cluster only: topic name -> the state revision that created it (unique and growing
+            over the cluster's history, so a topic deleted and created again under the same name is told
+            apart by every replica's storage marker, :mod:`cursus.broker.topic_storage`). Standalone keeps
+            it empty (incarnation 0: its manifest is the only authority and removal is synchronous).
     """
 
     revision: int = 0
@@ -166,6 +182,7 @@ class MetadataState:
     coordinator_shards: int = 0
     txn_shards: Mapping[int, ShardOwner] = field(default_factory=dict)
     groups: Mapping[str, GroupEntry] = field(default_factory=dict)
+    incarnations: Mapping[str, int] = field(default_factory=dict)
     txn: Mapping[int, TxnShardState] = field(default_factory=dict)
     txn_touched: frozenset[tuple[str, int]] = frozenset()
 
@@ -181,6 +198,10 @@ class MetadataState:
 
     def names(self) -> list[str]:
         return sorted(self.topics)
+
+    def incarnation(self, name: str) -> int:
+        """The incarnation of topic ``name`` (0: standalone, or created before incarnations were kept)."""
+        return self.incarnations.get(name, 0)
 
     def assignment(self, topic: str, partition: int) -> PartitionAssignment | None:
         return self.assignments.get((topic, partition))

@@ -242,6 +242,8 @@ _REGISTRY_TABLE: tuple[tuple[ErrorClass, bool, tuple[str, ...]], ...] = (
             "invalid_limit", "invalid_expected_last_sequence", "invalid_from_sequence", "invalid_to_sequence",
             "invalid_max_records", "missing_event_id", "missing_match_id", "missing_from_sequence",
             "missing_to_sequence",
+            # our broker: TRUNCATE's required compare-and-set revision
+            "invalid_expected_revision", "missing_expected_revision",
         ),
     ),
     (
@@ -268,6 +270,8 @@ _REGISTRY_TABLE: tuple[tuple[ErrorClass, bool, tuple[str, ...]], ...] = (
             # spec codes the reference classifies by fallback (internal)
             "request_timeout", "topic_delete_blocked", "topic_truncate_blocked",
             "internal_topic_delete_forbidden",
+            # our broker: TRUNCATE's metadata commit failed (nothing changed), as delete_topic_failed
+            "truncate_topic_failed",
         ),
     ),
 )

@@ -60,6 +60,12 @@ def test_topic_subcommands(shared_broker, topic_name):
     bad_alter = ctl(shared_broker, "topic", "alter", topic_name, "--min-isr", "7")
     assert bad_alter.returncode == 1 and bad_alter.stderr.startswith("ERROR: invalid_min_in_sync_replicas")
 
+    truncated = ctl(shared_broker, "topic", "truncate", topic_name)
+    assert truncated.returncode == 0, truncated.stderr
+    assert _fields(truncated.stdout)["lifecycle_epoch"] == "1" and _fields(truncated.stdout)["leo"] == "0"
+    stale = ctl(shared_broker, "--json", "topic", "truncate", topic_name, "--expected-revision", "1")
+    assert stale.returncode == 1 and json.loads(stale.stdout)["code"] == "version_conflict"
+
     deleted = ctl(shared_broker, "topic", "delete", topic_name)
     assert deleted.returncode == 0 and _fields(deleted.stdout)["deleted"] == "true"
     missing = ctl(shared_broker, "topic", "delete", topic_name)

@@ -10,6 +10,7 @@ import pytest
 from cursus.client import (
     Admin,
     AsyncAdmin,
+    CursusError,
     Producer,
     TopicNotFoundError,
     ValidationError,
@@ -87,6 +88,32 @@ def test_delete(shared_broker, topic_name):
         with pytest.raises(TopicNotFoundError):
             admin.delete_topic(topic_name)
         assert not admin.delete_topic(topic_name, if_exists=True).deleted
+
+
+def test_truncate(shared_broker, topic_name):
+    with Admin(_addr(shared_broker)) as admin, Producer(_addr(shared_broker)) as producer:
+        admin.create_topic(topic_name, 2)
+        for i in range(4):
+            producer.send(topic_name, f"m{i}".encode(), partition=i % 2)
+        producer.flush()
+        assert [o.latest for o in admin.list_offsets(topic_name)] == [2, 2]
+        result = admin.truncate_topic(topic_name)
+        assert result.to_dict() == {"topic": topic_name, "revision": 2, "lifecycle_epoch": 1, "leo": 0, "hwm": 0,
+                                    "cleanup_pending": False}
+        assert [o.latest for o in admin.list_offsets(topic_name)] == [0, 0]
+        assert admin.describe_topic(topic_name).lifecycle_epoch == 1
+        with pytest.raises(CursusError) as err:
+            admin.truncate_topic(topic_name, expected_revision=1)
+        assert err.value.code == "version_conflict"
+        with pytest.raises(TopicNotFoundError):
+            admin.truncate_topic("missing-topic-truncate", expected_revision=1)
+
+    async def main() -> None:
+        async with AsyncAdmin(_addr(shared_broker)) as aio:
+            again = await aio.truncate_topic(topic_name, expected_revision=2)
+            assert (again.revision, again.lifecycle_epoch) == (3, 2)
+
+    asyncio.run(main())
 
 
 def test_async_admin(shared_broker, topic_name):

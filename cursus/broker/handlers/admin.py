@@ -1,10 +1,10 @@
-"""Topic administration: DESCRIBE, ALTER_TOPIC_CONFIG, DELETE (spec "Topic Management", facts B5)."""
+"""Topic administration: DESCRIBE, ALTER_TOPIC_CONFIG, DELETE, TRUNCATE (spec "Topic Management", facts B5)."""
 
 from __future__ import annotations
 
 import json
 
-from cursus.broker.args import AlterTopicConfigArgs, DeleteArgs, TopicArgs
+from cursus.broker.args import AlterTopicConfigArgs, DeleteArgs, TopicArgs, TruncateArgs
 from cursus.broker.core import Broker
 from cursus.broker.request import Request
 from cursus.metadata.topics import check_min_isr, definition_fields, is_internal_topic
@@ -62,7 +62,7 @@ async def handle_delete(broker: Broker, req: Request, args: DeleteArgs) -> bytes
     if broker.metadata.get(name) is None:
         if args.if_exists:
             # a retry also retries the storage cleanup of an earlier deletion of this name
-            pending = await broker.reconciler.retry_cleanup(name)
+            pending = await broker.retry_cleanup_of(name)
             return ok_text(("topic", name), ("deleted", False), ("cleanup_pending", True if pending else None))
         raise BrokerError.of("topic_not_found", topic=name)
     try:
@@ -70,3 +70,13 @@ async def handle_delete(broker: Broker, req: Request, args: DeleteArgs) -> bytes
     except OSError as exc:
         raise BrokerError.of("delete_topic_failed", topic=name, reason=str(exc)) from exc
     return ok_text(("topic", name), ("deleted", True), ("cleanup_pending", True if cleanup_pending else None))
+
+
+async def handle_truncate(broker: Broker, req: Request, args: TruncateArgs) -> bytes:
+    """TRUNCATE topic= expected_revision=: ``OK topic= truncated=true revision= lifecycle_epoch= leo=0 hwm=0
+    [cleanup_pending=true]`` once the new lifecycle epoch is committed and (unless cleanup is pending) the
+    local partitions are open again, empty."""
+    defn, pending = await broker.truncate_topic(args.topic, args.expected_revision)
+    return ok_text(("topic", defn.name), ("truncated", True), ("revision", defn.revision),
+                   ("lifecycle_epoch", defn.lifecycle_epoch), ("leo", 0), ("hwm", 0),
+                   ("cleanup_pending", True if pending else None))

@@ -1,8 +1,10 @@
-"""Cluster commands: CLUSTER_STATUS and ELECT_LEADER (spec "Cluster Management")."""
+"""Cluster commands: CLUSTER_STATUS, LIST_CLUSTER and ELECT_LEADER (spec "Cluster Management")."""
 
 from __future__ import annotations
 
+import datetime
 import json
+import time
 import uuid
 
 from cursus.broker.args import ElectLeaderArgs, NoArgs
@@ -29,6 +31,26 @@ async def handle_cluster_status(broker: Broker, req: Request, args: NoArgs) -> b
     if broker.replication is not None:  # refused calls on this node's internal listener, by reason
         doc["internal_rejected_calls"] = broker.replication.refusals()
     return b"OK cluster=" + json.dumps(doc, separators=(",", ":")).encode()
+
+
+async def handle_list_cluster(broker: Broker, req: Request, args: NoArgs) -> bytes:
+    """LIST_CLUSTER -> ``OK brokers=<JSON array of {id, addr, client_addr, status, last_seen,
+    lifecycle_protocol}>`` (facts B5): the registered brokers in id order; ``addr`` is the internal address,
+    ``last_seen`` the UTC time this node last applied the broker's heartbeat (empty: not seen since this node
+    started), ``lifecycle_protocol`` the topic lifecycle protocol version it advertises.
+    ``distribution_required`` standalone."""
+    _raft(broker, "LIST_CLUSTER")
+    controller = getattr(broker.metadata, "controller", None)
+    seen: dict[str, float] = dict(getattr(controller, "last_seen", {}))
+    now_mono, now_wall = time.monotonic(), time.time()
+    rows = []
+    for info in sorted(broker.metadata.state.brokers.values(), key=lambda b: b.id):
+        at = seen.get(info.id)
+        last_seen = "" if at is None else datetime.datetime.fromtimestamp(
+            now_wall - (now_mono - at), datetime.UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z")
+        rows.append({"id": info.id, "addr": info.internal_address, "client_addr": info.client_address,
+                     "status": info.status, "last_seen": last_seen, "lifecycle_protocol": info.lifecycle_protocol})
+    return b"OK brokers=" + json.dumps(rows, separators=(",", ":")).encode()
 
 
 async def handle_elect_leader(broker: Broker, req: Request, args: ElectLeaderArgs) -> bytes:
