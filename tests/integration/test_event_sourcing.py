@@ -317,3 +317,18 @@ def test_a_deleted_and_recreated_topic_starts_empty(conn: Connection, topic_name
     assert ok_fields(conn.command(f"STREAM_VERSION topic={topic_name} key=k")) == {"version": "0"}
     assert conn.command(f"READ_SNAPSHOT topic={topic_name} key=k").payload == b"OK snapshot=null"
     assert ok_fields(conn.command(f"APPEND_STREAM topic={topic_name} key=k version=1 message=new"))["offset"] == "0"
+
+
+def test_a_truncated_topic_forgets_its_streams_and_snapshots(conn: Connection, topic_name: str) -> None:
+    """TRUNCATE (spec "TRUNCATE") keeps the definition but drops the event-sourcing indexes and snapshots."""
+    create_topic(conn, topic_name, 1, event_sourcing="true")
+    ok_fields(conn.command(f"APPEND_STREAM topic={topic_name} key=k version=1 message=old"))
+    ok_fields(conn.command(f"APPEND_STREAM topic={topic_name} key=k version=2 message=old"))
+    ok_fields(conn.command(f"SAVE_SNAPSHOT topic={topic_name} key=k version=2 message=old-state"))
+    assert ok_fields(conn.command(f"TRUNCATE topic={topic_name} expected_revision=1"))["truncated"] == "true"
+    assert ok_fields(conn.command(f"STREAM_VERSION topic={topic_name} key=k")) == {"version": "0"}
+    assert conn.command(f"READ_SNAPSHOT topic={topic_name} key=k").payload == b"OK snapshot=null"
+    assert error_of(conn.command(f"APPEND_STREAM topic={topic_name} key=k version=3 message=x")).code == \
+        "version_conflict"
+    appended = ok_fields(conn.command(f"APPEND_STREAM topic={topic_name} key=k version=1 message=new"))
+    assert (appended["version"], appended["offset"]) == ("1", "0")
