@@ -90,7 +90,7 @@ def test_every_broker_advertises_lifecycle_protocol_2(cluster: Cluster) -> None:
     assert text.startswith("OK brokers="), text
     rows = json.loads(text[len("OK brokers="):])
     assert [(r["id"], r["status"], r["lifecycle_protocol"]) for r in rows] == [
-        ("node-1", "active", 1), ("node-2", "active", 1), ("node-3", "active", 1)]
+        ("node-1", "active", 2), ("node-2", "active", 2), ("node-3", "active", 2)]
     assert all(r["client_addr"] and r["addr"] and r["last_seen"].endswith("Z") for r in rows)
 
 
