@@ -190,6 +190,7 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("replica_fetch_backoff_ms", _I, 100, "ms", "Wait after a failed replica fetch or a failed committed-HWM submit before retrying.", 1),
     Setting("replica_ack_timeout_ms", _I, 10_000, "ms", "How long an acks=all PUBLISH waits for the captured ISR and the committed HWM; then it answers replication_unavailable outcome=unknown (retryable: idempotent retries deduplicate).", 1),
     Setting("loop_probe_interval_ms", _I, 100, "ms", "How often the stall probe checks the event loop's lateness (cursus_event_loop_max_stall_seconds).", 1),
+    Setting("max_in_flight_requests_per_connection", _I, 5, "requests", "PUBLISH requests of one connection that may wait for their durability (or replication) at once while the broker reads the next ones; replies still leave in request order. 1 serves one request at a time.", 1),
 )
 
 SETTINGS_BY_NAME: Mapping[str, Setting] = {s.name: s for s in SETTINGS}
