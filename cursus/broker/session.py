@@ -88,6 +88,10 @@ class ByteBudget:
             raise
         return size_bytes
 
+    def fits(self, size_bytes: int) -> bool:
+        """Whether :meth:`acquire` of ``size_bytes`` would be granted without waiting."""
+        return self.used_bytes + size_bytes <= self.limit_bytes
+
     def release(self, size_bytes: int) -> None:
         """Return a reservation and wake the waiters that now fit (in order)."""
         self.used_bytes -= size_bytes
@@ -111,6 +115,8 @@ READ_STEP_BYTES = 1 << 20
 #: Replies up to this size are not charged to the byte budget (the common case: OK lines and acks).
 SMALL_REPLY_BYTES = 64 * 1024
 #: The first bytes of every Wire v2 frame ("CRS2").
+#: Header compression values of a payload sent as is.
+_PLAIN = (None, Compression.NONE)
 #: Commands that may wait long for data (long polls): their sessions watch the socket for EOF meanwhile.
 WATCHED_COMMANDS = frozenset({Command.CONSUME})
 
@@ -141,6 +147,12 @@ class _Payload:
         if not written.cancelled():
             written.exception()  # retrieved here: a failed write fences the partition, which reports it
         self.release()
+
+
+def _buffered(reader: asyncio.StreamReader) -> int:
+    """Bytes ``reader`` holds unread (asyncio's StreamReader keeps them in ``_buffer``; 0 if that ever
+    changes, which only turns the untimed fast path of :meth:`Session._read_payload` off)."""
+    return len(getattr(reader, "_buffer", b""))
 
 
 def _decode(header: FrameHeader, parts: list[bytes], negotiated: Compression | None) -> bytes:
@@ -400,6 +412,20 @@ class Session:
         the offload threads.
         """
         payload = _Payload(self.budget)
+        size = header.encoded_length
+        if (size == header.decoded_length and size <= READ_STEP_BYTES and header.compression in _PLAIN
+                and _buffered(self.reader) >= size and self.budget.fits(size)):
+            # The hot path: a small plain payload that already arrived whole (usually with its header), and
+            # budget that is free now: nothing can wait, so no deadline is needed (an asyncio.timeout costs
+            # more than the rest of this read).
+            payload.reserved = await self.budget.acquire(size)
+            data = await self.reader.readexactly(size) if size else b""
+            try:
+                payload.data = _decode(header, [data], self.compression)
+            except BaseException:
+                payload.release()
+                raise
+            return payload
         try:
             async with asyncio.timeout(self._request_timeout_s):
                 parts = []

@@ -39,12 +39,13 @@ from __future__ import annotations
 import asyncio
 import itertools
 import json
+import operator
 import os
 import socket
 import threading
 import time
 from collections import deque
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from concurrent.futures import Future, InvalidStateError
 from concurrent.futures import _base as _futures_base
 from dataclasses import dataclass, replace
@@ -462,8 +463,9 @@ class ProducerCore:
 
     # ----------------------------------------------------------------------------------------- outcomes
 
-    def succeed(self, batch: ProducerBatch, last_offset: int | None) -> list[Resolution]:
-        """The broker acknowledged ``batch`` (``last_offset`` None for acks=0)."""
+    def succeed(self, batch: ProducerBatch, last_offset: int | None) -> Iterator[Resolution]:
+        """The broker acknowledged ``batch`` (``last_offset`` None for acks=0). The resolutions are built
+        lazily, as the caller applies them (outside its lock: they read only the sealed batch)."""
         pstate = batch.state
         self._land(pstate)
         if batch.seq_end > pstate.acked_end:
@@ -478,9 +480,8 @@ class ProducerCore:
         metadata = map(RecordMetadata._make, zip(repeat(pstate.topic), repeat(pstate.partition), offsets,
                                                  repeat(cfg.producer_id), repeat(cfg.producer_epoch),
                                                  range(seq, seq + count)))
-        resolutions = list(zip([p.future for p in batch.pendings], metadata, repeat(False)))
         self._settle(pstate)
-        return resolutions
+        return zip(map(_future_of, batch.pendings), metadata, repeat(False))
 
     def _land(self, pstate: _PartitionState) -> None:
         pstate.in_flight -= 1
@@ -618,6 +619,9 @@ def _seq_start(batch: ProducerBatch) -> int:
     return batch.seq_start
 
 
+_future_of = operator.attrgetter("future")
+
+
 def parse_ack(frame: Frame) -> int:
     """The ``last_offset`` of a PUBLISH reply (AckResponse JSON, facts A6).
 
@@ -704,7 +708,7 @@ class DeliveryFuture(Future):
         return value
 
 
-def _resolve_sync(resolutions: list[Resolution]) -> None:
+def _resolve_sync(resolutions: Iterable[Resolution]) -> None:
     slow: list[Resolution] = []
     with _LAZY_FUTURE_LOCK:  # nobody can start waiting on an untouched future meanwhile
         for resolution in resolutions:
@@ -727,7 +731,7 @@ def _resolve_sync(resolutions: list[Resolution]) -> None:
             pass
 
 
-def _resolve_async(resolutions: list[Resolution]) -> None:
+def _resolve_async(resolutions: Iterable[Resolution]) -> None:
     for future, value, is_error in resolutions:
         if not future.done():
             if is_error:
@@ -1164,6 +1168,7 @@ class Producer(_ProducerSettings):
                last_offset: int | None) -> None:
         """Apply one attempt's outcome (the core decides: done, retry later, failed) and resolve futures."""
         core = self._core
+        resolutions: Iterable[Resolution]
         with self._lock:
             if error is None:
                 resolutions = core.succeed(batch, last_offset)
@@ -1442,6 +1447,7 @@ class AsyncProducer(_ProducerSettings):
                      last_offset: int | None) -> None:
         """Apply one attempt's outcome (the core decides) and resolve its futures."""
         core = self._core
+        resolutions: Iterable[Resolution]
         if error is None:
             resolutions = core.succeed(batch, last_offset)
         else:

@@ -51,7 +51,9 @@ async def handle_publish(broker: Broker, req: Request) -> Pending | NoReply:
     if req.batch is not None:
         # ProtocolError: an undecodable batch closes the connection (decision 5). A large one is scanned off
         # the loop.
-        view = await broker.offload.run(len(req.batch), functools.partial(scan_batch, req.batch))
+        batch = req.batch
+        view = (scan_batch(batch) if len(batch) < broker.offload.threshold_bytes  # no coroutine: the hot path
+                else await broker.offload.run(len(batch), functools.partial(scan_batch, batch)))
         acks_raw = view.acks
     suppressed = ACK_MODES.get((acks_raw or "").strip().lower()) == "none"
     try:
