@@ -354,7 +354,7 @@ class Session:
     async def _wait_in_flight(self, at_most: int) -> None:
         """Wait until at most ``at_most`` pipelined replies are still due."""
         while len(self._in_flight) > at_most:
-            if self._progress is None:
+            if self._progress is None or self._progress.done():  # (done: cancelled with an earlier waiter)
                 self._progress = asyncio.get_running_loop().create_future()
             await self._progress
 
