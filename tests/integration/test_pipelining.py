@@ -253,3 +253,28 @@ def test_fsync_failure_behind_pipelined_requests_fails_every_later_one(broker_fa
         assert frames[-1].status == Status.OK
         trigger.unlink()
         assert [r.payload for r in consume_all(conn, "pfail", 0)] == [b"durable"]
+
+
+def test_auth_is_a_barrier_between_pipelined_publishes(broker_factory):
+    """With enable_sasl: PUBLISH before AUTH is refused, AUTH (a connection-state change) answers after the
+    PUBLISH before it, and the PUBLISH after it runs as the signed-in principal, all written back to back."""
+    broker = broker_factory(settings={"enable_sasl": "true", "auth_failure_delay_ms": 0},
+                            env={"SASL_USERS": "root:tok-root-pipe:*,writer:tok-writer-pipe:topic.write"}).start()
+    host, port = broker.address
+    from cursus.client.connection import Connection
+
+    with Connection(host, port, principal="root", token="tok-root-pipe") as admin:
+        create_topic(admin, "sasl", partitions=1)
+    with connect(broker) as conn:
+        sent = _send_all(conn, [
+            (Command.PUBLISH, _batch("sasl", 0, [b"anonymous"])),
+            _text("AUTH principal=writer token=tok-writer-pipe"),
+            (Command.PUBLISH, _batch("sasl", 0, [b"w0"])),
+            (Command.PUBLISH, _batch("sasl", 0, [b"w1"])),
+        ])
+        frames = [_read(conn) for _ in sent]
+        assert [(f.request_id, f.command) for f in frames] == sent
+        assert frames[0].status == Status.ERROR
+        assert decode_error(frames[0].payload).code == "authentication_required"
+        assert frames[1].status == Status.OK
+        assert [_ack(f)["last_offset"] for f in frames[2:]] == [0, 1]
