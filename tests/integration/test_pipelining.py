@@ -14,7 +14,7 @@ import time
 
 import pytest
 
-from cursus.client.connection import ConnectionClosed
+from cursus.client.connection import Connection, ConnectionClosed
 from cursus.wire import (
     Batch,
     Command,
@@ -261,8 +261,6 @@ def test_auth_is_a_barrier_between_pipelined_publishes(broker_factory):
     broker = broker_factory(settings={"enable_sasl": "true", "auth_failure_delay_ms": 0},
                             env={"SASL_USERS": "root:tok-root-pipe:*,writer:tok-writer-pipe:topic.write"}).start()
     host, port = broker.address
-    from cursus.client.connection import Connection
-
     with Connection(host, port, principal="root", token="tok-root-pipe") as admin:
         create_topic(admin, "sasl", partitions=1)
     with connect(broker) as conn:
