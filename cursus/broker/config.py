@@ -211,6 +211,7 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("eventstore_checkpoint_interval_events", _I, 10_000, "events", "Write a partition's stream-index checkpoint after this many newly indexed events (a restart rescans the committed log only from the checkpoint).", 1),
     Setting("eventstore_max_read_events", _I, 100_000, "events", "Most events one READ_STREAM or AGGREGATE_EVENT_RANGE_READ returns.", 1),
     Setting("eventstore_index_interval_ms", _I, 1000, "ms", "How often every event-sourcing partition (leader or follower) indexes its newly committed events in the background, so a new leader serves at once; 0 indexes only on demand.", 0),
+    Setting("max_in_flight_requests_per_connection", _I, 5, "requests", "PUBLISH requests of one connection that may wait for their durability (or replication) at once while the broker reads the next ones; replies still leave in request order. 1 serves one request at a time.", 1),
 )
 
 SETTINGS_BY_NAME: Mapping[str, Setting] = {s.name: s for s in SETTINGS}

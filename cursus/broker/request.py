@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 from cursus.parsing import I64_MAX, I64_MIN, parse_int
 from cursus.wire import Command, Status
@@ -108,6 +108,22 @@ class NoReply:
 NO_REPLY = NoReply()
 
 
+@dataclass(frozen=True, slots=True)
+class Pending:
+    """A handler's answer whose reply waits for something after the handler's ordered part (a PUBLISH
+    after its append: the fsync for acks=1, the captured ISR for acks=all).
+
+    The session does not wait for it before reading the next request (pipelining, at most
+    ``max_in_flight_requests_per_connection`` per connection); once ``done`` resolves it calls ``reply()``
+    for the OK payload and writes the replies in request order. ``done`` failing, or ``reply()`` raising,
+    with a :class:`BrokerError` answers that typed error. Everything that must happen in arrival order (the
+    append, the producer state) has happened before the handler returns this.
+    """
+
+    done: asyncio.Future[Any]
+    reply: Callable[[], bytes]
+
+
 #: A payload given as buffers written back to back (large CONSUME/STREAM replies are never concatenated).
 Parts = list[bytes | memoryview]
 
@@ -151,5 +167,5 @@ class Frames:
 
 
 #: What a handler answers (see :mod:`cursus.broker.session` for how each is written).
-Answer = Reply | NoReply | bytes | Parts | StreamReply | Frames
+Answer = Reply | NoReply | Pending | bytes | Parts | StreamReply | Frames
 Handler = Callable[["Broker", Request], Awaitable[Answer]]

@@ -1,9 +1,17 @@
-"""One client connection: negotiation, then requests one at a time, in order (facts A1, B1.3, B1.4).
+"""One client connection: negotiation, then requests in order, PUBLISH pipelined (facts A1, B1.3, B1.4).
 
 The session reads one frame header, reads and decodes the payload (charging it to the broker-wide memory
-budget as it arrives, within the request deadline), runs the handler, writes exactly one reply (or none
-for acks=0 PUBLISH) and only then reads the next header. A malformed frame closes this connection only and is counted by reason; a
-well-formed request with bad arguments gets a typed ERROR and the connection stays usable.
+budget as it arrives, within the request deadline) and runs the handler. Most commands are answered before
+the next header is read. A PUBLISH whose handler answers :class:`Pending` (appended, now waiting for its
+fsync or its ISR) is queued instead, and the session reads on: up to ``max_in_flight_requests_per_connection``
+PUBLISH requests of one connection wait together (so they share the fsync), and their replies are written
+in request order as they complete (:meth:`Session._flush`). Every handler's ordered part (for PUBLISH the
+dedup check, the append and the producer state) still runs one request after the other, in arrival order.
+Any other command is a barrier: it is dispatched only once every earlier reply was written, so a CONSUME
+after a PUBLISH sees it, and AUTH, STREAM, long polls and multi-frame replies keep the connection to
+themselves. acks=0 PUBLISH writes no reply at all. A malformed frame closes this connection only (after the
+replies of the requests before it were written) and is counted by reason; a well-formed request with bad
+arguments gets a typed ERROR and the connection stays usable.
 """
 
 from __future__ import annotations
@@ -18,7 +26,7 @@ from cursus.broker.core import Broker
 from cursus.broker.handlers import HANDLERS
 from cursus.broker.offload import Offload
 from cursus.broker.ratelog import RateLimitedLog
-from cursus.broker.request import Frames, NoReply, Parts, Reply, Request, SessionInfo, StreamReply
+from cursus.broker.request import Frames, NoReply, Parts, Pending, Reply, Request, SessionInfo, StreamReply
 from cursus.wire import (
     HEADER_SIZE,
     INTERNAL_COMMANDS,
@@ -80,6 +88,10 @@ class ByteBudget:
             raise
         return size_bytes
 
+    def fits(self, size_bytes: int) -> bool:
+        """Whether :meth:`acquire` of ``size_bytes`` would be granted without waiting."""
+        return self.used_bytes + size_bytes <= self.limit_bytes
+
     def release(self, size_bytes: int) -> None:
         """Return a reservation and wake the waiters that now fit (in order)."""
         self.used_bytes -= size_bytes
@@ -103,6 +115,8 @@ READ_STEP_BYTES = 1 << 20
 #: Replies up to this size are not charged to the byte budget (the common case: OK lines and acks).
 SMALL_REPLY_BYTES = 64 * 1024
 #: The first bytes of every Wire v2 frame ("CRS2").
+#: Header compression values of a payload sent as is.
+_PLAIN = (None, Compression.NONE)
 #: Commands that may wait long for data (long polls): their sessions watch the socket for EOF meanwhile.
 WATCHED_COMMANDS = frozenset({Command.CONSUME})
 
@@ -135,6 +149,12 @@ class _Payload:
         self.release()
 
 
+def _buffered(reader: asyncio.StreamReader) -> int:
+    """Bytes ``reader`` holds unread (asyncio's StreamReader keeps them in ``_buffer``; 0 if that ever
+    changes, which only turns the untimed fast path of :meth:`Session._read_payload` off)."""
+    return len(getattr(reader, "_buffer", b""))
+
+
 def _decode(header: FrameHeader, parts: list[bytes], negotiated: Compression | None) -> bytes:
     """Join a payload's read steps, check its CRC and decompress it (:func:`decode_payload`; any thread)."""
     return decode_payload(header, parts[0] if len(parts) == 1 else b"".join(parts), negotiated=negotiated)
@@ -160,14 +180,25 @@ class Session:
         #: ``client_request_timeout_ms`` and ``client_idle_timeout_ms`` (None: no idle limit) in seconds.
         self._request_timeout_s = config.client_request_timeout_ms / 1000.0
         self._idle_timeout_s = config.client_idle_timeout_ms / 1000.0 if config.client_idle_timeout_ms > 0 else None
-        #: True while a request is being handled (shutdown waits for these to finish; an open STREAM does
-        #: not count: shutdown ends it with ``reason=stopped`` instead).
-        self.busy = False
+        #: True while a request is being handled (see :attr:`busy`).
+        self._handling = False
+        #: Pipelined PUBLISH requests waiting for their reply, oldest first: (command, request id, the
+        #: handler's :class:`Pending`, the dispatch start for ``command_duration``).
+        self._in_flight: deque[tuple[Command, int, Pending, float]] = deque()
+        self._max_in_flight = config.max_in_flight_requests_per_connection
+        #: Resolved (and dropped) whenever :meth:`_flush` wrote a reply: what :meth:`_wait_in_flight` waits on.
+        self._progress: asyncio.Future[None] | None = None
         self._closing = False
         self._stream: StreamReply | None = None
         #: Bytes read while watching a STREAM's or long poll's socket that belong to the next request.
         self._pending = b""
-        self._long_poll: asyncio.Future[tuple[Status, bytes | Parts | StreamReply | NoReply | Frames | None, bool]] | None = None
+        self._long_poll: asyncio.Future[tuple[Status, bytes | Parts | StreamReply | NoReply | Pending | Frames | None, bool]] | None = None
+
+    @property
+    def busy(self) -> bool:
+        """True while a request is being handled or a pipelined reply is still due (shutdown waits for
+        these to finish; an open STREAM does not count: shutdown ends it with ``reason=stopped`` instead)."""
+        return self._handling or bool(self._in_flight)
 
     @property
     def closing(self) -> bool:
@@ -261,12 +292,32 @@ class Session:
     # ---------------------------------------------------------------------------------------- requests
 
     async def _serve(self) -> None:
+        try:
+            await self._serve_requests()
+        except (asyncio.IncompleteReadError, _CloseConnection, ProtocolError, TimeoutError):
+            # EOF, EXIT, a malformed frame, the idle limit: the replies of the requests before it go first
+            # (within the request deadline; a client that does not read them is then dropped).
+            if self._in_flight:
+                async with asyncio.timeout(self._request_timeout_s):
+                    await self._wait_in_flight(0)
+            raise
+
+    async def _serve_requests(self) -> None:
         idle = self._idle_timeout_s
+        transport = self.writer.transport
         while not self.closing:
+            if self._in_flight:
+                if len(self._in_flight) >= self._max_in_flight:
+                    await self._wait_in_flight(self._max_in_flight - 1)
+                if transport.get_write_buffer_size() > SMALL_REPLY_BYTES:  # a client slow to read its acks
+                    async with asyncio.timeout(self._request_timeout_s):
+                        await self.writer.drain()
             header = await self._read_header(idle)
             if header.kind != Kind.REQUEST or header.command == Command.NEGOTIATE:
                 raise InvalidFrame(f"{header.kind.name} frame with command {header.command.name} is not a request")
-            self.busy = True
+            if self._in_flight and header.command != Command.PUBLISH:
+                await self._wait_in_flight(0)  # a barrier: it sees (and answers after) every earlier PUBLISH
+            self._handling = True
             stream = None
             try:
                 payload = await self._read_payload(header)
@@ -275,9 +326,16 @@ class Session:
                     status, body, close = await self._dispatch_watching(header, payload.data)
                     if isinstance(body, NoReply):
                         written, body = body.written, None
+                    elif isinstance(body, Pending):
+                        written = body.done
                 finally:
-                    # acks=0: the bytes stay charged until the writer wrote them (back-pressure).
+                    # acks=0 and pipelined PUBLISH: the bytes stay charged until the writer wrote them
+                    # (back-pressure).
                     payload.release(after=written)
+                if isinstance(body, Pending):
+                    self._in_flight.append((header.command, header.request_id, body, time.perf_counter()))
+                    body.done.add_done_callback(self._flush)
+                    continue
                 if isinstance(body, StreamReply):
                     stream, body = body, None
                 if isinstance(body, Frames):
@@ -287,15 +345,68 @@ class Session:
                             self.compression))
                     body = None
                 if body is not None:
+                    if self._in_flight:  # a refused PUBLISH behind pipelined ones: answered after them
+                        await self._wait_in_flight(0)
                     await self._write_reply(await _encode_off_loop(
                         self.broker.offload, Kind.RESPONSE, header.command, status, header.request_id, body,
                         self.compression))
             finally:
-                self.busy = False
+                self._handling = False
             if stream is not None:
                 await self._stream_reply(header, stream)
             if close:
                 raise _CloseConnection()
+
+    async def _wait_in_flight(self, at_most: int) -> None:
+        """Wait until at most ``at_most`` pipelined replies are still due."""
+        while len(self._in_flight) > at_most:
+            if self._progress is None or self._progress.done():  # (done: cancelled with an earlier waiter)
+                self._progress = asyncio.get_running_loop().create_future()
+            await self._progress
+
+    def _flush(self, _done: object = None) -> None:
+        """Write the replies of the oldest pipelined requests whose wait is over, in request order (a done
+        callback of every :class:`Pending`; a reply behind an unfinished one waits for it)."""
+        in_flight = self._in_flight
+        writer = self.writer
+        while in_flight and in_flight[0][2].done.done():
+            command, request_id, pending, started = in_flight.popleft()
+            status, body = self._finish(command, pending, started)
+            if body is None:  # the wait was cancelled: the outcome is unknown, so is every later one
+                in_flight.clear()
+                writer.close()  # after the replies already written
+                break
+            if not writer.is_closing():
+                writer.writelines(encode_frame_parts(Kind.RESPONSE, command, status, request_id, [body],
+                                                     compression=self.compression))
+        progress, self._progress = self._progress, None
+        if progress is not None and not progress.done():
+            progress.set_result(None)
+
+    def _finish(self, command: Command, pending: Pending, started: float) -> tuple[Status, bytes | None]:
+        """The reply of a pipelined request whose wait is over: (status, payload), or (ERROR, None) when the
+        wait was cancelled (shutdown)."""
+        metrics = self.broker.metrics
+        name = command.name
+        try:
+            if pending.done.cancelled():
+                return Status.ERROR, None
+            exc = pending.done.exception()
+            if exc is not None:
+                raise exc
+            body = pending.reply()
+        except BrokerError as exc:
+            metrics.child(metrics.commands_total, name, "error").inc()
+            metrics.child(metrics.command_errors_total, name, exc.error.code).inc()
+            return Status.ERROR, encode_error(exc.error)
+        except Exception as exc:  # a bug must not kill the connection's peers or the broker
+            log.error("command %s failed", name, exc_info=exc)
+            metrics.child(metrics.commands_total, name, "error").inc()
+            return Status.ERROR, encode_error(make_error("broker_error", reason=type(exc).__name__))
+        finally:
+            metrics.child(metrics.command_duration, name).observe(time.perf_counter() - started)
+        metrics.child(metrics.commands_total, name, "ok").inc()
+        return Status.OK, body
 
     async def _read_payload(self, header: FrameHeader) -> _Payload:
         """Read and decode one request payload within the request deadline.
@@ -307,6 +418,20 @@ class Session:
         the offload threads.
         """
         payload = _Payload(self.budget)
+        size = header.encoded_length
+        if (size == header.decoded_length and size <= READ_STEP_BYTES and header.compression in _PLAIN
+                and _buffered(self.reader) >= size and self.budget.fits(size)):
+            # The hot path: a small plain payload that already arrived whole (usually with its header), and
+            # budget that is free now: nothing can wait, so no deadline is needed (an asyncio.timeout costs
+            # more than the rest of this read).
+            payload.reserved = await self.budget.acquire(size)
+            data = await self.reader.readexactly(size) if size else b""
+            try:
+                payload.data = _decode(header, [data], self.compression)
+            except BaseException:
+                payload.release()
+                raise
+            return payload
         try:
             async with asyncio.timeout(self._request_timeout_s):
                 parts = []
@@ -345,7 +470,7 @@ class Session:
                 self.budget.release(reserved)
 
     async def _dispatch_watching(self, header: FrameHeader,
-                                 payload: bytes) -> tuple[Status, bytes | Parts | StreamReply | NoReply | Frames | None, bool]:
+                                 payload: bytes) -> tuple[Status, bytes | Parts | StreamReply | NoReply | Pending | Frames | None, bool]:
         """Run :meth:`_dispatch`; for long polls also watch the socket so a client that disconnects
         mid-poll frees its session at once (the poll is read-only, so cancelling it is safe)."""
         if header.command not in WATCHED_COMMANDS:
@@ -430,9 +555,9 @@ class Session:
             raise _CloseConnection()
 
     async def _dispatch(self, header: FrameHeader,
-                        payload: bytes) -> tuple[Status, bytes | Parts | StreamReply | NoReply | Frames | None, bool]:
-        """Decode and run one request; returns (status, reply payload (bytes or parts), a StreamReply, or a
-        NoReply to suppress, close after)."""
+                        payload: bytes) -> tuple[Status, bytes | Parts | StreamReply | NoReply | Pending | Frames | None, bool]:
+        """Decode and run one request; returns (status, reply payload (bytes or parts), a StreamReply, a
+        NoReply to suppress, or a Pending to answer later, close after)."""
         command = header.command
         metrics = self.broker.metrics
         name = command.name
@@ -452,6 +577,7 @@ class Session:
             metrics.wire_failures_total.labels("invalid_frame").inc()
             err = make_error("malformed_input", reason="command_payload_required")
             return Status.ERROR, encode_error(err), True
+        result: object = None
         try:
             if command in INTERNAL_COMMANDS:
                 raise BrokerError.of("internal_command_unauthorized", command=command.name)
@@ -459,6 +585,8 @@ class Session:
             if handler is None:
                 raise BrokerError.of("UNSUPPORTED_FEATURE", command=command.name)
             result = await handler(self.broker, request)
+            if isinstance(result, Pending):  # counted and timed by _finish, once its wait is over
+                return Status.OK, result, False
         except BrokerError as exc:
             metrics.child(metrics.commands_total, name, "error").inc()
             metrics.child(metrics.command_errors_total, name, exc.error.code).inc()
@@ -474,7 +602,8 @@ class Session:
             metrics.child(metrics.commands_total, name, "error").inc()
             return Status.ERROR, encode_error(make_error("broker_error", reason=type(exc).__name__)), False
         finally:
-            metrics.child(metrics.command_duration, name).observe(time.perf_counter() - started)
+            if not isinstance(result, Pending):
+                metrics.child(metrics.command_duration, name).observe(time.perf_counter() - started)
         metrics.child(metrics.commands_total, name, "ok").inc()
         if isinstance(result, NoReply):
             return Status.OK, result, False

@@ -8,20 +8,29 @@ Both drive the same sans-IO :class:`ProducerCore`, which owns every decision:
   other records are spread "sticky round-robin" (one partition's batch fills before the next is used).
 * **Batching**: records queue per partition and leave as one CBV2 batch when ``batch_size`` records or
   ``batch_bytes`` bytes are queued, ``linger_ms`` after the first one, or at once during ``flush``/``close``.
-  At most one batch per partition is in flight, which keeps per-partition order and contiguous sequences.
-* **Connections**: a small pool per broker (``connections_per_broker``), each with one request in flight;
-  partitions go to their leader from ``METADATA`` (refreshed on redirects and connection failures).
+* **Pipelining**: each connection carries up to ``max_in_flight`` PUBLISH requests before it reads the
+  oldest reply (the broker answers them in request order and appends them in arrival order). The batches in
+  flight for one partition all travel on one connection, so its records keep their order and sequences.
+* **Connections**: a small pool per broker (``connections_per_broker``); partitions go to their leader from
+  ``METADATA`` (refreshed on redirects and connection failures).
 * **Idempotence** (spec section 9, facts decision 13): every record carries producer id, epoch and a
   per-partition sequence from 1 (facts A5). With ``idempotent=True`` (acks=all), batches are retried on
   connection loss and on retryable errors, and the broker de-duplicates the repeats: each record is written
-  exactly once per producer session. ``producer_fenced``, ``stale_producer_epoch``, ``idempotency_gap`` and
-  ``sequence_out_of_order`` are terminal: the producer fails every pending record and refuses new ones.
+  exactly once per producer session. When a batch fails retriably while later batches of its partition are
+  in flight, those later batches are resent after it, in sequence order, once every reply of the partition
+  is in (the broker answers the later ones ``idempotency_gap`` when the earlier one is missing, or
+  acknowledges a repeat with its original offsets). A batch that fails for good takes the later batches of
+  its partition still unacknowledged with it (their sequences would have a gap), and the partition's next
+  batch starts after the last acknowledged sequence. Otherwise ``producer_fenced``,
+  ``stale_producer_epoch``, ``idempotency_gap`` and ``sequence_out_of_order`` are terminal: the producer
+  fails every pending record and refuses new ones.
   A batch that still has an unknown outcome at ``delivery_timeout_s`` fails with ``DeliveryUnknownError``
-  and its partition moves to the next producer epoch at sequence 1 (as Kafka's epoch bump), so the records
-  after it are never refused for a sequence gap.
+  and, once nothing of its partition is in flight, the partition moves to the next producer epoch at
+  sequence 1 (as Kafka's epoch bump), so the records after it are never refused for a sequence gap.
 * **Retries only where safe**: a batch never written (connect failure) or redirected (``NOT_LEADER``) is
   always resent; a non-idempotent batch whose connection dropped after writing fails with
-  ``DeliveryUnknownError``, and non-idempotent producers never retry error replies. Retries use exponential
+  ``DeliveryUnknownError``, non-idempotent producers never retry error replies, and never resend a batch
+  once a later batch of its partition was written (that would reorder the partition). Retries use exponential
   backoff with jitter and end at ``delivery_timeout_s``.
 * **Results**: ``send`` returns a future per record resolving to :class:`RecordMetadata` (offset None for
   acks=0) or failing with a :class:`~cursus.client.errors.CursusError`. ``flush``/``close`` wait for every
@@ -34,12 +43,13 @@ import asyncio
 import itertools
 import json
 import logging
+import operator
 import os
 import socket
 import threading
 import time
 from collections import deque
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from concurrent.futures import Future, InvalidStateError
 from concurrent.futures import _base as _futures_base
 from dataclasses import dataclass, replace
@@ -95,6 +105,9 @@ _ACKS = {"0": "0", "none": "0", "1": "1", "": "1", "leader": "1", "-1": "-1", "a
 _RECORD_OVERHEAD_BYTES = 64
 _FAILURES_KEPT_MAX = 100
 _METADATA_REFRESH_INTERVAL_S = 0.2
+#: Batches per producer and partition the broker remembers for de-duplication (facts decision 13), so the
+#: most an idempotent producer may have in flight per connection (Kafka's rule too).
+MAX_IN_FLIGHT_IDEMPOTENT = 5
 
 
 def normalize_acks(acks: str | int) -> str:
@@ -126,12 +139,14 @@ class ProducerConfig:
     producer_id: str
     producer_epoch: int
     max_record_bytes: int = 1 << 20
+    max_in_flight: int = 5
 
     @classmethod
     def build(cls, *, acks: str | int | None, idempotent: bool, batch_size: int, batch_bytes: int,
               linger_ms: float, connections_per_broker: int, buffer_records: int, max_block_s: float,
               delivery_timeout_s: float, request_timeout_s: float, backoff: Backoff, producer_id: str | None,
-              producer_epoch: int | None, id_prefix: str, max_record_bytes: int = 1 << 20) -> ProducerConfig:
+              producer_epoch: int | None, id_prefix: str, max_record_bytes: int = 1 << 20,
+              max_in_flight: int = 5) -> ProducerConfig:
         """Validate and fill defaults. Raises ``ValueError`` for inconsistent or out-of-range settings."""
         wire_acks = normalize_acks(acks if acks is not None else ("all" if idempotent else "1"))
         if idempotent and wire_acks != "-1":
@@ -145,10 +160,14 @@ class ProducerConfig:
             raise ValueError("timeouts must be positive")
         if max_record_bytes < 1:
             raise ValueError("max_record_bytes must be positive")
+        if not 1 <= max_in_flight <= MAX_IN_FLIGHT_IDEMPOTENT and (idempotent or max_in_flight < 1):
+            raise ValueError(f"max_in_flight must be 1-{MAX_IN_FLIGHT_IDEMPOTENT} for an idempotent producer "
+                             "(the broker remembers that many batches per producer), positive otherwise")
         return cls(wire_acks, idempotent, batch_size, batch_bytes, linger_ms / 1000.0, connections_per_broker,
                    buffer_records, max_block_s, delivery_timeout_s, request_timeout_s, backoff,
                    producer_id or f"{id_prefix}{os.urandom(8).hex()}",
-                   int(time.time() * 1000) if producer_epoch is None else producer_epoch, max_record_bytes)
+                   int(time.time() * 1000) if producer_epoch is None else producer_epoch, max_record_bytes,
+                   max_in_flight)
 
 
 class _Pending:
@@ -165,10 +184,10 @@ class _Pending:
 
 
 class _PartitionState:
-    """Queue and sequence state of one partition."""
+    """Queue, in-flight and sequence state of one partition."""
 
-    __slots__ = ("topic", "partition", "queue", "queued_bytes", "first_enqueued", "busy", "retry", "next_seq",
-                 "encoder", "leader", "epoch")
+    __slots__ = ("topic", "partition", "queue", "queued_bytes", "first_enqueued", "in_flight", "sender",
+                 "retries", "next_seq", "sent_end", "acked_end", "failing", "uncertain", "encoder", "leader", "epoch")
 
     def __init__(self, topic: str, partition: int, leader: Address, encoder: RecordEncoder, epoch: int) -> None:
         self.topic = topic
@@ -176,24 +195,42 @@ class _PartitionState:
         self.queue: deque[_Pending] = deque()
         self.queued_bytes = 0
         self.first_enqueued = 0.0
-        self.busy = False  # a batch is in flight or waiting to be retried
-        self.retry: ProducerBatch | None = None
+        #: Batches written (or being written) whose outcome is not known yet, all by ``sender``.
+        self.in_flight = 0
+        self.sender: object = None
+        #: Batches to resend, in sequence order; resent one at a time once nothing is in flight.
+        self.retries: list[ProducerBatch] = []
         self.next_seq = 1
+        #: The last sequence sent, and the last one acknowledged (0: none).
+        self.sent_end = 0
+        self.acked_end = 0
+        #: A batch failed for good while later ones were unacknowledged: until the partition settles, their
+        #: failures are final too (idempotent producers; see the module docstring).
+        self.failing = False
+        #: Some failed batch may have been appended (its outcome is unknown).
+        self.uncertain = False
         self.encoder = encoder
         self.leader = leader
         #: The producer epoch this partition's batches carry: the producer's, plus one per sequence reset.
         self.epoch = epoch
 
+    @property
+    def busy(self) -> bool:
+        """A batch is in flight or waiting to be resent."""
+        return self.in_flight > 0 or bool(self.retries)
+
 
 class ProducerBatch:
     """One CBV2 batch: records with sequences ``seq_start .. seq_start + len(records) - 1``."""
 
-    __slots__ = ("state", "pendings", "seq_start", "payload", "attempts", "deadline", "not_before", "uncertain")
+    __slots__ = ("state", "pendings", "seq_start", "seq_end", "payload", "attempts", "deadline", "not_before",
+                 "uncertain")
 
     def __init__(self, state: _PartitionState, pendings: list[_Pending], seq_start: int, deadline: float) -> None:
         self.state = state
         self.pendings = pendings
         self.seq_start = seq_start
+        self.seq_end = seq_start + len(pendings) - 1
         self.payload: bytes | None = None
         self.attempts = 0
         self.deadline = deadline
@@ -332,14 +369,14 @@ class ProducerCore:
         return was_empty or len(pstate.queue) == self.config.batch_size or \
             pstate.queued_bytes >= self.config.batch_bytes
 
-    def take(self, topic: str, partition: int, now: float) -> ProducerBatch | None:
-        """Seal ``(topic, partition)``'s queued records into a batch now, for delivery by the caller, or
-        None when the partition already has a batch in flight (or waiting for a retry), nothing is queued,
-        or the producer stopped."""
+    def take(self, topic: str, partition: int, now: float, sender: object = None) -> ProducerBatch | None:
+        """Seal ``(topic, partition)``'s queued records into a batch now, for delivery by the caller
+        (``sender``), or None when the partition already has a batch in flight (or waiting for a retry),
+        nothing is queued, or the producer stopped."""
         pstate = self.partitions.get((topic, partition))
         if self.fatal is not None or pstate is None or pstate.busy or not pstate.queue:
             return None
-        return self._seal(pstate, now)
+        return self._seal(pstate, now, sender)
 
     def leader_of(self, topic: str, partition: int) -> Address:
         """Where the partition's batches currently go."""
@@ -347,10 +384,16 @@ class ProducerCore:
 
     # ----------------------------------------------------------------------------------------- sending
 
-    def poll(self, address: Address, now: float) -> tuple[ProducerBatch | None, float | None]:
-        """The next batch for a sender connected to ``address``, or (None, seconds until one may be ready;
-        None: nothing pending)."""
-        if self.fatal is not None:
+    def poll(self, address: Address, now: float, sender: object = None,
+             room: int = 1) -> tuple[ProducerBatch | None, float | None]:
+        """The next batch for ``sender``, connected to ``address`` with ``room`` more requests allowed in
+        flight, or (None, seconds until one may be ready; None: nothing pending for it).
+
+        A partition with batches in flight takes more only from the sender carrying them (so they stay in
+        order on one connection); one with batches to resend resends them first, one at a time, once
+        nothing of it is in flight.
+        """
+        if self.fatal is not None or room < 1:
             return None, None
         states = self.by_address.get(address)
         if not states:
@@ -361,13 +404,18 @@ class ProducerCore:
         cfg = self.config
         for i in range(count):
             pstate = states[(start + i) % count]
-            if pstate.busy:
-                retry = pstate.retry
-                if retry is None:
+            if pstate.failing:
+                continue  # settles when its last reply is in
+            if pstate.in_flight and (sender is None or pstate.sender is not sender
+                                     or pstate.in_flight >= cfg.max_in_flight):
+                continue
+            if pstate.retries:
+                if pstate.in_flight:
                     continue
+                retry = pstate.retries[0]
                 if retry.not_before <= now:
-                    pstate.retry = None
-                    self.in_flight += 1
+                    del pstate.retries[0]
+                    self._launch(pstate, sender, retry)
                     return retry, None
                 wait = retry.not_before - now if wait is None else min(wait, retry.not_before - now)
                 continue
@@ -376,11 +424,19 @@ class ProducerCore:
             ready_at = pstate.first_enqueued + cfg.linger_s
             if (now >= ready_at or len(pstate.queue) >= cfg.batch_size or pstate.queued_bytes >= cfg.batch_bytes
                     or self.flushing or self.closing):
-                return self._seal(pstate, now), None
+                return self._seal(pstate, now, sender), None
             wait = ready_at - now if wait is None else min(wait, ready_at - now)
         return None, wait
 
-    def _seal(self, pstate: _PartitionState, now: float) -> ProducerBatch:
+    def _launch(self, pstate: _PartitionState, sender: object, batch: ProducerBatch) -> None:
+        """``batch`` leaves with ``sender`` (it is written next: later batches of the partition follow it)."""
+        pstate.in_flight += 1
+        pstate.sender = sender
+        self.in_flight += 1
+        if batch.seq_end > pstate.sent_end:
+            pstate.sent_end = batch.seq_end
+
+    def _seal(self, pstate: _PartitionState, now: float, sender: object) -> ProducerBatch:
         cfg = self.config
         taken: list[_Pending] = []
         size = 0
@@ -398,8 +454,7 @@ class ProducerCore:
         # Records left behind keep their (old) first_enqueued: they are due as soon as this batch is done.
         batch = ProducerBatch(pstate, taken, pstate.next_seq, now + cfg.delivery_timeout_s)
         pstate.next_seq += len(taken)
-        pstate.busy = True
-        self.in_flight += 1
+        self._launch(pstate, sender, batch)
         return batch
 
     def encode(self, batch: ProducerBatch) -> bytes:
@@ -417,11 +472,13 @@ class ProducerCore:
 
     # ----------------------------------------------------------------------------------------- outcomes
 
-    def succeed(self, batch: ProducerBatch, last_offset: int | None) -> list[Resolution]:
-        """The broker acknowledged ``batch`` (``last_offset`` None for acks=0)."""
+    def succeed(self, batch: ProducerBatch, last_offset: int | None) -> Iterator[Resolution]:
+        """The broker acknowledged ``batch`` (``last_offset`` None for acks=0). The resolutions are built
+        lazily, as the caller applies them (outside its lock: they read only the sealed batch)."""
         pstate = batch.state
-        pstate.busy = False
-        self.in_flight -= 1
+        self._land(pstate)
+        if batch.seq_end > pstate.acked_end:
+            pstate.acked_end = batch.seq_end
         count = len(batch.pendings)
         self.buffered -= count
         cfg = self.config
@@ -432,7 +489,26 @@ class ProducerCore:
         metadata = map(RecordMetadata._make, zip(repeat(pstate.topic), repeat(pstate.partition), offsets,
                                                  repeat(cfg.producer_id), repeat(pstate.epoch),
                                                  range(seq, seq + count)))
-        return list(zip([p.future for p in batch.pendings], metadata, repeat(False)))
+        self._settle(pstate)
+        return zip(map(_future_of, batch.pendings), metadata, repeat(False))
+
+    def _land(self, pstate: _PartitionState) -> None:
+        pstate.in_flight -= 1
+        self.in_flight -= 1
+        if not pstate.in_flight:
+            pstate.sender = None
+
+    def _settle(self, pstate: _PartitionState) -> None:
+        """Once a partition whose batch failed for good has nothing in flight or to resend, its next batch
+        starts after the last acknowledged sequence, or, when a failed batch may have been appended, at
+        sequence 1 of the next producer epoch."""
+        if pstate.failing and not pstate.busy:
+            pstate.failing = False
+            if pstate.uncertain and self.config.idempotent:
+                self._reset_sequence(pstate)  # the broker's last sequence is unknown: next epoch, sequence 1
+            else:
+                pstate.next_seq = pstate.acked_end + 1
+            pstate.uncertain = False
 
     def failed(self, batch: ProducerBatch, error: BaseException, *, written: bool,
                now: float) -> tuple[list[Resolution], Address | None]:
@@ -446,17 +522,23 @@ class ProducerCore:
         Returns:
             (resolutions to apply, a new leader address the batch was redirected to or None).
         """
-        self.in_flight -= 1
+        pstate = batch.state
+        self._land(pstate)
         cfg = self.config
-        if isinstance(error, CursusError) and error.code in TERMINAL_PRODUCER_CODES:
+        behind_a_retry = bool(pstate.retries) and pstate.retries[0].seq_start < batch.seq_start
+        gap = isinstance(error, CursusError) and error.code in _BEHIND_A_FAILED_BATCH_CODES
+        if isinstance(error, CursusError) and error.code in TERMINAL_PRODUCER_CODES and not (
+                gap and cfg.idempotent and (behind_a_retry or pstate.failing)):
             return self._terminal(batch, error), None
         redirect: Address | None = None
         delay = cfg.backoff.delay_s(batch.attempts)
-        if isinstance(error, RoutingError):
+        if gap:
+            retry = behind_a_retry  # refused only because an earlier batch is missing
+        elif isinstance(error, RoutingError):
             redirect = getattr(error, "leader", None) or getattr(error, "coordinator", None)
             retry = True
-            if redirect is not None and redirect != batch.state.leader:
-                self._move(batch.state, redirect)
+            if redirect is not None and redirect != pstate.leader:
+                self._move(pstate, redirect)
                 delay = 0.0  # a new leader: go now (a redirect to the same broker backs off instead)
             else:
                 redirect = None
@@ -472,23 +554,37 @@ class ProducerCore:
         else:
             batch.uncertain = True
             retry = cfg.idempotent
-        if retry and now + delay < batch.deadline:
+        if not cfg.idempotent and pstate.sent_end > batch.seq_end:
+            retry = False  # a later batch of the partition was written: resending this one would reorder
+        if retry and not pstate.failing and now + delay < batch.deadline:
             batch.attempts += 1
             batch.not_before = now + delay
-            batch.state.retry = batch
+            pstate.retries.append(batch)
+            pstate.retries.sort(key=_seq_start)
             return [], redirect
         if batch.uncertain:
+            pstate.uncertain = True
             unknown = DeliveryUnknownError(
                 f"batch of {len(batch.pendings)} record(s) to {batch.topic}/{batch.partition} may or may not "
                 f"have been written; last error: {error}")
             unknown.__cause__ = error
             error = unknown
-        batch.state.busy = False
-        if not batch.uncertain and batch.state.next_seq == batch.seq_start + len(batch.pendings):
-            batch.state.next_seq = batch.seq_start  # never written: the next batch reuses the sequences
+        resolutions = self._fail_pendings(batch.pendings, error)
+        if cfg.idempotent and pstate.next_seq > batch.seq_end + 1:
+            # later batches of the partition exist: their sequences now have a gap, they fail with this one
+            pstate.failing = True
+            for later in pstate.retries:
+                resolutions.extend(self._fail_pendings(later.pendings, error))
+            pstate.retries.clear()
+        elif not batch.uncertain and pstate.next_seq == batch.seq_end + 1:
+            pstate.next_seq = batch.seq_start  # never written: the next batch reuses the sequences
         elif batch.uncertain and cfg.idempotent:
-            self._reset_sequence(batch.state)
-        return self._fail_pendings(batch.pendings, error), None
+            pstate.failing = True  # settling moves the partition to the next epoch (_reset_sequence)
+        if pstate.failing:
+            self._settle(pstate)
+        else:
+            pstate.uncertain = False  # only a failing partition's settling needs it
+        return resolutions, None
 
     def _reset_sequence(self, pstate: _PartitionState) -> None:
         """After a batch whose outcome stays unknown (delivery timeout), the broker's last sequence for this
@@ -512,7 +608,6 @@ class ProducerCore:
 
     def _terminal(self, batch: ProducerBatch, error: CursusError) -> list[Resolution]:
         self.fatal = error
-        batch.state.busy = False
         resolutions = self._fail_pendings(batch.pendings, error)
         resolutions.extend(self.abort(error))
         return resolutions
@@ -522,10 +617,9 @@ class ProducerCore:
         their own)."""
         resolutions: list[Resolution] = []
         for pstate in self.partitions.values():
-            if pstate.retry is not None:
-                resolutions.extend(self._fail_pendings(pstate.retry.pendings, error))
-                pstate.retry = None
-                pstate.busy = False
+            for retry in pstate.retries:
+                resolutions.extend(self._fail_pendings(retry.pendings, error))
+            pstate.retries.clear()
             if pstate.queue:
                 resolutions.extend(self._fail_pendings(list(pstate.queue), error))
                 pstate.queue.clear()
@@ -544,6 +638,15 @@ class ProducerCore:
 
 #: Error replies after which a PUBLISH may or may not have been appended.
 _OUTCOME_UNKNOWN_CODES = frozenset({"replication_unavailable", "storage_unavailable", "request_timeout"})
+#: What the broker answers a pipelined idempotent batch whose predecessor was not appended (retried after it).
+_BEHIND_A_FAILED_BATCH_CODES = frozenset({"idempotency_gap", "sequence_out_of_order"})
+
+
+def _seq_start(batch: ProducerBatch) -> int:
+    return batch.seq_start
+
+
+_future_of = operator.attrgetter("future")
 
 
 def parse_ack(frame: Frame) -> int:
@@ -599,6 +702,8 @@ _LAZY_FUTURE_LOCK = threading.Lock()
 _LAZY_FUTURE_FIELDS = {"_condition": threading.Condition, "_waiters": list, "_done_callbacks": list}
 _FUTURE_PENDING = getattr(_futures_base, "PENDING", "PENDING")
 _FUTURE_FINISHED = getattr(_futures_base, "FINISHED", "FINISHED")
+#: The sender token of batches ``produce`` delivers from the calling thread.
+_DIRECT = object()
 
 
 class DeliveryFuture(Future):
@@ -630,7 +735,7 @@ class DeliveryFuture(Future):
         return value
 
 
-def _resolve_sync(resolutions: list[Resolution]) -> None:
+def _resolve_sync(resolutions: Iterable[Resolution]) -> None:
     slow: list[Resolution] = []
     with _LAZY_FUTURE_LOCK:  # nobody can start waiting on an untouched future meanwhile
         for resolution in resolutions:
@@ -653,7 +758,7 @@ def _resolve_sync(resolutions: list[Resolution]) -> None:
             pass
 
 
-def _resolve_async(resolutions: list[Resolution]) -> None:
+def _resolve_async(resolutions: Iterable[Resolution]) -> None:
     for future, value, is_error in resolutions:
         if not future.done():
             if is_error:
@@ -682,14 +787,14 @@ class _ProducerSettings:
                  linger_ms: float = 5.0, connections_per_broker: int = 2, buffer_records: int = 100_000,
                  max_block_s: float = 60.0, delivery_timeout_s: float = 120.0, request_timeout_s: float = 30.0,
                  producer_id: str | None = None, producer_epoch: int | None = None, max_record_bytes: int = 1 << 20,
-                 options: ConnectionOptions | None = None, **overrides: Any) -> None:
+                 max_in_flight: int = 5, options: ConnectionOptions | None = None, **overrides: Any) -> None:
         self.options = options_from(options, overrides)
         self.config = ProducerConfig.build(
             acks=acks, idempotent=idempotent, batch_size=batch_size, batch_bytes=batch_bytes,
             linger_ms=linger_ms, connections_per_broker=connections_per_broker, buffer_records=buffer_records,
             max_block_s=max_block_s, delivery_timeout_s=delivery_timeout_s, request_timeout_s=request_timeout_s,
             backoff=self.options.backoff, producer_id=producer_id, producer_epoch=producer_epoch,
-            id_prefix=self._id_prefix, max_record_bytes=max_record_bytes)
+            id_prefix=self._id_prefix, max_record_bytes=max_record_bytes, max_in_flight=max_in_flight)
         self._client = self._client_type(bootstrap, self.options)
         self._refresh_client = self._client_type(bootstrap, _metadata_options(self.options))
         self._core = ProducerCore(self.config, self._client.bootstrap[0])
@@ -724,7 +829,10 @@ class Producer(_ProducerSettings):
         batch_size: records per batch at most (1-100000).
         batch_bytes: approximate bytes per batch at most (a single larger record still goes alone).
         linger_ms: how long a partition's first queued record waits for company, in milliseconds.
-        connections_per_broker: connections (each one request in flight) per broker.
+        connections_per_broker: connections per broker.
+        max_in_flight: PUBLISH requests written on one connection before the oldest reply is read (1-5
+            with ``idempotent``; the broker pipelines up to its ``max_in_flight_requests_per_connection``,
+            default 5). 1 waits for each reply before the next batch leaves.
         buffer_records: records accepted and not yet delivered at most; ``send`` blocks beyond it.
         max_block_s: how long ``send`` blocks on a full buffer before ``BufferFullError``, seconds.
         delivery_timeout_s: time from sealing a batch to giving up its retries, seconds.
@@ -807,7 +915,7 @@ class Producer(_ProducerSettings):
             if isinstance(due, tuple):  # refused (too large): nobody holds the future yet
                 _resolve_sync([due])
                 return chosen, None
-            batch = core.take(topic, chosen, now) if take else None
+            batch = core.take(topic, chosen, now, _DIRECT) if take else None
             if due and batch is None:
                 self._ready.notify()
         return chosen, batch
@@ -971,33 +1079,90 @@ class Producer(_ProducerSettings):
         for thread in threads:
             thread.start()
 
-    def _next_batch(self, address: Address) -> ProducerBatch | None:
+    def _next_batch(self, address: Address, sender: object, room: int, block: bool) -> ProducerBatch | None:
+        """The next batch for ``sender`` (``room`` more requests may be in flight on its connection);
+        ``block``: wait until one is due (else None at once when none is)."""
         with self._lock:
             while not self._stopping:
-                batch, wait = self._core.poll(address, time.monotonic())
-                if batch is not None:
+                batch, wait = self._core.poll(address, time.monotonic(), sender, room)
+                if batch is not None or not block:
                     return batch
                 self._ready.wait(wait)
             return None
 
     def _sender(self, address: Address) -> None:
-        """Sender thread: one connection to ``address``, one batch in flight at a time."""
+        """Sender thread: one connection to ``address`` with up to ``max_in_flight`` requests in flight;
+        it writes due batches while there is room, else reads the oldest reply."""
         conn: Connection | None = None
+        window: deque[tuple[ProducerBatch, int]] = deque()
+        limit = 1 if self.config.acks == "0" else self.config.max_in_flight
+        token = object()
         try:
             while True:
-                batch = self._next_batch(address)
-                if batch is None:
+                batch = self._next_batch(address, token, limit - len(window), block=not window)
+                if batch is not None:
+                    conn = self._write(batch, conn, window)
+                elif window:
+                    assert conn is not None
+                    self._read_reply(conn, window)
+                else:
                     return
-                conn = self._deliver(batch, conn)
         finally:
             if conn is not None:
                 conn.close()
                 with self._lock:
                     self._connections.discard(conn)
 
+    def _write(self, batch: ProducerBatch, conn: Connection | None,
+               window: deque[tuple[ProducerBatch, int]]) -> Connection | None:
+        """Write ``batch`` on ``conn`` (opened to the batch's leader when there is none), adding it to
+        ``window``; a failure fails it and everything in ``window`` (their connection is gone)."""
+        payload = self._core.encode(batch)
+        written = False
+        try:
+            if conn is None or conn.stale() or (not window and conn.address != batch.state.leader):
+                if conn is not None:
+                    conn.close()
+                conn = self.options.connect(batch.state.leader)
+                with self._lock:
+                    self._connections.add(conn)
+            written = True
+            request_id = conn.send(Command.PUBLISH, payload)
+        except (OSError, ProtocolError, CursusError) as exc:
+            self._fail_window(window, exc)
+            self._apply(batch, exc, written, None)
+            return conn
+        if self.config.acks == "0":
+            self._apply(batch, None, True, None)
+        else:
+            window.append((batch, request_id))
+        return conn
+
+    def _read_reply(self, conn: Connection, window: deque[tuple[ProducerBatch, int]]) -> None:
+        """Read the reply of the oldest batch in ``window`` and apply it; a broken connection fails the
+        rest of the window (outcome unknown: idempotent batches are resent in order)."""
+        batch, request_id = window.popleft()
+        error: BaseException | None = None
+        last_offset: int | None = None
+        try:
+            last_offset = parse_ack(conn.receive(request_id, Command.PUBLISH,
+                                                 timeout_s=self.config.request_timeout_s))
+        except ProtocolViolationError as exc:  # unreadable ack: outcome unknown, drop the connection
+            error = exc
+            conn.close()
+        except (OSError, ProtocolError, CursusError) as exc:
+            error = exc
+        self._apply(batch, error, True, last_offset)
+        if conn.closed:
+            self._fail_window(window, error or ConnectionError("connection closed"))
+
+    def _fail_window(self, window: deque[tuple[ProducerBatch, int]], error: BaseException) -> None:
+        while window:
+            self._apply(window.popleft()[0], error, True, None)
+
     def _deliver(self, batch: ProducerBatch, conn: Connection | None) -> Connection | None:
-        """One attempt of ``batch`` on ``conn`` (reopened to the batch's leader when needed); applies the
-        outcome (the core decides: done, retry later, failed). Returns the connection for the next batch."""
+        """One attempt of ``batch`` on ``conn`` from the calling thread (``produce``; reopened to the
+        batch's leader when needed), waiting for its reply. Returns the connection for the next batch."""
         core = self._core
         payload = core.encode(batch)
         error: BaseException | None = None
@@ -1023,6 +1188,14 @@ class Producer(_ProducerSettings):
                 conn.close()
         except (OSError, ProtocolError, CursusError) as exc:
             error = exc
+        self._apply(batch, error, written, last_offset)
+        return conn
+
+    def _apply(self, batch: ProducerBatch, error: BaseException | None, written: bool,
+               last_offset: int | None) -> None:
+        """Apply one attempt's outcome (the core decides: done, retry later, failed) and resolve futures."""
+        core = self._core
+        resolutions: Iterable[Resolution]
         with self._lock:
             if error is None:
                 resolutions = core.succeed(batch, last_offset)
@@ -1037,7 +1210,6 @@ class Producer(_ProducerSettings):
         _resolve_sync(resolutions)
         if _needs_refresh(error):
             self._refresh_metadata(batch.topic)
-        return conn
 
     def _stop(self) -> None:
         with self._cond:
@@ -1241,48 +1413,78 @@ class AsyncProducer(_ProducerSettings):
         self._wake().notify_all()
 
     async def _sender(self, address: Address) -> None:
+        """Sender task: one connection to ``address`` with up to ``max_in_flight`` requests in flight (see
+        :meth:`Producer._sender`)."""
         conn: AsyncConnection | None = None
         core = self._core
+        window: deque[tuple[ProducerBatch, int]] = deque()
+        limit = 1 if self.config.acks == "0" else self.config.max_in_flight
+        token = object()
         try:
-            while not self._stopping:
-                batch, wait = core.poll(address, time.monotonic())
-                if batch is None:
+            while not self._stopping or window:
+                batch, wait = core.poll(address, time.monotonic(), token, limit - len(window))
+                if batch is not None:
+                    payload = core.encode(batch)
+                    written = False
+                    try:
+                        if conn is None or conn.stale() or (not window and conn.address != batch.state.leader):
+                            if conn is not None:
+                                await conn.close()
+                                self._connections.discard(conn)
+                            conn = await open_connection(self.options, batch.state.leader)
+                            self._connections.add(conn)
+                        written = True
+                        request_id = await conn.send(Command.PUBLISH, payload)
+                    except (OSError, ProtocolError, CursusError) as exc:
+                        while window:
+                            await self._apply(window.popleft()[0], exc, True, None)
+                        await self._apply(batch, exc, written, None)
+                        continue
+                    if self.config.acks == "0":
+                        await self._apply(batch, None, True, None)
+                    else:
+                        window.append((batch, request_id))
+                    continue
+                if not window:
                     await self._wake().wait(wait)
                     continue
-                payload = core.encode(batch)
+                assert conn is not None
+                batch, request_id = window.popleft()
                 error: BaseException | None = None
-                written = False
                 last_offset: int | None = None
                 try:
-                    if conn is None or conn.stale():
-                        conn = await open_connection(self.options, address)
-                        self._connections.add(conn)
-                    written = True
-                    if self.config.acks == "0":
-                        await conn.send(Command.PUBLISH, payload)
-                    else:
-                        last_offset = parse_ack(await conn.request(Command.PUBLISH, payload,
-                                                                   timeout_s=self.config.request_timeout_s))
+                    last_offset = parse_ack(await conn.receive(request_id, Command.PUBLISH,
+                                                               timeout_s=self.config.request_timeout_s))
                 except ProtocolViolationError as exc:
                     error = exc
-                    if conn is not None:
-                        await conn.close()
+                    await conn.close()
                 except (OSError, ProtocolError, CursusError) as exc:
                     error = exc
-                if error is None:
-                    resolutions = core.succeed(batch, last_offset)
-                else:
-                    resolutions, redirect = core.failed(batch, error, written=written, now=time.monotonic())
-                    if redirect is not None:
-                        self._ensure_senders(redirect)
-                self._wake().notify_all()
-                _resolve_async(resolutions)
-                if _needs_refresh(error):
-                    await self._refresh_metadata(batch.topic)
+                await self._apply(batch, error, True, last_offset)
+                if conn.closed:
+                    while window:
+                        await self._apply(window.popleft()[0], error or ConnectionError("connection closed"),
+                                          True, None)
         finally:
             if conn is not None:
                 self._connections.discard(conn)
                 await conn.close()
+
+    async def _apply(self, batch: ProducerBatch, error: BaseException | None, written: bool,
+                     last_offset: int | None) -> None:
+        """Apply one attempt's outcome (the core decides) and resolve its futures."""
+        core = self._core
+        resolutions: Iterable[Resolution]
+        if error is None:
+            resolutions = core.succeed(batch, last_offset)
+        else:
+            resolutions, redirect = core.failed(batch, error, written=written, now=time.monotonic())
+            if redirect is not None:
+                self._ensure_senders(redirect)
+        self._wake().notify_all()
+        _resolve_async(resolutions)
+        if _needs_refresh(error):
+            await self._refresh_metadata(batch.topic)
 
 
 #: Signature of the callbacks some tools pass around (topic, partition, offset).

@@ -228,3 +228,117 @@ def test_redirect_to_the_same_broker_backs_off() -> None:
     same = error_from_typed(make_error("NOT_LEADER", leader="broker-a:9000"))
     assert core.failed(batch, same, written=True, now=1.0) == ([], None)
     assert core.poll(A, 1.0) == (None, pytest.approx(0.1))
+
+
+# ------------------------------------------------------------------------------- pipelined in-flight batches
+
+S1, S2 = object(), object()  # two senders (connections)
+
+
+def _window(core: ProducerCore, sender: object, room: int = 5, now: float = 1.0) -> list:
+    """Every batch ``sender`` may write now (as a sender fills its window)."""
+    batches = []
+    while len(batches) < room:
+        batch, _ = core.poll(A, now, sender, room - len(batches))
+        if batch is None:
+            break
+        batches.append(batch)
+    return batches
+
+
+def _fill(core: ProducerCore, count: int, per_batch: int, partition: int = 0) -> None:
+    for i in range(count * per_batch):
+        _send(core, b"%d" % i, partition=partition)
+
+
+def test_batches_of_one_partition_pipeline_on_one_sender_up_to_max_in_flight() -> None:
+    core = _core(idempotent=True, batch_size=2)
+    _fill(core, 7, 2)
+    first = _window(core, S1)
+    assert [b.seq_start for b in first] == [1, 3, 5, 7, 9]  # max_in_flight 5, contiguous sequences
+    assert _window(core, S2) == []  # pinned to the sender carrying its batches: order on one connection
+    assert core.poll(A, 1.0, S1, 1) == (None, None)  # the partition's window is full
+    core.succeed(first[0], 1)
+    assert [b.seq_start for b in _window(core, S1)] == [11]
+    for n, batch in enumerate(first[1:], 1):
+        core.succeed(batch, 2 * n + 1)
+    assert core.buffered == 4
+
+
+def test_a_retriable_failure_resends_it_and_every_later_batch_in_order_once_replies_are_in() -> None:
+    core = _core(idempotent=True, batch_size=1)
+    _fill(core, 4, 1)
+    b1, b2, b3, b4 = _window(core, S1)
+    core.succeed(b1, 0)
+    # b2: an acks=all timeout (outcome unknown); b3 is refused because b2 is missing; b4's connection dropped
+    unknown = error_from_typed(make_error("replication_unavailable", reason="replica timeout", outcome="unknown"))
+    assert core.failed(b2, unknown, written=True, now=1.0) == ([], None)
+    gap = error_from_typed(make_error("idempotency_gap", producer="py-test", expected=2, got=3))
+    assert core.failed(b3, gap, written=True, now=1.0) == ([], None)  # not terminal: behind a retry
+    assert core.fatal is None
+    assert core.poll(A, 5.0, S1, 5) == (None, None)  # b4 is still in flight: no resend before its reply
+    assert core.failed(b4, ConnectionResetError(), written=True, now=1.0) == ([], None)
+    assert core.poll(A, 5.0, S2, 5)[0] is b2  # nothing in flight: any sender may resend, oldest first
+    assert core.poll(A, 5.0, S2, 5) == (None, None)  # one resend at a time
+    dup = core.succeed(b2, 1)  # the broker had appended b2: a duplicate ack with its original offset
+    assert [m.offset for _, m, _ in dup] == [1]
+    assert core.poll(A, 5.0, S2, 5)[0] is b3
+    core.succeed(b3, 2)
+    assert core.poll(A, 5.0, S2, 5)[0] is b4
+    core.succeed(b4, 3)
+    assert core.buffered == 0 and core.take_failures() is None
+    _send(core, b"next", partition=0)
+    assert core.poll(A, 5.0, S1, 5)[0].seq_start == 5
+
+
+def test_a_gap_without_an_earlier_failure_is_still_terminal() -> None:
+    core = _core(idempotent=True, batch_size=1)
+    _fill(core, 2, 1)
+    b1, b2 = _window(core, S1)
+    core.succeed(b1, 0)
+    gap = error_from_typed(make_error("idempotency_gap", producer="py-test", expected=5, got=2))
+    core.failed(b2, gap, written=True, now=1.0)
+    assert core.fatal is gap
+
+
+def test_a_final_failure_fails_the_later_unacknowledged_batches_and_restarts_after_the_last_ack() -> None:
+    core = _core(idempotent=True, batch_size=1)
+    _fill(core, 4, 1)
+    b1, b2, b3, b4 = _window(core, S1)
+    core.succeed(b1, 0)
+    refused = error_from_typed(make_error("invalid_topic_config"))  # not retryable, nothing appended
+    resolutions, _ = core.failed(b2, refused, written=True, now=1.0)
+    assert len(resolutions) == 1 and resolutions[0][2]
+    gap = error_from_typed(make_error("idempotency_gap", producer="py-test", expected=2, got=3))
+    resolutions, _ = core.failed(b3, gap, written=True, now=1.0)  # behind the failed batch: fails, not fatal
+    assert len(resolutions) == 1 and core.fatal is None
+    _send(core, b"later", partition=0)
+    assert core.poll(A, 1.0, S1, 5) == (None, None)  # the partition settles first
+    resolutions, _ = core.failed(b4, gap, written=True, now=1.0)
+    assert len(resolutions) == 1 and core.fatal is None
+    again, _ = core.poll(A, 1.0, S1, 5)
+    assert again.seq_start == 2  # right after the last acknowledged sequence: no gap at the broker
+    assert core.take_failures().failed_count == 3
+
+
+def test_without_idempotence_a_batch_is_never_resent_behind_a_later_written_one() -> None:
+    core = _core(batch_size=1)
+    _fill(core, 2, 1)
+    b1, b2 = _window(core, S1)
+    refusal = error_from_typed(make_error("leader_not_available", topic="t", partition="0"))
+    resolutions, _ = core.failed(b1, refusal, written=True, now=1.0)  # b2 is written: no retry (reorder)
+    assert len(resolutions) == 1 and resolutions[0][1] is refusal
+    assert core.failed(b2, refusal, written=True, now=1.0) == ([], None)  # the last one may be retried
+    assert core.poll(A, 2.0, S1, 5)[0] is b2
+
+
+def test_max_in_flight_is_bounded_for_idempotent_producers() -> None:
+    with pytest.raises(ValueError):
+        ProducerConfig.build(acks=None, idempotent=True, batch_size=1, batch_bytes=1, linger_ms=0,
+                             connections_per_broker=1, buffer_records=1, max_block_s=1, delivery_timeout_s=1,
+                             request_timeout_s=1, backoff=Backoff(), producer_id=None, producer_epoch=None,
+                             id_prefix="py-", max_in_flight=6)
+    assert ProducerConfig.build(acks="1", idempotent=False, batch_size=1, batch_bytes=1, linger_ms=0,
+                                connections_per_broker=1, buffer_records=1, max_block_s=1, delivery_timeout_s=1,
+                                request_timeout_s=1, backoff=Backoff(), producer_id=None, producer_epoch=None,
+                                id_prefix="py-", max_in_flight=20).max_in_flight == 20

@@ -25,7 +25,7 @@ from cursus.broker.args import ACK_MODES, PublishArgs, parse_acks
 from cursus.broker.core import Broker, now_ms
 from cursus.broker.handlers.common import check_topic_access, partition_of
 from cursus.broker.replica import Replica
-from cursus.broker.request import NO_REPLY, NoReply, Reply, Request
+from cursus.broker.request import NO_REPLY, NoReply, Pending, Request
 from cursus.metadata.topics import TopicDefinition, is_internal_topic, validate_topic_name
 from cursus.params import parse_args
 from cursus.partitioning import partition_for_key
@@ -44,14 +44,16 @@ _U32_LEN = 4
 _TXN_FIELDS = ("transactional_id", "transaction_state", "transaction_marker")
 
 
-async def handle_publish(broker: Broker, req: Request) -> Reply | NoReply | bytes:
+async def handle_publish(broker: Broker, req: Request) -> Pending | NoReply:
     """PUBLISH; acks=0/none gets no reply even when it fails (facts B1.5)."""
     view = None
     acks_raw: str | None = req.get("acks")
     if req.batch is not None:
         # ProtocolError: an undecodable batch closes the connection (decision 5). A large one is scanned off
         # the loop.
-        view = await broker.offload.run(len(req.batch), functools.partial(scan_batch, req.batch))
+        batch = req.batch
+        view = (scan_batch(batch) if len(batch) < broker.offload.threshold_bytes  # no coroutine: the hot path
+                else await broker.offload.run(len(batch), functools.partial(scan_batch, batch)))
         acks_raw = view.acks
     suppressed = ACK_MODES.get((acks_raw or "").strip().lower()) == "none"
     try:
@@ -93,14 +95,16 @@ def _check_min_isr(broker: Broker, defn: TopicDefinition, replica: Replica, mode
                              isr=len(replica.isr), required=required)
 
 
-async def _append_and_ack(
+def _append_and_ack(
     broker: Broker, replica: Replica, mode: str, buf: bytearray, positions: array.array | list[int], body: memoryview,
     record_count: int, *, producer: tuple[str, int, int, int] | None, idempotent: bool,
-) -> Reply | NoReply | bytes:
-    """Dedup check (idempotent), stamp offsets, append, wait for the promised durability, AckResponse.
+) -> Pending | NoReply:
+    """Dedup check (idempotent), stamp offsets, append; then the wait for the promised durability and the
+    AckResponse as a :class:`Pending` (so the session can read the next request meanwhile).
 
-    ``buf`` holds the records; ``positions`` are the indexes of their offset fields in ``buf``; ``body`` is
-    the records section inside ``buf`` that becomes the stored chunk.
+    Everything that must follow arrival order (the dedup check, the offsets, the append, the producer
+    state) happens here, synchronously. ``buf`` holds the records; ``positions`` are the indexes of their
+    offset fields in ``buf``; ``body`` is the records section inside ``buf`` that becomes the stored chunk.
     """
     producer_id, epoch, first_seq, last_seq = producer or ("", 0, 0, 0)
     table = broker.producer_table(replica.topic, replica.partition)
@@ -110,9 +114,8 @@ async def _append_and_ack(
         if dup is not None:
             end = dup.first_offset + record_count
             # the original may still be in flight: never ack before it is as safe as its mode promises
-            await wait_ack(broker, replica, mode, end, replica.isr)
-            broker.metrics.child(broker.metrics.publish_acks_total, mode, "duplicate").inc()
-            return _ack(end - 1, producer_id, epoch, first_seq, last_seq)
+            return _pending_ack(broker, replica, mode, end, replica.isr, "duplicate",
+                                (end - 1, producer_id, epoch, first_seq, last_seq))
     replica.check_writable()
     base_offset = replica.leo
     isr = replica.isr  # captured at the append: acks=all waits for exactly these members
@@ -125,9 +128,21 @@ async def _append_and_ack(
     if mode == "none":
         broker.metrics.child(broker.metrics.publish_acks_total, "none", "ok").inc()
         return NoReply(written=replica.wait_durable(end))
-    await wait_ack(broker, replica, mode, end, isr)
-    broker.metrics.child(broker.metrics.publish_acks_total, mode, "ok").inc()
-    return _ack(end - 1, producer_id, epoch, first_seq, last_seq)
+    return _pending_ack(broker, replica, mode, end, isr, "ok", (end - 1, producer_id, epoch, first_seq, last_seq))
+
+
+def _pending_ack(broker: Broker, replica: Replica, mode: str, end: int, isr: tuple[str, ...], outcome: str,
+                 ack: tuple[int, str, int, int, int]) -> Pending:
+    """The wait for records below ``end`` (:func:`wait_ack`; acks=1 waits on the replica's future itself,
+    no task) and the AckResponse built once it is done (counted as ``outcome``)."""
+    done: asyncio.Future[None] = (replica.wait_durable(end) if mode != "all"
+                                  else asyncio.ensure_future(wait_ack(broker, replica, mode, end, isr)))
+
+    def reply() -> bytes:
+        broker.metrics.child(broker.metrics.publish_acks_total, mode, outcome).inc()
+        return _ack(*ack)
+
+    return Pending(done, reply)
 
 
 async def wait_ack(broker: Broker, replica: Replica, mode: str, end: int, isr: tuple[str, ...]) -> None:
@@ -162,7 +177,7 @@ async def wait_ack(broker: Broker, replica: Replica, mode: str, end: int, isr: t
 _wait_ack = wait_ack
 
 
-async def _publish_batch(broker: Broker, req: Request, view: BatchView) -> Reply | NoReply | bytes:
+async def _publish_batch(broker: Broker, req: Request, view: BatchView) -> Pending | NoReply:
     """A CBV2 batch naming one partition (facts decision 12)."""
     mode = parse_acks(view.acks)
     defn = target_topic(broker, view.topic, req)
@@ -190,11 +205,11 @@ async def _publish_batch(broker: Broker, req: Request, view: BatchView) -> Reply
     _check_min_isr(broker, defn, replica, mode)
     buf = bytearray(req.batch or b"")
     body = memoryview(buf)[view.records_offset:]
-    return await _append_and_ack(broker, replica, mode, buf, view.offset_positions, body, view.record_count,
+    return _append_and_ack(broker, replica, mode, buf, view.offset_positions, body, view.record_count,
                                  producer=producer, idempotent=view.idempotent)
 
 
-async def _publish_text(broker: Broker, req: Request) -> Reply | NoReply | bytes:
+async def _publish_text(broker: Broker, req: Request) -> Pending | NoReply:
     """Text PUBLISH: one record built by the broker (record version 2)."""
     for name in _TXN_FIELDS:
         if name in req.fields:
@@ -220,7 +235,7 @@ async def _publish_text(broker: Broker, req: Request) -> Reply | NoReply | bytes
     positions = [_U32_LEN + record_offset_field_position(len(defn.name.encode("utf-8")))]
     seq, epoch = args.seq_num, args.epoch
     producer = (args.producer_id, epoch, seq, seq)  # remembered for deduplication only when seq > 0
-    return await _append_and_ack(broker, replica, mode, buf, positions, memoryview(buf), 1,
+    return _append_and_ack(broker, replica, mode, buf, positions, memoryview(buf), 1,
                                  producer=producer, idempotent=args.idempotent)
 
 
