@@ -295,6 +295,7 @@ class Broker:
         try:
             broker.writer.start()
             await broker.metadata.start()
+            broker._take_roles()  # replicas opened during the replay take the roles of the latest state
             count = await broker.reconciler.start(broker.metadata.state)
             if broker.replication is not None:
                 await broker.replication.start()
@@ -432,7 +433,14 @@ class Broker:
     def _take_role(self, replica: Replica, assignment: PartitionAssignment) -> None:
         """Lead or follow as ``assignment`` says (a leaderless partition keeps its current role). In a
         cluster the leader takes the assignment's ISR and committed HWM (its visible HWM); standalone
-        leads a one-member ISR and commits locally."""
+        leads a one-member ISR and commits locally.
+
+        While the metadata is not :attr:`~cursus.metadata.backend.Metadata.replayed` (a restarting cluster
+        node passing through its snapshot and journal, states maybe older than its local data) the replica
+        stays ``OPENED``: no role, nothing served, fetched or truncated; :meth:`_take_roles` applies the
+        latest state once it is."""
+        if not self.metadata.replayed:
+            return
         replica.lifecycle_epoch = assignment.lifecycle_epoch
         try:
             if assignment.leader == self.broker_id:
@@ -482,6 +490,15 @@ class Broker:
         if self.replicas.get(key) is replica:
             self.producers[key] = producers
             self.transactions.on_leader_ready(replica)
+
+    def _take_roles(self) -> None:
+        """Every local replica takes the role of its assignment in the latest state (startup, once the
+        metadata is replayed)."""
+        state = self.metadata.state
+        for key, replica in list(self.replicas.items()):
+            assignment = state.assignments.get(key)
+            if assignment is not None:
+                self._take_role(replica, assignment)
 
     def _follow_leadership(self, old: MetadataState, new: MetadataState) -> None:
         """Metadata listener: local replicas whose assignment changed take their new role."""

@@ -18,7 +18,9 @@ a missing folder is created with its marker; a folder of an older incarnation (t
 and re-CREATE, e.g. restored from a snapshot) is moved to the trash first; a folder of a *newer* generation
 than the state being applied (a node replaying its Raft log at startup passes through older states) is
 left alone and not opened until the state catches up; removal of a deleted topic likewise never touches a
-folder of a later incarnation.
+folder of a later incarnation. Partitions opened during such a replay are installed without a role (the
+broker gives none while the metadata is not ``replayed``: no leader role, no truncation from an old state;
+docs/cluster.md "Restart and replay").
 
 A topic whose lifecycle epoch grows (TRUNCATE, committed in the metadata first) is *reset*: its local
 replicas are detached at once (every request for it is fenced: ``leader_not_available``), the host drops

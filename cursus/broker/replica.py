@@ -261,6 +261,9 @@ class Replica:
         fut: asyncio.Future[object] = loop.create_future()
         plog = self.log
         truncate = target < self.leo
+        if truncate:
+            log.warning("%s/%d: new leader of epoch %d truncates its uncommitted tail from %d to %d (committed HWM "
+                        "%d)", self.topic, self.partition, self.leader_epoch, self.leo, target, committed_hwm)
 
         def prepare() -> ProducerStateTable:  # writer thread
             if truncate:

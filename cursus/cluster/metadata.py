@@ -67,6 +67,9 @@ class RaftMetadata(PublishedState):
         self._observers: list[Observer] = []
         #: Set once this node applied everything it knew committed (readiness).
         self._caught_up = False
+        #: Set by :meth:`start` once this node's first own command, committed through a Raft leader, is
+        #: applied here: every entry committed before this node started is applied then (:attr:`replayed`).
+        self._replayed = False
         self._commit_timeout = commit_timeout
         self.controller = Controller(self.submit, lambda: self._state, lambda: self.node.is_leader, local,
                                      coordinator_shards, heartbeat_interval, session_timeout)
@@ -76,8 +79,18 @@ class RaftMetadata(PublishedState):
 
     # -------------------------------------------------------------------------------- lifecycle
 
+    @property
+    def replayed(self) -> bool:
+        """True once this node's first heartbeat (submitted at :meth:`start`) is committed and applied here.
+        The commit needs a Raft leader and a quorum, and its entry follows every entry committed before
+        this node started, so a node that has only its own snapshot and journal (no leader heard yet, or a
+        lagging commit index) cannot be ``replayed``. Until then published states are replay (the snapshot,
+        then journal entries) and may be older than the local replicas' data."""
+        return self._replayed
+
     async def start(self) -> None:
         """Start Raft, wait for a leader and for this node's first heartbeat to commit, start the controller.
+        Listeners see the replayed states (snapshot, journal) meanwhile; :attr:`replayed` is True on return.
 
         Raises:
             UnsupportedRecoveryProtocol: the Raft directory cannot be recovered (marker, snapshot).
@@ -95,6 +108,7 @@ class RaftMetadata(PublishedState):
                     raise
                 log.info("waiting for the Raft cluster: %s", exc.error.code)
                 await asyncio.sleep(min(0.2, self.controller.interval))
+        self._replayed = True  # the heartbeat's entry is applied: so is everything committed before it
         self.controller.start()
 
     async def stop(self) -> None:

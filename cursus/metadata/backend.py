@@ -47,6 +47,14 @@ class Metadata(Protocol):
         """Call ``listener(old, new)`` after every committed change."""
         ...
 
+    @property
+    def replayed(self) -> bool:
+        """True once :attr:`state` is at least as new as every state committed before this node started
+        (standalone: always). Before that, published states may be *older* than what the local replicas
+        already hold (a cluster node replaying its Raft snapshot and journal): nothing may take a partition
+        role, truncate or otherwise act destructively on them (docs/cluster.md, "Restart and replay")."""
+        ...
+
     async def start(self) -> None:
         """Become usable (the cluster backend joins Raft and registers this broker). Raises on failure."""
         ...
@@ -92,6 +100,10 @@ class PublishedState:
 
     def subscribe(self, listener: Listener) -> None:
         self._listeners.append(listener)
+
+    @property
+    def replayed(self) -> bool:
+        return True
 
     def _publish_state(self, new: MetadataState) -> None:
         """Make ``new`` the committed state and tell every listener (on the event loop)."""
