@@ -93,6 +93,13 @@ def test_commit_abort_visibility_and_versions(shared_broker: BrokerProcess, topi
         assert version_of(other, topic, "order-1") == 4
         assert ok_fields(append(other, topic, "order-1", 5, "returned"))["version"] == "5"
         assert events_of(other, topic, "order-1")[-1] == (5, b"returned")
+        # an aggregate-replay topic refuses it (its events need an event_id)
+        replay = f"{topic}-replay"
+        create_topic(conn, replay, partitions=1, event_sourcing="true", aggregate_replay="true", idempotent="true")
+        s.init()
+        s.begin()
+        assert error_of(txn_append(s, replay, "m", 1, "x")).code == "transactional_append_unsupported"
+        s.end("abort")
         # a non-event-sourcing topic refuses it
         plain = f"{topic}-plain"
         create_topic(conn, plain, partitions=1)
