@@ -15,6 +15,14 @@ the same expected version get one success and one ``version_conflict``. The chec
 without an ``await`` in between (see :mod:`cursus.broker.handlers.events`). Pending appends are dropped
 once indexed, or when the replica's leader epoch changes (a new leader starts from its committed log).
 
+Transactional appends (TXN_APPEND_STREAM, docs/event-sourcing.md "Transactional appends"): the index
+scan stops at the partition's LSO (every transaction below it is decided: a transactional event counts
+unless aborted) and, without a transaction index here (a follower), at the first transactional record. A
+staged event is a pending append tagged with its (producer id, epoch): it counts for its own transaction's
+next version, holds the key against every other writer while undecided, and is dropped once aborted. A new
+leader epoch whose index is held back by undecided transactions takes the events above the LSO as pending
+(:meth:`EventStore._recover_pending`).
+
 Snapshots (``eventstore.snapshots``, append-only, checksummed records; fsynced before SAVE_SNAPSHOT
 answers OK) keep the latest snapshot per key; a torn final record is cut off at open.
 
