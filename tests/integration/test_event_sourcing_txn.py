@@ -193,3 +193,28 @@ def test_kill_with_an_open_transaction_then_timeout_abort(broker_factory) -> Non
     with connect(broker) as conn:
         assert version_of(conn, topic, "k") == 3
         assert events_of(conn, topic, "k") == [(1, b"v1"), (2, b"v2"), (3, b"v3")]
+
+
+def test_an_open_transaction_continues_and_commits_after_kill(broker_factory) -> None:
+    """After kill -9 the leader finds the open transaction's staged event in the log above the LSO: it
+    still counts for that transaction's next version, blocks other writers, and commits with it."""
+    broker = broker_factory().start()
+    topic = "es-txn-continue"
+    with connect(broker) as conn:
+        create_topic(conn, topic, partitions=1, event_sourcing="true")
+        ok_fields(append(conn, topic, "k", 1, "v1"))
+        s = Session(conn, "continue-open")
+        s.init()
+        s.begin()
+        ok_fields(txn_append(s, topic, "k", 2, "staged-v2"))
+        seq, producer_id, epoch = s.seq, s.producer_id, s.epoch
+    broker.restart()
+    with connect(broker) as conn:
+        s = Session(conn, "continue-open", producer_id=producer_id, epoch=epoch, seq=seq)
+        assert error_of(append(conn, topic, "k", 2, "other")).code == "version_conflict"
+        assert error_of(txn_append(s, topic, "k", 2, "dup-version")).code == "version_conflict"
+        ok_fields(txn_append(s, topic, "k", 3, "staged-v3"))
+        assert version_of(conn, topic, "k") == 1
+        assert s.end("commit")["state"] == "committed"
+        assert events_of(conn, topic, "k") == [(1, b"v1"), (2, b"staged-v2"), (3, b"staged-v3")]
+        assert ok_fields(append(conn, topic, "k", 4, "v4"))["version"] == "4"
