@@ -7,7 +7,8 @@ epoch; END_TXN retry idempotent); abort hides everything; kill -9 of the shard o
 open (the new owner aborts it at its deadline; the zombie is fenced after re-init); the owner dies right
 after durable prepare_commit (the new owner finishes the commit: output and offsets, one copy); a
 partition leader dies between markers (its marker committed, its answer lost: the END_TXN retry completes,
-the new leader's rebuilt index exposes the partition exactly once).
+the new leader's rebuilt index exposes the partition exactly once); a partition=-1 TXN_PUBLISH on a
+round_robin topic retried through the new owner after the owner's kill -9 lands once.
 """
 
 from __future__ import annotations
