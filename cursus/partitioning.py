@@ -24,3 +24,16 @@ def partition_for_key(key: str | bytes, partitions: int) -> int:
     assert partitions > 0
     raw = key.encode("utf-8") if isinstance(key, str) else key
     return fnv1a_64(raw) % partitions
+
+
+def partition_for_txn_record(producer_id: str, topic: str, seq_num: int, partitions: int) -> int:
+    """The partition of a transactional record the broker places itself (TXN_PUBLISH partition=-1 with no key
+    on a ``hash_key`` topic, or any record of a ``round_robin`` topic): FNV-1a 64 of
+    ``<producer_id> NUL <topic> NUL <seq_num decimal>`` (UTF-8) modulo ``partitions``.
+
+    A pure function of the record's identity, so every coordinator (after a failover) and every retry of the
+    same (producer id, topic, seqNum) picks the same partition, where the seqNum deduplicates it
+    (docs/transactions.md "Partition choice"). Spreads distinct seqNums over the partitions like round-robin.
+    """
+    assert partitions > 0
+    return fnv1a_64(f"{producer_id}\0{topic}\0{seq_num}".encode()) % partitions

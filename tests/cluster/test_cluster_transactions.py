@@ -7,7 +7,8 @@ epoch; END_TXN retry idempotent); abort hides everything; kill -9 of the shard o
 open (the new owner aborts it at its deadline; the zombie is fenced after re-init); the owner dies right
 after durable prepare_commit (the new owner finishes the commit: output and offsets, one copy); a
 partition leader dies between markers (its marker committed, its answer lost: the END_TXN retry completes,
-the new leader's rebuilt index exposes the partition exactly once).
+the new leader's rebuilt index exposes the partition exactly once); a partition=-1 TXN_PUBLISH on a
+round_robin topic retried through the new owner after the owner's kill -9 lands once.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from pathlib import Path
 
 import pytest
 
+from cursus.partitioning import partition_for_txn_record
 from cursus.wire import TXN_CONTROL_MARKER_PAYLOAD
 from tests.brokerproc import BrokerProcess
 from tests.cluster.clustersupport import Cluster, wait_for
@@ -231,6 +233,56 @@ def test_owner_killed_with_an_open_transaction_aborts_at_timeout_and_fences_the_
     # ownership moves back to the restarted broker, which loads the shard from the metadata
     wait_for(lambda: _owner(cluster, s.tid) is owner, 20, "the shard back on its ring owner")
     assert wait_for(lambda: s.status()["state"] == "committed", 20, "status on the returned owner")
+
+
+def _publish_until_done(s: Session, topic: str, message: str, seq: int, deadline_s: float = 30.0) -> dict[str, str]:
+    """TXN_PUBLISH partition=-1 (same seqNum), retried while the answer is retryable or the connection drops."""
+    deadline = time.monotonic() + deadline_s
+    while True:
+        try:
+            frame = s.conn.command(f"TXN_PUBLISH {s.ids} topic={topic} partition=-1 seqNum={seq} message={message}")
+        except OSError:
+            frame = None
+        if frame is not None and frame.status.name == "OK":
+            return ok_fields(frame)
+        if time.monotonic() > deadline:
+            raise AssertionError(f"TXN_PUBLISH never completed: {render(frame) if frame else 'connection lost'}")
+        if frame is not None:
+            assert error_of(frame).code in ("transaction_sync_failed", "replication_unavailable", "NOT_LEADER",
+                                            "NOT_COORDINATOR", "coordinator_not_available",
+                                            "transaction_manager_not_available"), render(frame)
+        time.sleep(0.2)
+
+
+def test_keyless_publish_retried_on_a_new_owner_lands_once(cluster: Cluster, conn: RoutingConnection) -> None:
+    """A partition=-1 TXN_PUBLISH on a round_robin topic retried through the new shard owner after the
+    owner died (its reply lost) picks the first copy's partition (a pure function of producerId, topic,
+    seqNum), where the leader's index deduplicates the seqNum: one copy of each record after commit."""
+    name = _name("ctxrr")
+    frame = conn.command(f"CREATE topic={name} partitions=3 replication_factor=3 partitioner=round_robin")
+    assert frame.status.name == "OK", render(frame)
+    for p in range(3):
+        wait_for(lambda p=p: conn.command(f"LIST_OFFSETS topic={name} partition={p}").status.name == "OK", 15,
+                 f"{name}-{p} served")
+    s = Session(conn, _name("txrr-"))  # type: ignore[arg-type]
+    s.init()
+    s.begin()
+    first = {seq: int(s.publish(name, f"r{seq}", seq=seq)["partition"]) for seq in (1, 2, 3)}
+    assert first == {seq: partition_for_txn_record(s.producer_id, name, seq, 3) for seq in (1, 2, 3)}
+    owner = _owner(cluster, s.tid)
+    owner.kill()
+    try:
+        wait_for(lambda: _owner(cluster, s.tid) is not owner, 20, "a new shard owner")
+        for seq in (3, 2, 1):  # the retries, in an order a fresh round-robin counter would place elsewhere
+            assert int(_publish_until_done(s, name, f"r{seq}", seq)["partition"]) == first[seq]
+        assert _end_until_done(s, "commit")["state"] == "committed"
+        expected = [[f"r{seq}".encode() for seq in (1, 2, 3) if first[seq] == p] for p in range(3)]
+        _eventually(conn, name, expected)
+        for p in range(3):  # no second copy, not even an aborted/hidden one
+            raw = read_all(conn, name, p, isolation="read_uncommitted")  # type: ignore[arg-type]
+            assert [r.payload for r in raw if r.payload != TXN_CONTROL_MARKER_PAYLOAD] == expected[p]
+    finally:
+        _restart_dead(cluster)
 
 
 def test_owner_crash_after_prepare_commit_is_finished_by_the_new_owner(

@@ -7,6 +7,7 @@ import time
 
 import pytest
 
+from cursus.partitioning import partition_for_txn_record
 from cursus.wire import TXN_CONTROL_MARKER_PAYLOAD, decode_batch
 from tests.integration.conftest import connect
 from tests.integration.helpers import create_topic, error_of, ok_fields
@@ -128,6 +129,33 @@ def test_publish_retry_is_idempotent_and_partition_choice(shared_broker, topic_n
         # PUBLISH may not carry transaction metadata
         err = error_of(conn.command(f"PUBLISH topic={topic_name} producerId=p transactional_id=x message=m"))
         assert err.code == "transaction_metadata_forbidden"
+
+
+@pytest.mark.parametrize("partitioner", ["round_robin", "hash_key"])
+def test_broker_placed_publish_is_pinned_by_seqnum(shared_broker, topic_name, partitioner):
+    """partition=-1 and no key (or any record of a round_robin topic): the partition is a pure function of
+    (producerId, topic, seqNum), not the broker's round-robin counter, so the same TXN_PUBLISH sent twice (a
+    retry after a lost reply, or through another coordinator) lands once, on the first copy's partition."""
+    partitions = 4
+    with connect(shared_broker) as conn:
+        create_topic(conn, topic_name, partitions=partitions, partitioner=partitioner)
+        s = Session(conn, f"{topic_name}-tx")
+        s.init()
+        s.begin()
+        first: dict[int, dict[str, str]] = {}
+        for seq in range(1, 7):  # plain publishes in between move the round-robin counter on
+            assert conn.command(f"PUBLISH topic={topic_name} producerId=plain message=plain{seq}").status.name == "OK"
+            first[seq] = s.publish(topic_name, f"m{seq}", seq=seq)
+            expected = partition_for_txn_record(s.producer_id, topic_name, seq, partitions)
+            assert int(first[seq]["partition"]) == expected
+        for seq in range(1, 7):
+            assert conn.command(f"PUBLISH topic={topic_name} producerId=plain message=again{seq}").status.name == "OK"
+            assert s.publish(topic_name, f"m{seq}", seq=seq) == first[seq]  # same partition, nothing appended
+        assert s.end("commit")["messages"] == "6"
+        for p in range(partitions):
+            mine = [r.payload for r in read_all(conn, topic_name, p, isolation="read_uncommitted")
+                    if r.payload.startswith(b"m")]
+            assert sorted(mine) == sorted(f"m{seq}".encode() for seq in first if int(first[seq]["partition"]) == p)
 
 
 def test_find_coordinator_and_status_errors(shared_broker, topic_name):

@@ -20,11 +20,11 @@ from cursus.broker.args import (
     TxnSessionArgs,
 )
 from cursus.broker.core import Broker
-from cursus.broker.handlers.produce import choose_partition, target_topic
+from cursus.broker.handlers.produce import target_topic
 from cursus.broker.request import Request
 from cursus.metadata.state import transaction_coordinator
 from cursus.metadata.topics import TopicDefinition
-from cursus.partitioning import partition_for_key
+from cursus.partitioning import partition_for_key, partition_for_txn_record
 from cursus.transactions.coordinator import TransactionCoordinator
 from cursus.transactions.markers import EventSpec
 from cursus.transactions.state import TxnEntry
@@ -63,6 +63,16 @@ def check_partition(defn: TopicDefinition, partition: int) -> None:
         raise BrokerError.of("invalid_partition", topic=defn.name, partition=partition)
     if partition >= defn.partitions:
         raise BrokerError.of("partition_not_found", topic=defn.name, partition=partition)
+
+
+def txn_partition(defn: TopicDefinition, args: TxnPublishArgs) -> int:
+    """The partition of a TXN_PUBLISH with ``partition=-1`` (docs/transactions.md "Partition choice"): a keyed
+    record on a ``hash_key`` topic by its key (like PUBLISH); otherwise (no key, or a ``round_robin`` topic)
+    a pure function of (producer id, topic, seqNum), never the broker's round-robin counter, so a retry on
+    any coordinator lands on the first copy's partition and its seqNum deduplicates it there."""
+    if args.key and defn.policy.partitioner == "hash_key":
+        return partition_for_key(args.key, defn.partitions)
+    return partition_for_txn_record(args.producer_id, defn.name, args.seq_num, defn.partitions)
 
 
 def parse_txn_offsets(args: SendOffsetsArgs) -> dict[int, int]:
@@ -111,9 +121,9 @@ async def handle_txn_publish(broker: Broker, req: Request, args: TxnPublishArgs)
     committed (acks=all semantics: durable on the ISR, below the HWM)."""
     coordinator = _coordinator(broker, "TXN_PUBLISH", args.transactional_id)
     defn = target_topic(broker, args.topic, req, "TXN_PUBLISH")
-    partition = args.partition if args.partition != -1 else choose_partition(broker, defn, args.key)
+    partition = args.partition if args.partition != -1 else txn_partition(defn, args)
     check_partition(defn, partition)
-    # a retry the broker routed elsewhere this time answers the first append's partition
+    # a retry whose (topic, seqNum) this coordinator already appended answers the first append's partition
     entry, partition = await coordinator.publish(
         args.transactional_id, args.producer_id, args.epoch, (defn.name, partition), seq_num=args.seq_num,
         key=args.key, payload=args.message.encode("utf-8"))
