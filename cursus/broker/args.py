@@ -386,6 +386,33 @@ class AppendStreamArgs(Args):
 
 
 @dataclass(frozen=True)
+class TxnAppendStreamArgs(Args):
+    """TXN_APPEND_STREAM transactional_id= topic= key= expected_version= producerId= seqNum= epoch=
+    [schema_version=] [event_type=] [metadata=] message= (facts A6 "Transactions"): APPEND_STREAM's
+    fields plus the transaction session; seqNum as for TXN_PUBLISH (> 0, per topic)."""
+
+    transactional_id: str = _txn_id_param()
+    topic: str = param(kind="custom", convert=topic_name, required=True, default="")
+    key: str = param(required=True, default="")
+    version: int = param(kind="int", required=True, minimum=1, maximum=U64_MAX,
+                         aliases=("expectedVersion", "expected_version"), default=0,
+                         doc="the version the new event takes: current + 1 (the transaction's own staged "
+                             "appends count)")
+    producer_id: str = param("producerId", aliases=("producer_id",), required=True, missing="missing_producer_id",
+                             default="")
+    seq_num: int = param("seqNum", aliases=("seq_num",), kind="int", required=True, minimum=1, maximum=U64_MAX,
+                         invalid="invalid_seq_num", missing="invalid_seq_num", default=0,
+                         doc="> 0; a retry with the same topic and seqNum appends nothing")
+    epoch: int = param(kind="int", required=True, minimum=0, invalid="invalid_epoch", missing="invalid_epoch",
+                       default=0)
+    event_type: str = param(aliases=("eventType",), default="", empty_ok=True)
+    schema_version: int = param(kind="int", aliases=("schemaVersion",), default=1, minimum=0, maximum=U32_MAX,
+                                invalid="invalid_schema_version")
+    metadata: str = param(default="", empty_ok=True, doc="arbitrary JSON metadata")
+    message: str = param(required=True, empty_ok=True, missing="missing_message", default="")
+
+
+@dataclass(frozen=True)
 class ReadStreamArgs(Args):
     """READ_STREAM topic= key= [from_version=] (two frames: JSON envelope, CBV2 batch)."""
 
@@ -483,6 +510,7 @@ ARGS: Mapping[Command, type[Args]] = {
     Command.END_TXN: EndTxnArgs,
     Command.TXN_STATUS: InitProducerIdArgs,
     Command.APPEND_STREAM: AppendStreamArgs,
+    Command.TXN_APPEND_STREAM: TxnAppendStreamArgs,
     Command.READ_STREAM: ReadStreamArgs,
     Command.STREAM_VERSION: StreamKeyArgs,
     Command.SAVE_SNAPSHOT: SaveSnapshotArgs,

@@ -15,6 +15,14 @@ the same expected version get one success and one ``version_conflict``. The chec
 without an ``await`` in between (see :mod:`cursus.broker.handlers.events`). Pending appends are dropped
 once indexed, or when the replica's leader epoch changes (a new leader starts from its committed log).
 
+Transactional appends (TXN_APPEND_STREAM, docs/event-sourcing.md "Transactional appends"): the index
+scan stops at the partition's LSO (every transaction below it is decided: a transactional event counts
+unless aborted) and, without a transaction index here (a follower), at the first transactional record. A
+staged event is a pending append tagged with its (producer id, epoch): it counts for its own transaction's
+next version, holds the key against every other writer while undecided, and is dropped once aborted. A new
+leader epoch whose index is held back by undecided transactions takes the events above the LSO as pending
+(:meth:`EventStore._recover_pending`).
+
 Snapshots (``eventstore.snapshots``, append-only, checksummed records; fsynced before SAVE_SNAPSHOT
 answers OK) keep the latest snapshot per key; a torn final record is cut off at open.
 
@@ -24,6 +32,7 @@ Thread-safety: loop thread; file work runs on the offload threads, one at a time
 from __future__ import annotations
 
 import asyncio
+import bisect
 import contextlib
 import functools
 import logging
@@ -46,8 +55,9 @@ from cursus.eventstore import (
 from cursus.eventstore.peek import peek_event
 from cursus.internal.client import InternalRpcError
 from cursus.internal.v1 import replication_pb2 as pb
-from cursus.storage import OffsetOutOfRange, PartitionLog
+from cursus.storage import CorruptLogError, OffsetOutOfRange, PartitionLog
 from cursus.storage.atomic import atomic_write, fsync_dir
+from cursus.transactions.markers import txn_info
 from cursus.wire.errors import BrokerError
 
 if TYPE_CHECKING:
@@ -72,6 +82,8 @@ class PendingAppend:
     offset: int
     event_id: str | None = None
     digest: str | None = None
+    #: (producer id, producer epoch) of the transaction that staged it (TXN_APPEND_STREAM), None otherwise
+    producer: tuple[str, int] | None = None
 
 
 @dataclass(slots=True)
@@ -120,11 +132,34 @@ class PartitionEvents:
         """Count ``append`` (just handed to the log) in later version checks."""
         self.pending.setdefault(key, []).append(append)
 
-    def prune_pending(self) -> None:
-        """Forget appends the index now covers."""
+    def check_version(self, key: str, version: int, producer: tuple[str, int] | None,
+                      undecided: Callable[[PendingAppend], bool]) -> int:
+        """The optimistic version check of an append by ``producer`` (a transaction's (producer id, epoch);
+        None for APPEND_STREAM); returns the current version. ``version`` must be current + 1, where current
+        counts the index, the appends in flight and every staged transactional append. While ``key`` has a
+        staged append of another, still undecided transaction, every append to it conflicts (it would
+        build on an event that may yet vanish): the transaction holds the key until it commits or aborts.
+
+        Raises:
+            BrokerError: ``version_conflict topic= key= current= expected=`` (``reason=transaction_in_progress``
+                when another transaction holds the key).
+        """
+        current = self.current_version(key)
+        for p in self.pending.get(key, ()):
+            if p.producer is not None and p.producer != producer and undecided(p):
+                raise BrokerError.of("version_conflict", topic=self.topic, key=key, current=current,
+                                     expected=version, reason="transaction_in_progress")
+        if version != current + 1:
+            raise BrokerError.of("version_conflict", topic=self.topic, key=key, current=current, expected=version)
+        return current
+
+    def prune_pending(self, aborted: Callable[[int], bool] = lambda offset: False) -> None:
+        """Forget appends the index now covers, and staged transactional appends that were aborted
+        (``aborted(offset)``): their versions are free again."""
         indexed = self.index.indexed_offset
         for key in list(self.pending):
-            kept = [p for p in self.pending[key] if p.offset >= indexed]
+            kept = [p for p in self.pending[key]
+                    if p.offset >= indexed and not (p.producer is not None and aborted(p.offset))]
             if kept:
                 self.pending[key] = kept
             else:
@@ -158,11 +193,12 @@ def _load(directory: Path) -> tuple[StreamIndex, SnapshotStore]:
 
 
 def _scan(plog: PartitionLog, start: int, end: int,
-          visible: Callable[[int], bool]) -> tuple[list[tuple[str, StreamEntry]], int]:
+          visible: Callable[[int], bool | None]) -> tuple[list[tuple[str, StreamEntry]], int]:
     """Blocking: the event records of ``plog`` in ``[start, end)`` as (key, entry), and the offset the
-    scan reached. An event record carries a key and an aggregate version (:func:`peek_event`);
-    transactional and control records are skipped (``visible`` decides for TXN_APPEND_STREAM records once
-    that lands)."""
+    scan reached. An event record carries a key and an aggregate version (:func:`peek_event`); control
+    records are skipped; a transactional (TXN_APPEND_STREAM) record counts when ``visible(offset)`` is
+    True (committed), is skipped when False (aborted), and stops the scan at its offset when None (not
+    decided yet, or unknown here: the scan resumes there later)."""
     found: list[tuple[str, StreamEntry]] = []
     offset = start
     while offset < end:
@@ -175,8 +211,14 @@ def _scan(plog: PartitionLog, start: int, end: int,
             length = _U32.unpack_from(records, pos)[0]
             fields = peek_event(records, pos + 4, pos + 4 + length)
             pos += 4 + length
-            if fields is None or fields.control or (fields.transactional and not visible(fields.offset)):
+            if fields is None or fields.control:
                 continue
+            if fields.transactional:
+                decided = visible(fields.offset)
+                if decided is None:
+                    return found, fields.offset
+                if not decided:
+                    continue
             found.append((fields.key, StreamEntry(fields.aggregate_version, fields.offset, fields.event_id,
                                                   fields.payload_digest)))
         offset = result.next_offset
@@ -262,8 +304,56 @@ def _read_dense(plog: PartitionLog, offsets: list[int], max_bytes: int) -> tuple
     return b"".join(parts), len(parts)
 
 
-def _never(offset: int) -> bool:
-    return False
+def _unknown(offset: int) -> None:
+    return None
+
+
+def _scan_tail(plog: PartitionLog, start: int, end: int) -> list[tuple[str, int, int, tuple[str, int] | None]]:
+    """Blocking: every event record of ``plog`` in ``[start, end)`` as (key, version, offset, the
+    (producer id, epoch) of a transactional one); control records are left out."""
+    found: list[tuple[str, int, int, tuple[str, int] | None]] = []
+    offset = start
+    while offset < end:
+        result = plog.read(offset, max_offset=end, max_records=SCAN_RECORDS, max_bytes=SCAN_BYTES)
+        if result.record_count == 0:
+            break
+        records = result.records
+        pos = 0
+        for _ in range(result.record_count):
+            length = _U32.unpack_from(records, pos)[0]
+            fields = peek_event(records, pos + 4, pos + 4 + length)
+            body = records[pos + 4:pos + 4 + length]
+            pos += 4 + length
+            if fields is None or fields.control:
+                continue
+            producer = None
+            if fields.transactional:
+                info = txn_info(body)
+                if info is None or info.marker is not None:
+                    continue
+                producer = (info.producer_id, info.producer_epoch)
+            found.append((fields.key, fields.aggregate_version, fields.offset, producer))
+        offset = result.next_offset
+    return found
+
+
+@dataclass(slots=True)
+class TxnEventGate:
+    """One TXN_APPEND_STREAM record's version check and reservation on its partition leader."""
+
+    store: EventStore
+    replica: Replica
+    events: PartitionEvents
+    key: str
+    version: int
+
+    def check(self, producer: tuple[str, int]) -> None:
+        """The version check (:meth:`PartitionEvents.check_version`). Raises ``version_conflict``."""
+        self.events.check_version(self.key, self.version, producer, self.store._undecided(self.replica))
+
+    def reserve(self, producer: tuple[str, int], offset: int) -> None:
+        """The record was appended at ``offset``: later checks count it (staged by ``producer``)."""
+        self.events.reserve(self.key, PendingAppend(self.version, offset, producer=producer))
 
 
 class EventStore:
@@ -274,10 +364,6 @@ class EventStore:
         self._partitions: dict[tuple[str, int], PartitionEvents] = {}
         self._opening: dict[tuple[str, int], asyncio.Future[PartitionEvents]] = {}
         self._indexer: asyncio.Task[None] | None = None
-        #: For a replica, which transactional event records (by offset) are committed and count as events.
-        #: Until TXN_APPEND_STREAM lands none do; the transactions engineer installs the real predicate
-        #: (committed per the partition's transaction index).
-        self.transactional_visible: Callable[[Replica], Callable[[int], bool]] = lambda replica: _never
 
     def start(self) -> None:
         """Start the background indexer (every ``eventstore_index_interval_ms``; 0: on demand only)."""
@@ -360,10 +446,10 @@ class EventStore:
                 index.truncate(hwm)
             if index.indexed_offset < replica.log_start_offset:
                 index.advance(replica.log_start_offset)  # retention removed what was never scanned
-            if index.indexed_offset < hwm:
-                visible = self.transactional_visible(replica)
+            end, visible = self._stable_view(replica, index.indexed_offset, hwm)
+            if index.indexed_offset < end:
                 found, reached = await self.broker.offload.run(
-                    1 << 30, functools.partial(_scan, replica.log, index.indexed_offset, hwm, visible))
+                    1 << 30, functools.partial(_scan, replica.log, index.indexed_offset, end, visible))
                 if events.closed:
                     return
                 for key, entry in found:
@@ -372,9 +458,144 @@ class EventStore:
                 index.advance(reached)
             if replica.leader_epoch != events.pending_epoch:
                 events.pending.clear()
-            events.prune_pending()
+            events.prune_pending(self._aborted(replica))
             if index.event_count - events.checkpointed_events >= self.broker.config.eventstore_checkpoint_interval_events:
                 await self._checkpoint(events)
+
+    # ------------------------------------------------------------------ transactional appends
+
+    def _stable_view(self, replica: Replica, start: int, hwm: int) -> tuple[int, Callable[[int], bool | None]]:
+        """Where the index scan from ``start`` may go and which transactional records in it count: below the
+        partition's LSO (:mod:`cursus.transactions.index`) every transaction is decided, so a transactional
+        event there counts unless it is hidden (aborted). A partition without a transaction index here (a
+        follower, or a leader before its rebuild) stops at its first transactional record; while the
+        index is being rebuilt the scan does not move. Loop thread (the hidden ranges are a snapshot)."""
+        txns = self.broker.transactions
+        if txns.rebuilding((replica.topic, replica.partition)):
+            return start, _unknown
+        index = txns.read_index(replica.topic, replica.partition)
+        if index is None:
+            return hwm, _unknown
+        end = index.lso(hwm)
+        hidden = index.hidden_slice(start, end)
+        starts = [s for s, _ in hidden]
+
+        def visible(offset: int) -> bool:
+            i = bisect.bisect_right(starts, offset)
+            return not (i > 0 and hidden[i - 1][1] > offset)
+        return end, visible
+
+    def _aborted(self, replica: Replica) -> Callable[[int], bool]:
+        """offset -> is that transactional record aborted (hidden by the partition's transaction index)."""
+        index = self.broker.transactions.read_index(replica.topic, replica.partition)
+        if index is None:
+            return lambda offset: False
+        return index.is_hidden
+
+    def _undecided(self, replica: Replica) -> Callable[[PendingAppend], bool]:
+        """staged append -> is its transaction still undecided on this partition (unknown counts as yes)."""
+        index = self.broker.transactions.read_index(replica.topic, replica.partition)
+
+        def undecided(p: PendingAppend) -> bool:
+            if p.producer is None:
+                return False
+            if index is None:
+                return True
+            txn = index.unresolved(p.producer[0])
+            return txn is not None and txn.producer_epoch == p.producer[1]
+        return undecided
+
+    async def ready_to_check(self, replica: Replica, events: PartitionEvents) -> None:
+        """Return once a version check sees every event below the LEO, with no ``await`` after the last check
+        (the caller checks and appends synchronously): the index covers the log below this leader epoch's
+        first append, and the appends since are pending. A new leader first waits until its earlier epochs'
+        records are committed (the HWM reaches them) and indexes them; what undecided transactions hold
+        back from the index (above the LSO) it takes as pending appends (:meth:`_recover_pending`).
+
+        Raises:
+            BrokerError: ``NOT_LEADER``, ``leader_not_available`` (still preparing, or the earlier records not
+                committed within ``replica_ack_timeout_ms``: nothing written, retry), ``storage_unavailable``.
+        """
+        broker = self.broker
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + broker.config.replica_ack_timeout_ms / 1000.0
+        while True:
+            await replica.wait_writable()
+            replica.check_writable()
+            if replica.leader_epoch == events.pending_epoch:
+                target = events.epoch_base
+                if events.index.indexed_offset >= target:
+                    return
+            else:
+                target = replica.leo
+                if events.index.indexed_offset >= target:
+                    events.start_epoch(replica.leader_epoch, target)
+                    return
+                if replica.hwm >= target and await self._recover_pending(replica, events, target):
+                    continue
+            remaining = deadline - loop.time()
+            try:
+                if remaining <= 0:
+                    raise TimeoutError
+                if replica.hwm < target:
+                    await asyncio.wait_for(asyncio.shield(replica.wait_hwm(target)), remaining)
+            except TimeoutError:
+                raise BrokerError.of("leader_not_available", topic=replica.topic, partition=replica.partition,
+                                     reason="earlier records are not committed and indexed yet") from None
+            await self.catch_up(replica, events)
+
+    async def _recover_pending(self, replica: Replica, events: PartitionEvents, target: int) -> bool:
+        """A new leader epoch (or a restart) whose index is caught up to the LSO but not to the LEO
+        ``target`` (all committed): undecided transactions hold the rest back. Read the events in between
+        and start the epoch with them as pending appends (staged ones with their transaction), so version
+        checks count them. Returns whether the epoch started (False: not applicable or raced; the caller
+        waits and retries)."""
+        txns = self.broker.transactions
+        tp = (replica.topic, replica.partition)
+        if txns.rebuilding(tp) or txns.read_index(*tp) is None:
+            return False
+        async with events.scan_lock:
+            start = events.index.indexed_offset
+            end, _ = self._stable_view(replica, start, replica.hwm)
+            if start < end or start >= target:
+                return False  # the index can still move (catch_up), or already covers the LEO
+            found = await self.broker.offload.run(
+                1 << 30, functools.partial(_scan_tail, replica.log, start, target))
+            if events.closed or replica.leader_epoch == events.pending_epoch or replica.leo != target \
+                    or events.index.indexed_offset != start:
+                return False
+            aborted = self._aborted(replica)
+            events.start_epoch(replica.leader_epoch, start)
+            for key, version, offset, producer in found:
+                if producer is None or not aborted(offset):
+                    events.reserve(key, PendingAppend(version, offset, producer=producer))
+            return True
+
+    async def txn_gate(self, replica: Replica, record: bytes) -> TxnEventGate | None:
+        """The partition-leader side of TXN_APPEND_STREAM, before its record is appended: None for a record
+        that is not an event (TXN_PUBLISH) or a topic that is not event-sourcing; else the gate whose
+        :meth:`TxnEventGate.check` (then the append, then :meth:`TxnEventGate.reserve`) must run with no
+        ``await`` in between.
+
+        Raises:
+            BrokerError: the errors of :meth:`ready_to_check`; ``stream_index_failed`` / ``topic_not_found``.
+        """
+        defn = self.broker.metadata.get(replica.topic)
+        if defn is None or not defn.event_sourcing:
+            return None
+        fields = peek_event(record, 0, len(record))
+        if fields is None:
+            return None
+        try:
+            events = await self.partition(replica)
+        except (OSError, CorruptLogError) as exc:
+            if replica.deleted:
+                raise BrokerError.of("topic_not_found", topic=replica.topic) from None
+            log.error("stream index of %s/%d failed: %s", replica.topic, replica.partition, exc)
+            raise BrokerError.of("stream_index_failed", topic=replica.topic, partition=replica.partition,
+                                 reason=type(exc).__name__) from None
+        await self.ready_to_check(replica, events)
+        return TxnEventGate(self, replica, events, fields.key, fields.aggregate_version)
 
     async def _checkpoint(self, events: PartitionEvents) -> None:
         """Write the index checkpoint (call with ``scan_lock`` held: nothing mutates the index meanwhile, so

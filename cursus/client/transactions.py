@@ -7,6 +7,7 @@
     with TransactionalProducer("127.0.0.1:9000", "orders-enricher") as txn:
         txn.begin()
         txn.send("enriched", b"...", key="customer-1")
+        txn.append_stream("orders-es", "order-7", '{"paid":true}', expected_version=3, event_type="Paid")
         txn.send_offsets("orders", "enricher", consumer.member_id, consumer.generation, consumer.positions())
         txn.commit()          # output and input offsets become visible together
 
@@ -23,6 +24,7 @@ carries a per-topic ``seqNum`` from 1, so retries never duplicate a record.
 
 from __future__ import annotations
 
+import json
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -114,6 +116,25 @@ class TransactionSession:
         if key is not None:
             fields["key"] = key
         fields["message"] = text
+        return fields
+
+    def append_stream_request(self, topic: str, key: str, payload: bytes | str, expected_version: int,
+                              event_type: str, schema_version: int,
+                              metadata: str | Mapping[str, Any] | None) -> dict[str, str]:
+        """TXN_APPEND_STREAM fields (facts A6): the event fields of APPEND_STREAM plus the session; the
+        seqNum shares the topic's TXN_PUBLISH sequence."""
+        self._require_open()
+        seq = self.sequences.get(topic, 1)
+        self.sequences[topic] = seq + 1
+        fields = {"transactional_id": self.transactional_id, "topic": topic, "key": key,
+                  "expected_version": str(expected_version), "producerId": self.producer_id, "seqNum": str(seq),
+                  "epoch": str(self.epoch), "schema_version": str(schema_version)}
+        if event_type:
+            fields["event_type"] = event_type
+        if metadata:
+            fields["metadata"] = metadata if isinstance(metadata, str) else json.dumps(metadata,
+                                                                                        separators=(",", ":"))
+        fields["message"] = payload.decode("utf-8") if isinstance(payload, bytes) else payload
         return fields
 
     def offsets_request(self, topic: str, group: str, member: str, generation: int,
@@ -216,6 +237,22 @@ class TransactionalProducer:
         reply = self._call(Command.TXN_PUBLISH, self.session.publish_request(topic, value, key, partition))
         return int(reply.get("partition", "-1"))
 
+    def append_stream(self, topic: str, key: str, payload: bytes | str, *, expected_version: int,
+                      event_type: str = "", schema_version: int = 1,
+                      metadata: str | Mapping[str, Any] | None = None) -> int:
+        """TXN_APPEND_STREAM: stage one event of aggregate ``key`` on the event-sourcing ``topic`` at
+        version ``expected_version`` (current + 1, counting this transaction's staged events); returns its
+        partition. Durable when this returns; READ_STREAM / STREAM_VERSION see it only after
+        :meth:`commit`, and :meth:`abort` discards it (the version is free again).
+
+        Raises:
+            VersionConflictError: the version is taken, or another open transaction holds the aggregate
+                (``reason=transaction_in_progress``); nothing staged, the transaction stays open.
+        """
+        reply = self._call(Command.TXN_APPEND_STREAM, self.session.append_stream_request(
+            topic, key, payload, expected_version, event_type, schema_version, metadata))
+        return int(reply.get("partition", "-1"))
+
     def send_offsets(self, topic: str, group: str, member: str, generation: int, offsets: Mapping[int, int]) -> int:
         """SEND_OFFSETS_TO_TXN: stage next offsets of ``topic`` for ``group`` (committed with the output).
         Returns how many offsets the transaction stages in total."""
@@ -298,6 +335,14 @@ class AsyncTransactionalProducer:
     async def send(self, topic: str, value: bytes | str, *, key: str | None = None,
                    partition: int | None = None) -> int:
         reply = await self._call(Command.TXN_PUBLISH, self.session.publish_request(topic, value, key, partition))
+        return int(reply.get("partition", "-1"))
+
+    async def append_stream(self, topic: str, key: str, payload: bytes | str, *, expected_version: int,
+                            event_type: str = "", schema_version: int = 1,
+                            metadata: str | Mapping[str, Any] | None = None) -> int:
+        """:meth:`TransactionalProducer.append_stream` (asyncio)."""
+        reply = await self._call(Command.TXN_APPEND_STREAM, self.session.append_stream_request(
+            topic, key, payload, expected_version, event_type, schema_version, metadata))
         return int(reply.get("partition", "-1"))
 
     async def send_offsets(self, topic: str, group: str, member: str, generation: int,

@@ -49,7 +49,7 @@ from typing import TYPE_CHECKING, Any
 from cursus.metadata.state import transaction_shard
 from cursus.transactions import state as st
 from cursus.transactions.index import PartitionTxnIndex
-from cursus.transactions.markers import data_record, marker_record, txn_info
+from cursus.transactions.markers import EventSpec, data_record, marker_record, txn_info
 from cursus.transactions.state import TopicPartition, TxnEntry
 from cursus.transactions.store import JournalStore, RaftTxnStore, TxnStore
 from cursus.wire import iter_record_slices, record_offset_field_position, stamp_offsets
@@ -296,14 +296,17 @@ class TransactionCoordinator:
             return new
 
     async def publish(self, tid: str, producer_id: str, epoch: int, tp: TopicPartition, *, seq_num: int,
-                      key: str | None, payload: bytes) -> tuple[TxnEntry, int]:
-        """TXN_PUBLISH: register the partition (persisted once per partition), append one record with
-        ``transaction_state=open`` on the partition's leader; returns (entry, partition) once the record is
-        committed (acks=all). A retry of the same (topic, seqNum) in this epoch returns the first append's
-        partition without appending (after waiting for it to be committed).
+                      key: str | None, payload: bytes, event: EventSpec | None = None) -> tuple[TxnEntry, int]:
+        """TXN_PUBLISH (and TXN_APPEND_STREAM with ``event``): register the partition (persisted once per
+        partition), append one record with ``transaction_state=open`` on the partition's leader; returns
+        (entry, partition) once the record is committed (acks=all). A retry of the same (topic, seqNum) in
+        this epoch returns the first append's partition without appending (after waiting for it to be
+        committed). An event's version check runs on the partition leader right before the append
+        (:meth:`cursus.broker.eventstore.EventStore.txn_gate`).
 
-        Raises the errors of :func:`state.check_publish`; ``message_too_large``; the leader's write errors
-        (``NOT_LEADER``, ``replication_unavailable outcome=unknown``, ...).
+        Raises the errors of :func:`state.check_publish`; ``message_too_large``; ``version_conflict``
+        (nothing appended); the leader's write errors (``NOT_LEADER``, ``replication_unavailable
+        outcome=unknown``, ...).
         """
         self.check_ready(tid)
         async with self._lock(tid):
@@ -322,7 +325,7 @@ class TransactionCoordinator:
                 entry = st.check_publish(self.entries.get(tid), tid, producer_id, epoch)
                 record = data_record(tp[0], tp[1], transactional_id=tid, producer_id=producer_id,
                                      producer_epoch=epoch, seq_num=seq_num, key=key, payload=payload,
-                                     timestamp_ms=self._now())
+                                     timestamp_ms=self._now(), event=event)
                 if len(record) > self.broker.config.max_message_bytes:
                     raise BrokerError.of("message_too_large", size=len(record),
                                          limit=self.broker.config.max_message_bytes)
@@ -525,14 +528,21 @@ class TransactionCoordinator:
             if not self._index_complete(tp):
                 raise BrokerError.of("leader_not_available", topic=tp[0], partition=tp[1],
                                      reason="transaction index not rebuilt yet")
+        # TXN_APPEND_STREAM: the version check (staged appends count) sees every event below the LEO
+        gate = await self.broker.events.txn_gate(replica, record) if kind == "data" else None
+        # ---- from here to the append: no await ----
         index = self.index_for(tp)
         if kind == "data":
             earlier = index.published(producer_id, epoch, seq_num) if seq_num > 0 else None
             if earlier is not None:
                 return earlier + 1, False
             self._refuse_late(index, tid, producer_id, epoch)
+            if gate is not None:
+                gate.check((producer_id, epoch))
             offset = self._append(replica, record)
             index.on_data(producer_id, offset, transactional_id=tid, producer_epoch=epoch, seq_num=seq_num)
+            if gate is not None:
+                gate.reserve((producer_id, epoch), offset)
             return offset + 1, True
         txn = index.unresolved(producer_id)
         if txn is None or txn.producer_epoch != epoch:
@@ -701,6 +711,10 @@ class TransactionCoordinator:
                 event = self._resolved_events[tp] = asyncio.Event()
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(event.wait(), remaining)
+
+    def rebuilding(self, tp: TopicPartition) -> bool:
+        """Is the transaction index of ``tp`` being rebuilt from the log (its transactions unknown)?"""
+        return tp in self._rebuilding
 
     def read_index(self, topic: str, partition: int) -> PartitionTxnIndex | None:
         """The index of a partition that holds transactional records, None for a plain one (fast path)."""

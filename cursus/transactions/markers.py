@@ -53,13 +53,30 @@ def marker_record(topic: str, partition: int, *, transactional_id: str, producer
         control_key=control_key(commit), control_value=control_value(coordinator_epoch)))
 
 
+@dataclass(frozen=True, slots=True)
+class EventSpec:
+    """The event-sourcing fields of a TXN_APPEND_STREAM record (the key is the aggregate key)."""
+
+    aggregate_version: int
+    event_type: str | None = None
+    schema_version: int | None = None
+    metadata: str | None = None
+
+
 def data_record(topic: str, partition: int, *, transactional_id: str, producer_id: str, producer_epoch: int,
-                seq_num: int, key: str | None, payload: bytes, timestamp_ms: int) -> bytes:
-    """One TXN_PUBLISH record (``transaction_state=open``), offset 0. Raises LocalProtocolError."""
+                seq_num: int, key: str | None, payload: bytes, timestamp_ms: int,
+                event: EventSpec | None = None) -> bytes:
+    """One TXN_PUBLISH record (``transaction_state=open``), offset 0; with ``event`` a TXN_APPEND_STREAM
+    record (aggregate_version, event_type, schema_version, metadata in their presence bits). Raises
+    LocalProtocolError."""
     return encode_record(Record(
         topic=topic, partition=partition, payload=payload, timestamp=timestamp_ms, producer_id=producer_id,
         seq_num=seq_num, producer_epoch=producer_epoch, key=key, transactional_id=transactional_id,
-        transaction_state="open"))
+        transaction_state="open",
+        aggregate_version=event.aggregate_version if event is not None else None,
+        event_type=event.event_type if event is not None else None,
+        schema_version=event.schema_version if event is not None else None,
+        metadata=event.metadata if event is not None else None))
 
 
 @dataclass(frozen=True, slots=True)

@@ -238,6 +238,8 @@ _REGISTRY_TABLE: tuple[tuple[ErrorClass, bool, tuple[str, ...]], ...] = (
             # our broker (invalid_field: an unknown field on CREATE/ALTER_TOPIC_CONFIG, decision 8)
             "message_too_large", "invalid_isolation", "invalid_batch", "invalid_wait_ms",
             "invalid_max_bytes", "invalid_field",
+            # our broker: TXN_APPEND_STREAM on an aggregate-replay topic
+            "transactional_append_unsupported",
             # our broker: event-store arguments (cursus.broker.args)
             "invalid_limit", "invalid_expected_last_sequence", "invalid_from_sequence", "invalid_to_sequence",
             "invalid_max_records", "missing_event_id", "missing_match_id", "missing_from_sequence",

@@ -378,3 +378,53 @@ def test_markers_of_a_coordinator_not_owning_the_shard_epoch_are_refused(cluster
     assert _visible(conn, out, 0) == []
     assert s.end("abort")["state"] == "aborted"
     assert _visible(conn, out, 0) == []
+
+
+def test_transactional_stream_appends_across_partition_leaders(cluster: Cluster, conn: RoutingConnection) -> None:
+    """TXN_APPEND_STREAM on a 3-node cluster: aggregates on partitions led by other brokers than the
+    coordinator (their version check runs on that leader, reached through AppendTxnRecord), invisible
+    until the commit, then visible with the staged versions everywhere; an abort frees the version."""
+    from cursus.partitioning import partition_for_key
+
+    name = _name("ces")
+    frame = conn.command(f"CREATE topic={name} partitions=3 replication_factor=3 event_sourcing=true")
+    assert frame.status.name == "OK", render(frame)
+    keys: dict[int, str] = {}
+    for i in itertools.count():  # one aggregate per partition: three leaders take part
+        keys.setdefault(partition_for_key(f"agg-{i}", 3), f"agg-{i}")
+        if len(keys) == 3:
+            break
+
+    def version(key: str) -> int:
+        return int(ok_fields(conn.command(f"STREAM_VERSION topic={name} key={key}"))["version"])
+
+    def stage(s: Session, key: str, v: int):
+        s.seq += 1
+        return conn.command(f"TXN_APPEND_STREAM {s.ids} topic={name} key={key} expected_version={v} "
+                            f"seqNum={s.seq} schema_version=1 event_type=E message={key}-{v}")
+
+    for key in keys.values():
+        wait_for(lambda key=key: conn.command(f"APPEND_STREAM topic={name} key={key} version=1 event_type=E "
+                                              f"message={key}-1").status.name == "OK", 15, f"{key} appended")
+    s = Session(conn, _name("txes-"))  # type: ignore[arg-type]
+    s.init()
+    s.begin()
+    for key in keys.values():
+        ok = ok_fields(stage(s, key, 2))
+        assert ok["partition"] == str(partition_for_key(key, 3))
+        ok_fields(stage(s, key, 3))  # the transaction's staged version counts, on every leader
+    first = next(iter(keys.values()))
+    err = error_of(stage(s, first, 3))
+    assert err.code == "version_conflict" and err.fields.get("current") == "3"
+    assert [version(k) for k in keys.values()] == [1, 1, 1]
+    err = error_of(conn.command(f"APPEND_STREAM topic={name} key={first} version=4 event_type=E message=x"))
+    assert err.code == "version_conflict" and err.fields.get("reason") == "transaction_in_progress"
+    assert s.end("commit")["state"] == "committed"
+    wait_for(lambda: [version(k) for k in keys.values()] == [3, 3, 3], 10, "committed versions visible")
+    s.init()
+    s.begin()
+    ok_fields(stage(s, first, 4))
+    assert s.end("abort")["state"] == "aborted"
+    wait_for(lambda: conn.command(f"APPEND_STREAM topic={name} key={first} version=4 event_type=E "
+                                  f"message=after-abort").status.name == "OK", 10, "version 4 free again")
+    assert version(first) == 4

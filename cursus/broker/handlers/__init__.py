@@ -76,6 +76,7 @@ _TYPED: Mapping[Command, TypedHandler] = {
     Command.INIT_PRODUCER_ID: txn.handle_init_producer_id,
     Command.BEGIN_TXN: txn.handle_begin_txn,
     Command.TXN_PUBLISH: txn.handle_txn_publish,
+    Command.TXN_APPEND_STREAM: txn.handle_txn_append_stream,
     Command.SEND_OFFSETS_TO_TXN: txn.handle_send_offsets,
     Command.END_TXN: txn.handle_end_txn,
     Command.TXN_STATUS: txn.handle_txn_status,

@@ -15,7 +15,6 @@ typed ERROR frame (facts B3.6).
 
 from __future__ import annotations
 
-import asyncio
 import base64
 import hashlib
 import json
@@ -98,39 +97,8 @@ def _payload_digest(payload: bytes) -> str:
 
 
 async def _ready_to_check(broker: Broker, replica: Replica, events: PartitionEvents) -> None:
-    """Return once a version check sees every event below the LEO, with no ``await`` after the last check
-    (the caller checks and appends synchronously): the index covers the log below this leader epoch's
-    first append, and the appends since are pending. A new leader first waits until its earlier epochs'
-    records are committed (the HWM reaches them) and indexes them.
-
-    Raises:
-        BrokerError: ``NOT_LEADER``, ``leader_not_available`` (still preparing, or the earlier records not
-            committed within ``replica_ack_timeout_ms``: nothing written, retry), ``storage_unavailable``.
-    """
-    loop = asyncio.get_running_loop()
-    deadline = loop.time() + broker.config.replica_ack_timeout_ms / 1000.0
-    while True:
-        await replica.wait_writable()
-        replica.check_writable()
-        if replica.leader_epoch == events.pending_epoch:
-            target = events.epoch_base
-            if events.index.indexed_offset >= target:
-                return
-        else:
-            target = replica.leo
-            if events.index.indexed_offset >= target:
-                events.start_epoch(replica.leader_epoch, target)
-                return
-        remaining = deadline - loop.time()
-        try:
-            if remaining <= 0:
-                raise TimeoutError
-            if replica.hwm < target:
-                await asyncio.wait_for(asyncio.shield(replica.wait_hwm(target)), remaining)
-        except TimeoutError:
-            raise BrokerError.of("leader_not_available", topic=replica.topic, partition=replica.partition,
-                                 reason="earlier records are not committed and indexed yet") from None
-        await broker.events.catch_up(replica, events)
+    """:meth:`cursus.broker.eventstore.EventStore.ready_to_check` (the version check may run after it)."""
+    await broker.events.ready_to_check(replica, events)
 
 
 async def handle_append_stream(broker: Broker, req: Request, args: AppendStreamArgs) -> bytes:
@@ -158,9 +126,7 @@ async def handle_append_stream(broker: Broker, req: Request, args: AppendStreamA
             # an exact retry: answer with the original offset once it is committed (nothing appended)
             await wait_ack(broker, replica, "all", same.offset + 1, replica.isr)
             return ok_text(version=args.version, offset=same.offset, partition=replica.partition)
-    if args.version != current + 1:
-        raise BrokerError.of("version_conflict", topic=defn.name, key=args.key, current=current,
-                             expected=args.version)
+    events.check_version(args.key, args.version, None, broker.events._undecided(replica))
     _check_min_isr(broker, defn, replica, "all")
     record = Record(
         topic=defn.name, partition=replica.partition, payload=payload, timestamp=now_ms(), key=args.key,

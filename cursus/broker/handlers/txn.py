@@ -1,5 +1,5 @@
 """Transaction commands (spec "Transaction Coordinator"; facts A6 "Transactions", B5): INIT_PRODUCER_ID,
-BEGIN_TXN, TXN_PUBLISH, SEND_OFFSETS_TO_TXN, END_TXN, TXN_STATUS.
+BEGIN_TXN, TXN_PUBLISH, TXN_APPEND_STREAM, SEND_OFFSETS_TO_TXN, END_TXN, TXN_STATUS.
 
 In a cluster a command reaching a broker that does not own the id's coordinator shard answers
 ``NOT_COORDINATOR host= port=`` (the owner from the metadata FSM's shard table); the owner runs it, its
@@ -11,13 +11,22 @@ from __future__ import annotations
 
 import re
 
-from cursus.broker.args import EndTxnArgs, InitProducerIdArgs, SendOffsetsArgs, TxnPublishArgs, TxnSessionArgs
+from cursus.broker.args import (
+    EndTxnArgs,
+    InitProducerIdArgs,
+    SendOffsetsArgs,
+    TxnAppendStreamArgs,
+    TxnPublishArgs,
+    TxnSessionArgs,
+)
 from cursus.broker.core import Broker
 from cursus.broker.handlers.produce import choose_partition, target_topic
 from cursus.broker.request import Request
 from cursus.metadata.state import transaction_coordinator
 from cursus.metadata.topics import TopicDefinition
+from cursus.partitioning import partition_for_key
 from cursus.transactions.coordinator import TransactionCoordinator
+from cursus.transactions.markers import EventSpec
 from cursus.transactions.state import TxnEntry
 from cursus.wire.errors import BrokerError
 from cursus.wire.responses import ok_text
@@ -110,6 +119,30 @@ async def handle_txn_publish(broker: Broker, req: Request, args: TxnPublishArgs)
         key=args.key, payload=args.message.encode("utf-8"))
     return ok_text(("transactional_id", entry.transactional_id), ("appended", True), ("topic", defn.name),
                    ("partition", partition), ("state", "open"))
+
+
+async def handle_txn_append_stream(broker: Broker, req: Request, args: TxnAppendStreamArgs) -> bytes:
+    """TXN_APPEND_STREAM -> ``OK transactional_id= appended=true topic= key= version= partition= state=open``
+    once the staged event is committed to the log (acks=all; invisible to READ_STREAM, STREAM_VERSION and
+    read_committed until the transaction commits). Routed by key like APPEND_STREAM; ``version`` must be
+    current + 1 counting this transaction's staged appends, else ``version_conflict`` (also while another
+    undecided transaction holds the key: ``reason=transaction_in_progress``). Aggregate-replay topics refuse
+    it (``transactional_append_unsupported``: their events need an event_id and a replay proof)."""
+    coordinator = _coordinator(broker, "TXN_APPEND_STREAM", args.transactional_id)
+    defn = target_topic(broker, args.topic, req, "TXN_APPEND_STREAM")
+    if not defn.event_sourcing:
+        raise BrokerError.of("event_sourcing_not_enabled", topic=defn.name)
+    if defn.aggregate_replay:
+        raise BrokerError.of("transactional_append_unsupported", topic=defn.name,
+                             reason="aggregate_replay topics take APPEND_STREAM with event_id only")
+    partition = partition_for_key(args.key, defn.partitions)
+    event = EventSpec(args.version, event_type=args.event_type or None, schema_version=args.schema_version or None,
+                      metadata=args.metadata or None)
+    entry, partition = await coordinator.publish(
+        args.transactional_id, args.producer_id, args.epoch, (defn.name, partition), seq_num=args.seq_num,
+        key=args.key, payload=args.message.encode("utf-8"), event=event)
+    return ok_text(("transactional_id", entry.transactional_id), ("appended", True), ("topic", defn.name),
+                   ("key", args.key), ("version", args.version), ("partition", partition), ("state", "open"))
 
 
 async def handle_send_offsets(broker: Broker, req: Request, args: SendOffsetsArgs) -> bytes:
