@@ -120,6 +120,12 @@ def _append_result(frame: Frame) -> AppendResult:
 
 def parse_read_stream(key: str, envelope: Frame, batch: Frame) -> Aggregate:
     """The two READ_STREAM frames as an :class:`Aggregate` (facts A6). Raises the envelope's error."""
+    return parse_read_stream_page(key, envelope, batch)[0]
+
+
+def parse_read_stream_page(key: str, envelope: Frame, batch: Frame) -> tuple[Aggregate, int | None]:
+    """The two READ_STREAM frames as an :class:`Aggregate` and the version to read on from when the broker
+    cut the reply (envelope ``"more": true, "next_from_version": N``; None when the reply is whole)."""
     if envelope.status == Status.ERROR:
         raise error_from_frame(envelope)
     try:
@@ -137,7 +143,35 @@ def parse_read_stream(key: str, envelope: Frame, batch: Frame) -> Aggregate:
         for r in decode_batch(batch.payload).records:
             events.append(Event(r.aggregate_version or 0, bytes(r.payload), r.event_type or "",
                                 r.schema_version or 0, r.metadata or "", r.offset, r.timestamp))
-    return Aggregate(key, int(doc.get("partition", -1)), snapshot, events)
+    next_from = None
+    if doc.get("more"):
+        try:
+            next_from = int(doc["next_from_version"])
+        except (KeyError, TypeError, ValueError):
+            raise ProtocolViolationError(f"READ_STREAM envelope says more without next_from_version: {doc}") from None
+    return Aggregate(key, int(doc.get("partition", -1)), snapshot, events), next_from
+
+
+def _merge_page(whole: Aggregate | None, page: Aggregate) -> Aggregate:
+    """``page`` (read on from the version after ``whole``'s last event) added to ``whole``: a page with a
+    snapshot (saved meanwhile, at or after that version) replaces what was read before it."""
+    if whole is None or page.snapshot is not None:
+        return page
+    return Aggregate(whole.key, page.partition, whole.snapshot, whole.events + page.events)
+
+
+def _read_fields(topic: str, key: str, from_version: int) -> dict[str, str]:
+    fields = {"topic": topic, "key": key}
+    if from_version > 1:
+        fields["from_version"] = str(from_version)
+    return fields
+
+
+def _next_page(previous_from: int, next_from: int | None) -> int | None:
+    if next_from is not None and next_from <= previous_from:
+        raise ProtocolViolationError(f"READ_STREAM next_from_version={next_from} does not advance past "
+                                     f"from_version={previous_from}")
+    return next_from
 
 
 def parse_snapshot(frame: Frame) -> Snapshot | None:
@@ -201,10 +235,24 @@ class EventStore:
         return result
 
     def read(self, key: str, from_version: int = 1) -> Aggregate:
-        """READ_STREAM: the latest usable snapshot and the events after it (from ``from_version``)."""
-        fields = {"topic": self.topic, "key": key}
-        if from_version > 1:
-            fields["from_version"] = str(from_version)
+        """READ_STREAM: the latest usable snapshot and every event after it (from ``from_version``), so
+        ``version`` is the aggregate's current committed version. A long stream the broker serves in
+        parts (envelope ``more``/``next_from_version``) is read on until it is whole.
+
+        Raises:
+            CursusError: the broker's error (``stream_retention_gap`` when events are gone from the log).
+        """
+        whole: Aggregate | None = None
+        next_from: int | None = from_version
+        while next_from is not None:
+            page, more = self._read_page(key, next_from)
+            whole = _merge_page(whole, page)
+            next_from = _next_page(next_from, more)
+        assert whole is not None
+        return whole
+
+    def _read_page(self, key: str, from_version: int) -> tuple[Aggregate, int | None]:
+        fields = _read_fields(self.topic, key, from_version)
         address: Address | None = None
         last: CursusError | None = None
         for attempt in range(READ_ATTEMPTS):
@@ -220,7 +268,7 @@ class EventStore:
                     time.sleep(min(0.05 * 2 ** attempt, 1.0))
                     continue
                 raise last
-            return parse_read_stream(key, envelope, conn.receive(request_id, Command.READ_STREAM))
+            return parse_read_stream_page(key, envelope, conn.receive(request_id, Command.READ_STREAM))
         assert last is not None
         raise last
 
@@ -274,9 +322,18 @@ class AsyncEventStore:
         return result
 
     async def read(self, key: str, from_version: int = 1) -> Aggregate:
-        fields = {"topic": self.topic, "key": key}
-        if from_version > 1:
-            fields["from_version"] = str(from_version)
+        """:meth:`EventStore.read` (reads on until the stream is whole)."""
+        whole: Aggregate | None = None
+        next_from: int | None = from_version
+        while next_from is not None:
+            page, more = await self._read_page(key, next_from)
+            whole = _merge_page(whole, page)
+            next_from = _next_page(next_from, more)
+        assert whole is not None
+        return whole
+
+    async def _read_page(self, key: str, from_version: int) -> tuple[Aggregate, int | None]:
+        fields = _read_fields(self.topic, key, from_version)
         address: Address | None = None
         last: CursusError | None = None
         for attempt in range(READ_ATTEMPTS):
@@ -292,7 +349,7 @@ class AsyncEventStore:
                     await asyncio.sleep(min(0.05 * 2 ** attempt, 1.0))
                     continue
                 raise last
-            return parse_read_stream(key, envelope, await conn.receive(request_id, Command.READ_STREAM))
+            return parse_read_stream_page(key, envelope, await conn.receive(request_id, Command.READ_STREAM))
         assert last is not None
         raise last
 

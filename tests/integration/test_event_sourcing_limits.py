@@ -1,0 +1,120 @@
+"""Event sourcing at the broker's limits, against a real broker with small limits: a READ_STREAM or
+AGGREGATE_EVENT_RANGE_READ cut by ``eventstore_max_read_events``/``consume_max_bytes_limit`` says so
+(``more``/``next_from_version``), the SDK reads on until the stream is whole, and the documented
+load+append loop works on a long stream (docs/event-sourcing.md "Reading long streams")."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import Iterator
+
+import pytest
+
+from cursus.client.connection import Connection
+from cursus.client.events import AsyncEventStore, EventStore
+from cursus.wire import Command, decode_batch
+from tests.brokerproc import BrokerProcess
+from tests.integration.conftest import connect
+from tests.integration.helpers import create_topic, ok_fields
+from tests.integration.test_event_sourcing import two_frames
+
+MAX_EVENTS = 4
+MAX_BYTES = 600
+
+
+@pytest.fixture(scope="module")
+def small_broker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[BrokerProcess]:
+    broker = BrokerProcess(tmp_path_factory.mktemp("eslimits") / "data", settings={
+        "eventstore_max_read_events": MAX_EVENTS, "consume_max_bytes_limit": MAX_BYTES}).start()
+    yield broker
+    broker.stop()
+
+
+@pytest.fixture
+def conn(small_broker: BrokerProcess) -> Iterator[Connection]:
+    c = connect(small_broker)
+    yield c
+    c.close()
+
+
+def _address(broker: BrokerProcess) -> str:
+    host, port = broker.address
+    return f"{host}:{port}"
+
+
+def test_a_read_cut_by_the_event_limit_says_where_to_continue(conn: Connection, topic_name: str) -> None:
+    t = topic_name
+    create_topic(conn, t, 1, event_sourcing="true")
+    for v in range(1, 11):
+        ok_fields(conn.command(f"APPEND_STREAM topic={t} key=k version={v} message=e{v}"))
+    envelope, batch = two_frames(conn, Command.READ_STREAM, {"topic": t, "key": "k"})
+    doc = json.loads(envelope.payload)
+    assert batch is not None
+    versions = [r.aggregate_version for r in decode_batch(batch.payload).records]
+    assert doc["count"] == len(versions) == MAX_EVENTS and versions == [1, 2, 3, 4]
+    assert doc["more"] is True and doc["next_from_version"] == 5
+    tail = json.loads(two_frames(conn, Command.READ_STREAM, {"topic": t, "key": "k", "from_version": "9"})[0].payload)
+    assert tail["count"] == 2 and "more" not in tail
+
+
+def test_the_sdk_reads_a_long_stream_whole_and_the_load_append_loop_works(small_broker: BrokerProcess,
+                                                                          conn: Connection, topic_name: str) -> None:
+    t = topic_name
+    create_topic(conn, t, 1, event_sourcing="true")
+    big = "x" * 200  # three of these pass the byte limit: the reply is cut by bytes as well as by count
+    with EventStore(_address(small_broker), t) as store:
+        for v in range(1, 15):
+            store.append("order", big if v % 3 == 0 else f"e{v}", expected_version=v)
+        aggregate = store.read("order")
+        assert [e.version for e in aggregate.events] == list(range(1, 15)) and aggregate.version == 14
+        # the documented loop: load, then append at version + 1
+        store.append("order", "next", expected_version=store.read("order").version + 1)
+        store.save_snapshot("order", 5, "state@5")
+        from_snapshot = store.read("order")
+        assert from_snapshot.snapshot is not None and from_snapshot.snapshot.version == 5
+        assert [e.version for e in from_snapshot.events] == list(range(6, 16)) and from_snapshot.version == 15
+        assert store.read("order", from_version=12).version == 15
+
+    async def run_async() -> None:
+        async with AsyncEventStore(_address(small_broker), t) as store:
+            aggregate = await store.read("order")
+            assert [e.version for e in aggregate.events] == list(range(6, 16)) and aggregate.version == 15
+
+    asyncio.run(run_async())
+
+
+def test_a_range_read_cut_by_a_limit_says_where_to_continue(conn: Connection, topic_name: str) -> None:
+    t = topic_name
+    create_topic(conn, t, 1, event_sourcing="true", aggregate_replay="true", idempotent="true")
+    for v in range(1, 8):
+        ok_fields(conn.command(f"APPEND_STREAM topic={t} key=m version={v} event_id=ev{v} producerId=p1 "
+                               f"seqNum={v} message=p{v}"))
+    got: list[int] = []
+    start = 2
+    for _ in range(7):
+        doc = json.loads(conn.command(f"AGGREGATE_EVENT_RANGE_READ topic={t} match_id=m from_sequence={start} "
+                                      f"to_sequence=7 max_records=100").payload)
+        page = [e["sequence"] for e in doc["events"]]
+        assert 1 <= len(page) <= MAX_EVENTS
+        got += page
+        if not doc.get("more"):
+            break
+        assert doc["next_from_sequence"] == page[-1] + 1
+        start = doc["next_from_sequence"]
+    assert got == [2, 3, 4, 5, 6, 7]
+    capped = json.loads(conn.command(f"AGGREGATE_EVENT_RANGE_READ topic={t} match_id=m from_sequence=6 to_sequence=7 "
+                                     f"max_records=1").payload)
+    assert [e["sequence"] for e in capped["events"]] == [6] and capped["next_from_sequence"] == 7
+
+
+def test_cursusctl_events_read_shows_the_whole_stream(small_broker: BrokerProcess, conn: Connection,
+                                                      topic_name: str) -> None:
+    from tests.integration.test_cursusctl import ctl
+
+    t = topic_name
+    create_topic(conn, t, 1, event_sourcing="true")
+    for v in range(1, 10):
+        ok_fields(conn.command(f"APPEND_STREAM topic={t} key=k version={v} message=e{v}"))
+    read = json.loads(ctl(small_broker, "--json", "events", "read", t, "k").stdout)
+    assert [e["version"] for e in read["events"]] == list(range(1, 10))
