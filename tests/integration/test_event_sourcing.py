@@ -199,6 +199,18 @@ def test_create_rules(conn: Connection, topic_name: str) -> None:
         "invalid_topic_policy"
 
 
+def test_the_partition_count_of_an_event_sourcing_topic_never_changes(conn: Connection, topic_name: str) -> None:
+    t = topic_name
+    create_topic(conn, t, 1, event_sourcing="true")
+    ok_fields(conn.command(f"APPEND_STREAM topic={t} key=order-a version=1 message=created"))
+    refused = error_of(conn.command(f"CREATE topic={t} partitions=4"))
+    assert (refused.code, refused.fields["field"]) == ("invalid_topic_policy", "partitions")
+    assert error_of(conn.command(f"CREATE topic={t} partitions=4 event_sourcing=true")).code == \
+        "invalid_topic_policy"
+    assert ok_fields(conn.command(f"STREAM_VERSION topic={t} key=order-a"))["version"] == "1"
+    assert ok_fields(conn.command(f"CREATE topic={t} partitions=1"))["partitions"] == "1"
+
+
 def test_browse_messages(conn: Connection, topic_name: str) -> None:
     create_topic(conn, topic_name, 1)
     for i in range(5):
