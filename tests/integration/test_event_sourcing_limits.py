@@ -7,13 +7,15 @@ from __future__ import annotations
 
 import asyncio
 import json
-from collections.abc import Iterator
+import time
+from collections.abc import Callable, Iterator
 
 import pytest
 
 from cursus.client.connection import Connection
+from cursus.client.errors import CursusError
 from cursus.client.events import AsyncEventStore, EventStore
-from cursus.wire import Command, decode_batch
+from cursus.wire import Command, Status, decode_batch
 from tests.brokerproc import BrokerProcess
 from tests.integration.conftest import connect
 from tests.integration.helpers import create_topic, ok_fields
@@ -118,3 +120,42 @@ def test_cursusctl_events_read_shows_the_whole_stream(small_broker: BrokerProces
         ok_fields(conn.command(f"APPEND_STREAM topic={t} key=k version={v} message=e{v}"))
     read = json.loads(ctl(small_broker, "--json", "events", "read", t, "k").stdout)
     assert [e["version"] for e in read["events"]] == list(range(1, 10))
+
+
+def _earliest(conn: Connection, topic: str) -> int:
+    offsets = ok_fields(conn.command(f"LIST_OFFSETS topic={topic} partition=0"))["offsets"]
+    return int(offsets.split(":")[1].removeprefix("earliest="))
+
+
+def test_retention_never_cuts_a_stream_silently(broker_factory: Callable[..., BrokerProcess]) -> None:
+    """Broker-default retention skips event-sourcing topics; a topic's own retention may delete events, and
+    READ_STREAM then answers stream_retention_gap unless a snapshot covers the deleted events."""
+    broker = broker_factory(settings={"log_retention_ms": 0, "log_retention_check_interval_ms": 50,
+                                      "log_segment_bytes": 4096}).start()
+    conn = connect(broker)
+    try:
+        create_topic(conn, "plain", 1)
+        create_topic(conn, "es", 1, event_sourcing="true")
+        create_topic(conn, "esr", 1, event_sourcing="true", retention_bytes="4096")
+        body = "x" * 500
+        for v in range(1, 41):
+            assert conn.command(f"PUBLISH topic=plain partition=0 acks=1 producerId=p message={body}").status == Status.OK
+            for t in ("es", "esr"):
+                ok_fields(conn.command(f"APPEND_STREAM topic={t} key=k version={v} message={body}"))
+        deadline = time.monotonic() + 10
+        while (_earliest(conn, "plain") == 0 or _earliest(conn, "esr") == 0) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert _earliest(conn, "plain") > 0 and _earliest(conn, "esr") > 0  # the retention task ran
+        assert _earliest(conn, "es") == 0
+        with EventStore(_address(broker), "es") as store:
+            assert [e.version for e in store.read("k").events] == list(range(1, 41))
+        with EventStore(_address(broker), "esr") as store:
+            with pytest.raises(CursusError) as gap:
+                store.read("k")
+            assert gap.value.code == "stream_retention_gap" and gap.value.fields["missing_version"] == "1"
+            store.save_snapshot("k", 39, "state@39")
+            covered = store.read("k")
+            assert covered.snapshot is not None and [e.version for e in covered.events] == [40]
+            assert covered.version == 40
+    finally:
+        conn.close()
