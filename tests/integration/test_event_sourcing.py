@@ -344,3 +344,27 @@ def test_a_truncated_topic_forgets_its_streams_and_snapshots(conn: Connection, t
         "version_conflict"
     appended = ok_fields(conn.command(f"APPEND_STREAM topic={topic_name} key=k version=1 message=new"))
     assert (appended["version"], appended["offset"]) == ("1", "0")
+
+
+def test_publish_of_event_records_to_an_event_sourcing_topic_is_refused(conn: Connection, topic_name: str) -> None:
+    from cursus.wire import Batch, Record, encode_batch
+
+    t = topic_name
+    create_topic(conn, t, 1, event_sourcing="true")
+    ok_fields(conn.command(f"APPEND_STREAM topic={t} key=a version=1 message=real1"))
+
+    def publish(records: list[Record]) -> Frame:
+        return conn.request(Command.PUBLISH, encode_batch(Batch(topic=t, partition=0, acks="1", records=records)))
+
+    for forged in (Record(topic=t, partition=0, payload=b"dup", key="a", aggregate_version=1),
+                   Record(topic=t, partition=0, payload=b"v7", key="a", aggregate_version=7, event_type="X")):
+        refused = error_of(publish([Record(topic=t, partition=0, payload=b"plain", key="a"), forged]))
+        assert (refused.code, refused.fields["field"]) == ("invalid_topic_policy", "aggregate_version")
+    # ordinary records (a key, no event fields) are still published, and the stream is untouched
+    assert publish([Record(topic=t, partition=0, payload=b"plain", key="a")]).status == Status.OK
+    assert ok_fields(conn.command(f"STREAM_VERSION topic={t} key=a"))["version"] == "1"
+    ok_fields(conn.command(f"APPEND_STREAM topic={t} key=a version=2 message=real2"))
+    envelope, batch = two_frames(conn, Command.READ_STREAM, {"topic": t, "key": "a"})
+    assert batch is not None
+    assert [(r.aggregate_version, r.payload) for r in decode_batch(batch.payload).records] == [
+        (1, b"real1"), (2, b"real2")]
