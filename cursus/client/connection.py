@@ -760,9 +760,15 @@ class Attempts:
         return delay
 
     def after_transport_failure(self, exc: BaseException) -> float:
-        """The connection failed after the request was written: outcome unknown."""
-        if isinstance(exc, TimeoutError):
-            final: CursusError = RequestTimeoutError(
+        """The connection failed (or no reply came in time) after the request was written: outcome unknown.
+        A retry-safe request is retried (``RequestTimeoutError``/``BrokerUnavailableError`` once the budget is
+        spent); any other raises ``DeliveryUnknownError`` (not retryable: it may have been applied)."""
+        if isinstance(exc, TimeoutError) and not self.retry_safe:
+            final: CursusError = DeliveryUnknownError(
+                f"no reply to {self.label} from {format_address(self.target)} in time; it may or may not have "
+                f"been applied", fields={"reason": "timeout"})
+        elif isinstance(exc, TimeoutError):
+            final = RequestTimeoutError(
                 f"no reply to {self.label} from {format_address(self.target)} in time")
         elif isinstance(exc, ProtocolError):
             final = ProtocolViolationError(f"{self.label} reply from {format_address(self.target)}: {exc}")

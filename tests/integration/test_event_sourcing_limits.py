@@ -7,13 +7,14 @@ from __future__ import annotations
 
 import asyncio
 import json
+import threading
 import time
 from collections.abc import Callable, Iterator
 
 import pytest
 
-from cursus.client.connection import Connection
-from cursus.client.errors import CursusError
+from cursus.client.connection import Backoff, Connection
+from cursus.client.errors import CursusError, DeliveryUnknownError
 from cursus.client.events import AsyncEventStore, EventStore
 from cursus.wire import Command, Status, decode_batch
 from tests.brokerproc import BrokerProcess
@@ -159,3 +160,30 @@ def test_retention_never_cuts_a_stream_silently(broker_factory: Callable[..., Br
             assert covered.version == 40
     finally:
         conn.close()
+
+
+def test_a_timed_out_append_is_an_unknown_outcome_and_reads_keep_retrying(
+        broker_factory: Callable[..., BrokerProcess]) -> None:
+    """APPEND_STREAM with no reply in time may have been applied: DeliveryUnknownError (not retryable), never
+    a retryable timeout; a read (retry-safe) rides out the same pause."""
+    broker = broker_factory().start()
+    with EventStore(_address(broker), "orders", timeout_s=0.3,
+                    backoff=Backoff(initial_s=0.05, max_s=0.2, attempts_max=30)) as store:
+        store.create_topic(partitions=1)
+        store.append("o", "created", expected_version=1)
+        broker.pause()
+        try:
+            with pytest.raises(DeliveryUnknownError) as unknown:
+                store.append("o", "paid", expected_version=2)
+            assert not unknown.value.retryable
+            resumer = threading.Timer(0.6, broker.resume)
+            resumer.start()
+            assert store.version("o") in (1, 2)  # retried across the pause
+            resumer.join()
+        finally:
+            broker.resume()
+        # the paused append may still commit after the pause: its outcome settles, and reads agree on it
+        deadline = time.monotonic() + 10
+        while store.read("o").version != store.version("o") and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert store.read("o").version in (1, 2)
