@@ -210,7 +210,12 @@ def tls_failure(exc: BaseException, address: Address, ssl_context: ssl.SSLContex
         return TlsError("tls_client_certificate_required",
                         f"client certificate required: {where} uses mutual TLS; give a certificate its CA "
                         "signed (--tls-cert FILE --tls-key FILE, or make_ssl_context(ca, cert_file, key_file))")
-    if reason in _CERT_REFUSED_REASONS:
+    if reason is None and ssl_context is not None and before_reply and has_cert is True and isinstance(
+            exc, ConnectionClosed | ConnectionResetError):
+        # TLS 1.3: the client's handshake ends before the server checked its certificate; a refused one shows
+        # as the connection closing (the alert lost with it) before the negotiation reply
+        reason = "connection closed after the TLS handshake"
+    if reason in _CERT_REFUSED_REASONS or reason == "connection closed after the TLS handshake":
         return TlsError("tls_client_certificate_refused",
                         f"{where} refused the client certificate ({reason}): it must be signed by a CA the "
                         "broker trusts (its tls_ca_path) and be valid now", fields={"reason": str(reason)})
