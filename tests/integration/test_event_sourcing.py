@@ -80,6 +80,8 @@ def test_bad_arguments_get_typed_errors_and_the_connection_stays(conn: Connectio
         f"APPEND_STREAM topic={t} key=k message=x": "missing_version",
         f"APPEND_STREAM topic={t} key=k version=zero message=x": "invalid_version",
         f"APPEND_STREAM topic={t} key=k version=0 message=x": "invalid_version",
+        f"APPEND_STREAM topic={t} key=k version=+1 message=x": "invalid_version",
+        f"APPEND_STREAM topic={t} key=k version={1 << 63} message=x": "invalid_version",
         f"APPEND_STREAM topic={t} key=k version=1 schema_version=-1 message=x": "invalid_schema_version",
         f"APPEND_STREAM topic={t} key=k version=1": "missing_message",
         f"APPEND_STREAM topic={t} key=k version=2 message=x": "version_conflict",

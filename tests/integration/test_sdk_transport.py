@@ -34,7 +34,6 @@ from cursus.client import (
     DeliveryUnknownError,
     NotLeaderError,
     Producer,
-    RequestTimeoutError,
     TlsError,
     make_ssl_context,
 )
