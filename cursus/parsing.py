@@ -18,8 +18,8 @@ _INTEGER = re.compile(r"[+-]?[0-9]{1,20}")
 
 def parse_int(raw: str, *, minimum: int = I64_MIN, maximum: int = I64_MAX) -> int | None:
     """``raw`` as an integer in ``[minimum, maximum]``, or None when it is not a plain ASCII integer in range."""
-    if not _INTEGER.fullmatch(raw):
-        return None
+    if not _INTEGER.fullmatch(raw) or (minimum >= 0 and raw[:1] in "+-"):
+        return None  # an unsigned field takes digits only (as Go's ParseUint: "+2" is not a version)
     value = int(raw, 10)
     if value < minimum or value > maximum:
         return None

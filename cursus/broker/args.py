@@ -15,7 +15,7 @@ from typing import Any
 from cursus.coordinator.groups import validate_group_name, validate_member_id
 from cursus.metadata.topics import TopicSpec, min_isr_value, topic_name, validate_topic_name
 from cursus.params import Args, param, params_of
-from cursus.parsing import I32_MAX, U64_MAX, parse_int
+from cursus.parsing import I32_MAX, I64_MAX, U64_MAX, parse_int
 from cursus.wire import Command
 from cursus.wire.errors import BrokerError
 
@@ -370,7 +370,7 @@ class AppendStreamArgs(Args):
 
     topic: str = param(kind="custom", convert=topic_name, required=True)
     key: str = param(required=True)
-    version: int = param(kind="int", required=True, minimum=1, maximum=U64_MAX,
+    version: int = param(kind="int", required=True, minimum=1, maximum=I64_MAX,
                          aliases=("expectedVersion", "expected_version"),
                          doc="the version the new event takes: current + 1")
     event_type: str = param(aliases=("eventType",), default="", empty_ok=True)
@@ -394,7 +394,7 @@ class TxnAppendStreamArgs(Args):
     transactional_id: str = _txn_id_param()
     topic: str = param(kind="custom", convert=topic_name, required=True, default="")
     key: str = param(required=True, default="")
-    version: int = param(kind="int", required=True, minimum=1, maximum=U64_MAX,
+    version: int = param(kind="int", required=True, minimum=1, maximum=I64_MAX,
                          aliases=("expectedVersion", "expected_version"), default=0,
                          doc="the version the new event takes: current + 1 (the transaction's own staged "
                              "appends count)")
@@ -436,7 +436,7 @@ class SaveSnapshotArgs(Args):
 
     topic: str = param(kind="custom", convert=topic_name, required=True)
     key: str = param(required=True)
-    version: int = param(kind="int", required=True, minimum=1, maximum=U64_MAX)
+    version: int = param(kind="int", required=True, minimum=1, maximum=I64_MAX)
     message: str = param(required=True, empty_ok=True, missing="missing_message")
 
 

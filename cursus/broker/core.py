@@ -877,6 +877,8 @@ class Broker:
 
         Limits: the topic's ``retention_hours``/``retention_bytes`` when non-zero, else the broker's
         ``log_retention_ms`` (if >= 0) or ``log_retention_hours``, and ``log_retention_bytes``; -1 keeps all.
+        Event-sourcing topics do not inherit the broker's defaults (only their own non-zero retention deletes
+        events; READ_STREAM then answers ``stream_retention_gap`` rather than a gapped stream).
         Time is each segment's last chunk append time. The active segment is never deleted.
         """
         deleted = 0
@@ -888,7 +890,8 @@ class Broker:
             if defn.policy.cleanup_policy == "compact":
                 continue  # compact only: the cleaner bounds it, retention never deletes segments
             retention_ms = self._retention_ms(defn)
-            retention_bytes = defn.policy.retention_bytes or self.config.log_retention_bytes
+            retention_bytes = defn.policy.retention_bytes or (
+                -1 if defn.event_sourcing else self.config.log_retention_bytes)
             segments = replica.log.segments_info()
             closed = [s for s in segments if not s.is_active]
             total = sum(s.size_bytes for s in segments)
@@ -913,6 +916,8 @@ class Broker:
     def _retention_ms(self, defn: TopicDefinition) -> int:
         if defn.policy.retention_hours > 0:
             return defn.policy.retention_hours * 3_600_000
+        if defn.event_sourcing:
+            return -1  # streams keep their whole history: only a topic's own retention deletes events
         if self.config.log_retention_ms >= 0:
             return self.config.log_retention_ms
         hours = self.config.log_retention_hours

@@ -40,6 +40,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import heapq
 import logging
 from collections.abc import Callable
@@ -49,7 +50,7 @@ from cursus.broker.replica_role import Event, Role, check_epoch, next_role
 from cursus.storage import GroupCommitWriter, PartitionLog
 from cursus.storage.chunk import HEADER_SIZE, ChunkHeader, crc_matches, decode_header, records_walk_ok
 from cursus.storage.epochs import EpochEnd, end_offset_for_epoch, truncation_offset
-from cursus.wire.errors import BrokerError
+from cursus.wire.errors import BrokerError, make_error
 
 log = logging.getLogger("cursus.replica")
 
@@ -245,9 +246,10 @@ class Replica:
     def _prepare_leader(self, committed_hwm: int) -> None:
         """Start the writer-thread preparation of a new cluster leader (see :meth:`become_leader`)."""
         if committed_hwm > self.leo:
-            self.unavailable = BrokerError.of(
+            # transient (retryable): this broker hands leadership over or catches up from the ISR
+            self.unavailable = BrokerError(dataclasses.replace(make_error(
                 "storage_unavailable", topic=self.topic, partition=self.partition,
-                reason=f"local log ends at {self.leo}, below the committed HWM {committed_hwm}")
+                reason=f"local log ends at {self.leo}, below the committed HWM {committed_hwm}"), retryable=True))
             log.error("%s/%d: %s; not serving", self.topic, self.partition, self.unavailable.error.fields["reason"])
             return
         if self.leo == 0:  # an empty log (a new partition): nothing to truncate, no producer state to rebuild

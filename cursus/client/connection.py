@@ -210,7 +210,12 @@ def tls_failure(exc: BaseException, address: Address, ssl_context: ssl.SSLContex
         return TlsError("tls_client_certificate_required",
                         f"client certificate required: {where} uses mutual TLS; give a certificate its CA "
                         "signed (--tls-cert FILE --tls-key FILE, or make_ssl_context(ca, cert_file, key_file))")
-    if reason in _CERT_REFUSED_REASONS:
+    if reason is None and ssl_context is not None and before_reply and has_cert is True and isinstance(
+            exc, ConnectionClosed | ConnectionResetError):
+        # TLS 1.3: the client's handshake ends before the server checked its certificate; a refused one shows
+        # as the connection closing (the alert lost with it) before the negotiation reply
+        reason = "connection closed after the TLS handshake"
+    if reason in _CERT_REFUSED_REASONS or reason == "connection closed after the TLS handshake":
         return TlsError("tls_client_certificate_refused",
                         f"{where} refused the client certificate ({reason}): it must be signed by a CA the "
                         "broker trusts (its tls_ca_path) and be valid now", fields={"reason": str(reason)})
@@ -760,9 +765,15 @@ class Attempts:
         return delay
 
     def after_transport_failure(self, exc: BaseException) -> float:
-        """The connection failed after the request was written: outcome unknown."""
-        if isinstance(exc, TimeoutError):
-            final: CursusError = RequestTimeoutError(
+        """The connection failed (or no reply came in time) after the request was written: outcome unknown.
+        A retry-safe request is retried (``RequestTimeoutError``/``BrokerUnavailableError`` once the budget is
+        spent); any other raises ``DeliveryUnknownError`` (not retryable: it may have been applied)."""
+        if isinstance(exc, TimeoutError) and not self.retry_safe:
+            final: CursusError = DeliveryUnknownError(
+                f"no reply to {self.label} from {format_address(self.target)} in time; it may or may not have "
+                f"been applied", fields={"reason": "timeout"})
+        elif isinstance(exc, TimeoutError):
+            final = RequestTimeoutError(
                 f"no reply to {self.label} from {format_address(self.target)} in time")
         elif isinstance(exc, ProtocolError):
             final = ProtocolViolationError(f"{self.label} reply from {format_address(self.target)}: {exc}")

@@ -355,7 +355,7 @@ class ProducerCore:
         if pending.size > limit:  # the overhead estimate is generous: only then measure exactly
             size = len(pstate.encoder.encode(pending.value, pending.key_field, pending.timestamp, 0)) - 4
             if size > limit:
-                error = ValidationError("message_too_large", "the record is larger than max_record_bytes",
+                error = ValidationError("message_too_large", "the record is larger than the producer's max_record_bytes (the broker's own limit is its max_message_bytes setting)",
                                         retryable=False, fields={"size": str(size), "limit": str(limit),
                                                                  "topic": topic, "partition": str(partition)})
                 self.buffered += 1  # _fail_pendings counts it out again

@@ -368,8 +368,8 @@ def apply_create(
 def _check_event_sourcing_policy(current: TopicDefinition | None, spec: TopicSpec) -> None:
     """Aggregate-replay rules of CREATE (spec "Event Sourcing Commands", "Aggregate replay proof"; the
     compaction refusal of event-sourcing topics is in :func:`apply_create`): ``aggregate_replay`` needs
-    ``event_sourcing=true idempotent=true``, is immutable, and its partition count never changes (keys
-    must keep their partition).
+    ``event_sourcing=true idempotent=true`` and is immutable; the partition count of every event-sourcing
+    topic never changes (keys must keep their partition).
 
     Raises:
         BrokerError: ``invalid_topic_policy``.
@@ -382,9 +382,11 @@ def _check_event_sourcing_policy(current: TopicDefinition | None, spec: TopicSpe
     if spec.aggregate_replay is not None and spec.aggregate_replay != current.aggregate_replay:
         raise BrokerError.of("invalid_topic_policy", field="aggregate_replay",
                              value=str(spec.aggregate_replay).lower(), reason="immutable after creation")
-    if current.aggregate_replay and spec.partitions is not None and spec.partitions != current.partitions:
+    if current.event_sourcing and spec.partitions is not None and spec.partitions != current.partitions:
+        # keys route by hash modulo the partition count: another count would move existing aggregates to a
+        # partition without their stream (version 0 again, a forked stream)
         raise BrokerError.of("invalid_topic_policy", field="partitions", value=spec.partitions,
-                             reason="aggregate replay topics keep their partition count")
+                             reason="event-sourcing topics keep their partition count")
 
 
 def check_min_isr(value: int, replication_factor: int) -> int:

@@ -175,6 +175,8 @@ _REGISTRY_TABLE: tuple[tuple[ErrorClass, bool, tuple[str, ...]], ...] = (
             "aggregate_proof_identity_conflict",
             # our broker: Kafka's OutOfOrderSequence is a non-retryable conflict
             "idempotency_gap", "sequence_out_of_order",
+            # our broker: READ_STREAM of events no longer in the log (below its start, no snapshot covers them)
+            "stream_retention_gap",
         ),
     ),
     (

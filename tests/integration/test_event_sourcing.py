@@ -80,6 +80,8 @@ def test_bad_arguments_get_typed_errors_and_the_connection_stays(conn: Connectio
         f"APPEND_STREAM topic={t} key=k message=x": "missing_version",
         f"APPEND_STREAM topic={t} key=k version=zero message=x": "invalid_version",
         f"APPEND_STREAM topic={t} key=k version=0 message=x": "invalid_version",
+        f"APPEND_STREAM topic={t} key=k version=+1 message=x": "invalid_version",
+        f"APPEND_STREAM topic={t} key=k version={1 << 63} message=x": "invalid_version",
         f"APPEND_STREAM topic={t} key=k version=1 schema_version=-1 message=x": "invalid_schema_version",
         f"APPEND_STREAM topic={t} key=k version=1": "missing_message",
         f"APPEND_STREAM topic={t} key=k version=2 message=x": "version_conflict",
@@ -197,6 +199,18 @@ def test_create_rules(conn: Connection, topic_name: str) -> None:
     assert ok_fields(conn.command(f"CREATE topic={t}"))["event_sourcing"] == "true"
     assert error_of(conn.command(f"CREATE topic={t}-r event_sourcing=true aggregate_replay=true")).code == \
         "invalid_topic_policy"
+
+
+def test_the_partition_count_of_an_event_sourcing_topic_never_changes(conn: Connection, topic_name: str) -> None:
+    t = topic_name
+    create_topic(conn, t, 1, event_sourcing="true")
+    ok_fields(conn.command(f"APPEND_STREAM topic={t} key=order-a version=1 message=created"))
+    refused = error_of(conn.command(f"CREATE topic={t} partitions=4"))
+    assert (refused.code, refused.fields["field"]) == ("invalid_topic_policy", "partitions")
+    assert error_of(conn.command(f"CREATE topic={t} partitions=4 event_sourcing=true")).code == \
+        "invalid_topic_policy"
+    assert ok_fields(conn.command(f"STREAM_VERSION topic={t} key=order-a"))["version"] == "1"
+    assert ok_fields(conn.command(f"CREATE topic={t} partitions=1"))["partitions"] == "1"
 
 
 def test_browse_messages(conn: Connection, topic_name: str) -> None:
@@ -332,3 +346,27 @@ def test_a_truncated_topic_forgets_its_streams_and_snapshots(conn: Connection, t
         "version_conflict"
     appended = ok_fields(conn.command(f"APPEND_STREAM topic={topic_name} key=k version=1 message=new"))
     assert (appended["version"], appended["offset"]) == ("1", "0")
+
+
+def test_publish_of_event_records_to_an_event_sourcing_topic_is_refused(conn: Connection, topic_name: str) -> None:
+    from cursus.wire import Batch, Record, encode_batch
+
+    t = topic_name
+    create_topic(conn, t, 1, event_sourcing="true")
+    ok_fields(conn.command(f"APPEND_STREAM topic={t} key=a version=1 message=real1"))
+
+    def publish(records: list[Record]) -> Frame:
+        return conn.request(Command.PUBLISH, encode_batch(Batch(topic=t, partition=0, acks="1", records=records)))
+
+    for forged in (Record(topic=t, partition=0, payload=b"dup", key="a", aggregate_version=1),
+                   Record(topic=t, partition=0, payload=b"v7", key="a", aggregate_version=7, event_type="X")):
+        refused = error_of(publish([Record(topic=t, partition=0, payload=b"plain", key="a"), forged]))
+        assert (refused.code, refused.fields["field"]) == ("invalid_topic_policy", "aggregate_version")
+    # ordinary records (a key, no event fields) are still published, and the stream is untouched
+    assert publish([Record(topic=t, partition=0, payload=b"plain", key="a")]).status == Status.OK
+    assert ok_fields(conn.command(f"STREAM_VERSION topic={t} key=a"))["version"] == "1"
+    ok_fields(conn.command(f"APPEND_STREAM topic={t} key=a version=2 message=real2"))
+    envelope, batch = two_frames(conn, Command.READ_STREAM, {"topic": t, "key": "a"})
+    assert batch is not None
+    assert [(r.aggregate_version, r.payload) for r in decode_batch(batch.payload).records] == [
+        (1, b"real1"), (2, b"real2")]

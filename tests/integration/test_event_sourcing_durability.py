@@ -183,9 +183,17 @@ def test_replay_proof_reports_a_retention_gap(broker_factory: Callable[..., Brok
     wait_for(gap, 15, "retention removed the first events")
     proof = json.loads(error_of(conn.command("AGGREGATE_REPLAY_PROOF topic=replay match_id=m")).fields["proof"])
     assert proof["first_sequence"] > 1 and proof["last_sequence"] == 40 and proof["log_start_offset"] > 0
-    # READ_STREAM serves what is retained; the version is still the committed one
-    version, events = replay_topic(conn, "replay", "m")
-    assert version == 40 and [e[0] for e in events] == list(range(proof["first_sequence"], 41))
+    # READ_STREAM never serves the gapped stream silently: a typed error, then the retained part on request
+    request_id = conn.send(Command.READ_STREAM, encode_crq2(CommandPayload((), {"topic": "replay", "key": "m"})))
+    refused = error_of(conn.receive(request_id, Command.READ_STREAM))
+    assert refused.code == "stream_retention_gap" and refused.fields["missing_version"] == "1"
+    first = proof["first_sequence"]
+    request_id = conn.send(Command.READ_STREAM, encode_crq2(CommandPayload((), {
+        "topic": "replay", "key": "m", "from_version": str(first)})))
+    conn.receive(request_id, Command.READ_STREAM)
+    records = decode_batch(conn.receive(request_id, Command.READ_STREAM).payload).records
+    assert [r.aggregate_version for r in records] == list(range(first, 41))
+    assert ok_fields(conn.command("STREAM_VERSION topic=replay key=m"))["version"] == "40"
     conn.close()
 
 

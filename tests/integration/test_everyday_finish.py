@@ -229,6 +229,9 @@ def test_tls_failures_are_specific_not_retried_and_logged_by_the_broker(broker_f
          "client certificate required"),
         ({"ssl_context": make_ssl_context(str(other.ca), str(pki.client_cert), str(pki.client_key))},
          "tls_certificate_verify_failed", "failed verification"),
+        # a client certificate another CA signed (TLS 1.3: the server's alert comes after the handshake)
+        ({"ssl_context": make_ssl_context(str(pki.ca), str(other.client_cert), str(other.client_key))},
+         "tls_client_certificate_refused", "refused the client certificate"),
     ]
     for overrides, code, text in cases:
         started = time.monotonic()

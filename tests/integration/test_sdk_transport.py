@@ -32,8 +32,8 @@ from cursus.client import (
     Consumer,
     DeliveryFailedError,
     DeliveryUnknownError,
+    NotLeaderError,
     Producer,
-    RequestTimeoutError,
     TlsError,
     make_ssl_context,
 )
@@ -222,8 +222,8 @@ def test_silent_broker_times_out_and_the_connection_is_closed(fakes):
     with pytest.raises(TimeoutError):
         conn.call(Command.LIST)
     assert conn.closed and time.monotonic() - started < 3
-    with Client(fake.addr, timeout_s=0.3) as client, pytest.raises(RequestTimeoutError):
-        client.call(Command.DELETE, {"topic": "t"})  # not retry-safe: one attempt
+    with Client(fake.addr, timeout_s=0.3) as client, pytest.raises(DeliveryUnknownError):
+        client.call(Command.DELETE, {"topic": "t"})  # not retry-safe: one attempt, outcome unknown
 
 
 def test_client_reconnects_with_backoff_until_the_broker_appears(fakes):
@@ -462,3 +462,34 @@ def test_unreachable_leader_buffer_full_and_close_timeout(fakes):
     assert all(isinstance(f.exception(), ClientClosedError) for f in futures)
     with pytest.raises(ClientClosedError):
         producer.send("t", b"after close")
+
+
+def test_event_store_rides_out_a_leader_change_past_the_redirect_budget(fakes):
+    """EventStore retries NOT_LEADER with backoff within failover_timeout_s (a failover takes longer than the
+    client's 5 redirects); an append retried after NOT_LEADER that then conflicts is an unknown outcome."""
+    from cursus.client.events import EventStore
+
+    state = {"not_leader": 8, "append": "ok"}
+
+    def handler(fake: FakeBroker, frame: Frame, fields: CommandPayload | None) -> Reply:
+        if state["not_leader"] > 0:
+            state["not_leader"] -= 1
+            return err("NOT_LEADER", topic="t", partition=0, leader=f"{fake.address[0]}:{fake.address[1]}")
+        if frame.command == Command.STREAM_VERSION:
+            return ok("OK version=3")
+        if state["append"] == "conflict":
+            return err("version_conflict", current=4, expected=4)
+        return ok("OK version=4 offset=9 partition=0")
+
+    fake = fakes(handler)
+    with EventStore(fake.addr, "t", failover_timeout_s=10) as store:
+        assert store.version("k") == 3
+        state["not_leader"] = 8
+        assert store.append("k", "e", expected_version=4).offset == 9
+        state["not_leader"], state["append"] = 8, "conflict"
+        with pytest.raises(DeliveryUnknownError):
+            store.append("k", "e", expected_version=4)
+    with EventStore(fake.addr, "t", failover_timeout_s=0.2) as store:
+        state["not_leader"] = 1000
+        with pytest.raises(NotLeaderError):  # the deadline bounds the wait
+            store.version("k")

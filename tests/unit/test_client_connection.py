@@ -74,8 +74,13 @@ def test_transport_failure_after_write_depends_on_safety() -> None:
     assert _attempts(retry_safe=True).after_transport_failure(ConnectionResetError()) > 0
     with pytest.raises(DeliveryUnknownError):
         _attempts(retry_safe=False).after_transport_failure(ConnectionResetError())
-    with pytest.raises(RequestTimeoutError):
+    with pytest.raises(DeliveryUnknownError) as unknown:  # it may have been applied: never retryable
         _attempts(retry_safe=False).after_transport_failure(TimeoutError())
+    assert not unknown.value.retryable and unknown.value.fields == {"reason": "timeout"}
+    retry_safe = _attempts(retry_safe=True, attempts_max=1)
+    assert retry_safe.after_transport_failure(TimeoutError()) > 0
+    with pytest.raises(RequestTimeoutError):
+        retry_safe.after_transport_failure(TimeoutError())
     with pytest.raises(ProtocolViolationError):  # never retried: the peer speaks something else
         _attempts(retry_safe=True).after_transport_failure(ProtocolError("bad magic"))
 

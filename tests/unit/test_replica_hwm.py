@@ -189,6 +189,7 @@ async def test_a_new_leader_below_the_committed_hwm_fails_closed(nodes) -> None:
     with pytest.raises(BrokerError) as refused:
         node.replica.append(records(0, 1), 1)
     assert refused.value.error.code == "storage_unavailable" and "below the committed HWM" in str(refused.value)
+    assert refused.value.error.retryable  # transient: the node hands the partition over or catches up
     node.replica.on_committed_hwm(2, 9)
     assert node.replica.hwm == 0  # never serves an HWM it cannot back
     node.replica.become_follower(3, "b")  # a follower may fetch what it lacks

@@ -153,9 +153,10 @@ async def handle_append_stream(broker: Broker, req: Request, args: AppendStreamA
 
 
 async def _event_batch(broker: Broker, replica: Replica, entries: list[StreamEntry]) -> tuple[bytes, int]:
-    """The stored records of ``entries`` (still retained) as a records section and their count."""
-    offsets = [e.offset for e in entries if e.offset >= replica.log_start_offset][
-        :broker.config.eventstore_max_read_events]
+    """The stored records of the first ``entries`` as a records section and their count: at most
+    ``eventstore_max_read_events`` records and ``consume_max_bytes_limit`` bytes (at least one), so the
+    count may be below ``len(entries)`` (the caller tells the client where to continue)."""
+    offsets = [e.offset for e in entries][:broker.config.eventstore_max_read_events]
     if not offsets:
         return b"", 0
     try:
@@ -169,8 +170,11 @@ async def _event_batch(broker: Broker, replica: Replica, entries: list[StreamEnt
 
 
 async def handle_read_stream(broker: Broker, req: Request, args: ReadStreamArgs) -> Frames:
-    """READ_STREAM: envelope ``{"status","topic","key","partition","count"[,"snapshot"]}`` then the events
-    (version >= from_version, or > the snapshot's version when a snapshot at or after from_version exists)."""
+    """READ_STREAM: envelope ``{"status","topic","key","partition","count"[,"snapshot"][,"more",
+    "next_from_version"]}`` then the events (version >= from_version, or > the snapshot's version when a
+    snapshot at or after from_version exists). A reply cut by ``eventstore_max_read_events`` or
+    ``consume_max_bytes_limit`` says ``"more": true`` and the version to continue from; a stream whose
+    events to serve lie below the log start answers ``stream_retention_gap`` (never a gapped stream)."""
     defn = _es_topic(broker, args.topic, req, "read", "READ_STREAM")
     replica = _replica_for_key(broker, defn, args.key)
     events = await _events(broker, replica)
@@ -180,11 +184,23 @@ async def handle_read_stream(broker: Broker, req: Request, args: ReadStreamArgs)
         snapshot = None
     if snapshot is not None:
         start = snapshot.version + 1
-    records, count = await _event_batch(broker, replica, events.index.entries(args.key, start))
+    entries = events.index.entries(args.key, start)
+    if entries and entries[0].offset < replica.log_start_offset:
+        # events of this stream are gone from the log (below its start): never serve a gapped stream
+        raise BrokerError.of("stream_retention_gap", topic=defn.name, key=args.key, partition=replica.partition,
+                             from_version=start, missing_version=entries[0].version,
+                             log_start_offset=replica.log_start_offset,
+                             snapshot_version=snapshot.version if snapshot is not None else 0)
+    records, count = await _event_batch(broker, replica, entries)
     envelope: dict[str, object] = {"status": "OK", "topic": defn.name, "key": args.key,
                                    "partition": replica.partition, "count": count}
     if snapshot is not None:
         envelope["snapshot"] = snapshot.to_json()
+    if count < len(entries):
+        # a partial read (the reply's event or byte limit): an extra field official clients ignore; ours
+        # read on with from_version=next_from_version (docs/event-sourcing.md "Reading long streams")
+        envelope["more"] = True
+        envelope["next_from_version"] = entries[count].version
     header = encode_batch_header(defn.name, replica.partition, acks="1", record_count=count)
     return Frames((json_envelope(envelope), [header, records]))
 
@@ -290,8 +306,8 @@ async def handle_range_read(broker: Broker, req: Request, args: RangeReadArgs) -
                           log_start_offset=replica.log_start_offset, proof_hwm=events.index.indexed_offset)
     if result.code is not None:
         raise _proof_error(result.code, result.proof)
-    wanted = [e for e in entries if args.from_sequence <= e.version <= args.to_sequence][:args.max_records]
-    records, count = await _event_batch(broker, replica, wanted)
+    in_range = [e for e in entries if args.from_sequence <= e.version <= args.to_sequence]
+    records, count = await _event_batch(broker, replica, in_range[:args.max_records])
     envelopes = []
     for raw in iter_record_slices(records, count):
         r = decode_record(raw)
@@ -301,4 +317,10 @@ async def handle_range_read(broker: Broker, req: Request, args: RangeReadArgs) -
             "schema_version": r.schema_version, "metadata": r.metadata or "", "timestamp": r.timestamp,
             "payload_base64": base64.b64encode(r.payload).decode("ascii"),
         })
-    return json_envelope({"status": "OK", "proof": result.proof, "events": envelopes})
+    reply: dict[str, object] = {"status": "OK", "proof": result.proof, "events": envelopes}
+    if count < len(in_range):
+        # more events in the range than this reply holds (max_records or the broker's limits): an extra
+        # field official clients ignore (docs/event-sourcing.md "Reading long streams")
+        reply["more"] = True
+        reply["next_from_sequence"] = in_range[count].version
+    return json_envelope(reply)

@@ -20,6 +20,7 @@ import asyncio
 import functools
 import json
 import logging
+import struct
 
 from cursus.broker.args import ACK_MODES, PublishArgs, parse_acks
 from cursus.broker.core import Broker, now_ms
@@ -33,6 +34,7 @@ from cursus.wire import (
     BatchView,
     Record,
     encode_record,
+    iter_record_slices,
     record_offset_field_position,
     scan_batch,
     stamp_offsets,
@@ -42,6 +44,9 @@ from cursus.wire.errors import BrokerError
 log = logging.getLogger("cursus.produce")
 _U32_LEN = 4
 _TXN_FIELDS = ("transactional_id", "transaction_state", "transaction_marker")
+#: A record's version (u16) and presence bitmap (u64); bits 5 aggregate_version, 15 event_id, 16 payload_digest.
+_PRESENCE = struct.Struct(">HQ")
+_EVENT_FIELD_BITS = (1 << 5) | (1 << 15) | (1 << 16)
 
 
 async def handle_publish(broker: Broker, req: Request) -> Pending | NoReply:
@@ -189,6 +194,10 @@ async def _publish_batch(broker: Broker, req: Request, view: BatchView) -> Pendi
     if view.max_record_size > broker.config.max_message_bytes:
         raise BrokerError.of("message_too_large", size=view.max_record_size,
                              limit=broker.config.max_message_bytes)
+    buf = bytearray(req.batch or b"")
+    body = memoryview(buf)[view.records_offset:]
+    if defn.event_sourcing:
+        _refuse_event_records(defn, body, view.record_count)
     producer = None
     if view.producer_id is not None:
         producer = (view.producer_id, view.producer_epoch, view.first_seq, view.last_seq)
@@ -203,10 +212,19 @@ async def _publish_batch(broker: Broker, req: Request, view: BatchView) -> Pendi
     elif not view.uniform_producer:
         producer = None  # mixed producers: nothing to remember for deduplication
     _check_min_isr(broker, defn, replica, mode)
-    buf = bytearray(req.batch or b"")
-    body = memoryview(buf)[view.records_offset:]
     return _append_and_ack(broker, replica, mode, buf, view.offset_positions, body, view.record_count,
                                  producer=producer, idempotent=view.idempotent)
+
+
+def _refuse_event_records(defn: TopicDefinition, records: memoryview, count: int) -> None:
+    """PUBLISH to an event-sourcing topic carries ordinary records only: a record with event fields
+    (``aggregate_version``, ``event_id``, ``payload_digest``) would enter the stream index past the version
+    check, so it is refused (``invalid_topic_policy field=aggregate_version``; APPEND_STREAM appends events)."""
+    for index, raw in enumerate(iter_record_slices(records, count)):
+        if len(raw) >= _PRESENCE.size and _PRESENCE.unpack_from(raw, 0)[1] & _EVENT_FIELD_BITS:
+            raise BrokerError.of("invalid_topic_policy", topic=defn.name, field="aggregate_version",
+                                 command="PUBLISH", record=index,
+                                 reason="event records are appended with APPEND_STREAM only")
 
 
 async def _publish_text(broker: Broker, req: Request) -> Pending | NoReply:
