@@ -32,11 +32,13 @@ from typing import Any
 from cursus.client.aio import AsyncClient
 from cursus.client.connection import Address, Client, ConnectionOptions, ok_fields
 from cursus.client.errors import (
+    AvailabilityError,
     ClientClosedError,
     CursusError,
     DeliveryUnknownError,
     ProducerFencedError,
     RequestTimeoutError,
+    RoutingError,
     ValidationError,
 )
 from cursus.wire import Command
@@ -173,6 +175,15 @@ class TransactionSession:
             self.state, self.ending = "done", None
 
 
+def _coordinator_after(error: BaseException, coordinator: Address | None) -> Address | None:
+    """The cached coordinator address after a failed call: forgotten when the broker is gone or no longer
+    coordinates the id (unreachable, NOT_COORDINATOR, coordinator_not_available), so the next call asks
+    FIND_COORDINATOR again (a new shard owner after a failover); kept otherwise."""
+    if isinstance(error, (AvailabilityError, RoutingError, OSError)):
+        return None
+    return coordinator
+
+
 class TransactionalProducer:
     """Blocking transactional producer over a :class:`~cursus.client.connection.Client`.
 
@@ -215,6 +226,7 @@ class TransactionalProducer:
         try:
             return ok_fields(self._client.call(command, fields, address=self._address(), retry_safe=True))
         except Exception as exc:
+            self._coordinator = _coordinator_after(exc, self._coordinator)
             self.session.on_error(exc)
             raise
 
@@ -319,6 +331,7 @@ class AsyncTransactionalProducer:
             return ok_fields(await self._client.call(command, fields, address=await self._address(),
                                                      retry_safe=True))
         except Exception as exc:
+            self._coordinator = _coordinator_after(exc, self._coordinator)
             self.session.on_error(exc)
             raise
 

@@ -480,3 +480,37 @@ def test_transactional_stream_appends_across_partition_leaders(cluster: Cluster,
     wait_for(lambda: conn.command(f"APPEND_STREAM topic={name} key={first} version=4 event_type=E "
                                   f"message=after-abort").status.name == "OK", 10, "version 4 free again")
     assert version(first) == 4
+
+
+def test_sdk_producer_follows_a_new_shard_owner(cluster: Cluster, conn: RoutingConnection) -> None:
+    """The SDK's TransactionalProducer forgets its cached coordinator when the shard owner is gone, so the
+    same producer object finds the new owner (FIND_COORDINATOR) and keeps committing (break-it finding:
+    every call after a kill -9 of the owner failed with broker_unavailable for the old address)."""
+    from cursus.client import TransactionalProducer
+    from cursus.client.errors import CursusError
+
+    bootstrap = [f"{h}:{p}" for h, p in (b.address for b in cluster.brokers)]
+    sink = _topic(conn, 1)
+    tid = _name("sdk-owner-")
+    with TransactionalProducer(bootstrap, tid) as txn:
+        txn.begin()
+        txn.send(sink, "before")
+        assert txn.commit() == "committed"
+        owner = _owner(cluster, tid)
+        owner.kill()
+        try:
+            wait_for(lambda: _owner(cluster, tid) is not owner, 20, "a new shard owner")
+            deadline, began = time.monotonic() + 30, False
+            while not began:
+                try:
+                    txn.begin()
+                    began = True
+                except CursusError as exc:
+                    assert exc.retryable or exc.code == "broker_unavailable", exc
+                    assert time.monotonic() < deadline, f"never reached the new owner: {exc}"
+                    time.sleep(0.2)
+            txn.send(sink, "after")
+            assert txn.commit() == "committed"
+        finally:
+            _restart_dead(cluster)
+    _eventually(conn, sink, [[b"before", b"after"]])
