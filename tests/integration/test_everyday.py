@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import select
 import signal
 import subprocess
 import sys
@@ -106,6 +107,10 @@ def test_sigterm_leaves_the_group(shared_broker, topic_name, how):
     proc = subprocess.Popen(argv, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
         wait_for(lambda: group_status(shared_broker, group).get("member_count") == 1, 20, "the member to join")
+        if how == "sdk":  # the broker counts the member before the client has its JoinGroup reply: wait for it
+            assert proc.stdout is not None
+            ready, _, _ = select.select([proc.stdout], [], [], 20)
+            assert ready and proc.stdout.readline().strip() == "joined", "the SDK member never finished joining"
         proc.send_signal(signal.SIGTERM)
         assert proc.wait(timeout=20) == 128 + signal.SIGTERM, proc.stderr.read() if proc.stderr else ""
     finally:
