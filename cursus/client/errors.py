@@ -162,6 +162,14 @@ class InternalError(CursusError):
 # ------------------------------------------------------------------------------------------ specific codes
 
 
+def _int_field(fields: Mapping[str, str], key: str) -> int | None:
+    """``fields[key]`` as an int; None when it is missing or not an integer."""
+    try:
+        return int(fields[key])
+    except (KeyError, ValueError):
+        return None
+
+
 def _split_address(text: str) -> tuple[str, int] | None:
     host, sep, port = text.strip().rpartition(":")
     if not sep or not host or not port.isdigit():
@@ -197,26 +205,20 @@ class OffsetOutOfRangeError(ConflictError):
     """``OFFSET_OUT_OF_RANGE requested= earliest= latest=``: the offset is below the retained log or past
     its end. ``requested``, ``earliest`` and ``latest`` are ints (None when the broker omitted them)."""
 
-    def _int(self, key: str) -> int | None:
-        try:
-            return int(self.fields[key])
-        except (KeyError, ValueError):
-            return None
-
     @property
     def requested(self) -> int | None:
         """The offset that was asked for."""
-        return self._int("requested")
+        return _int_field(self.fields, "requested")
 
     @property
     def earliest(self) -> int | None:
         """The first retained offset."""
-        return self._int("earliest")
+        return _int_field(self.fields, "earliest")
 
     @property
     def latest(self) -> int | None:
         """The next readable offset (the high-water mark)."""
-        return self._int("latest")
+        return _int_field(self.fields, "latest")
 
 
 class ProducerFencedError(FencingError):
@@ -234,19 +236,13 @@ class VersionConflictError(ConflictError):
     aggregate's current version + 1 (optimistic concurrency); nothing was written. ``current`` and
     ``expected`` are ints (None when the broker omitted them)."""
 
-    def _int(self, key: str) -> int | None:
-        try:
-            return int(self.fields[key])
-        except (KeyError, ValueError):
-            return None
-
     @property
     def current(self) -> int | None:
-        return self._int("current")
+        return _int_field(self.fields, "current")
 
     @property
     def expected(self) -> int | None:
-        return self._int("expected")
+        return _int_field(self.fields, "expected")
 
 
 class TopicNotFoundError(NotFoundError):
