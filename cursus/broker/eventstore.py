@@ -38,7 +38,7 @@ import functools
 import logging
 import os
 import struct
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -52,7 +52,7 @@ from cursus.eventstore import (
     decode_snapshot_log,
     encode_snapshot_record,
 )
-from cursus.eventstore.peek import peek_event
+from cursus.eventstore.peek import EventFields, peek_event
 from cursus.internal.client import InternalRpcError
 from cursus.internal.v1 import replication_pb2 as pb
 from cursus.storage import CorruptLogError, OffsetOutOfRange, PartitionLog
@@ -192,6 +192,38 @@ def _load(directory: Path) -> tuple[StreamIndex, SnapshotStore]:
     return index, SnapshotStore(snapshots)
 
 
+class _EventWalk:
+    """Blocking: the event records of ``plog`` in ``[start, end)``, read ``SCAN_RECORDS`` / ``SCAN_BYTES`` at
+    a time. Iterating yields (fields, stored record without its length prefix) for each record that is an
+    event (:func:`peek_event`); control records and records that are not events are left out. ``reached`` is
+    the offset the walk has read past: ``start`` at first, then each read's next offset once all of its
+    records were yielded (a caller that stops early knows its own stop offset)."""
+
+    __slots__ = ("plog", "end", "reached")
+
+    def __init__(self, plog: PartitionLog, start: int, end: int) -> None:
+        self.plog = plog
+        self.end = end
+        self.reached = start
+
+    def __iter__(self) -> Iterator[tuple[EventFields, memoryview]]:
+        while self.reached < self.end:
+            result = self.plog.read(self.reached, max_offset=self.end, max_records=SCAN_RECORDS,
+                                    max_bytes=SCAN_BYTES)
+            if result.record_count == 0:
+                return
+            records = result.records
+            view = memoryview(records)
+            pos = 0
+            for _ in range(result.record_count):
+                length = _U32.unpack_from(records, pos)[0]
+                fields = peek_event(records, pos + 4, pos + 4 + length)
+                if fields is not None and not fields.control:
+                    yield fields, view[pos + 4:pos + 4 + length]
+                pos += 4 + length
+            self.reached = result.next_offset
+
+
 def _scan(plog: PartitionLog, start: int, end: int,
           visible: Callable[[int], bool | None]) -> tuple[list[tuple[str, StreamEntry]], int]:
     """Blocking: the event records of ``plog`` in ``[start, end)`` as (key, entry), and the offset the
@@ -200,29 +232,17 @@ def _scan(plog: PartitionLog, start: int, end: int,
     True (committed), is skipped when False (aborted), and stops the scan at its offset when None (not
     decided yet, or unknown here: the scan resumes there later)."""
     found: list[tuple[str, StreamEntry]] = []
-    offset = start
-    while offset < end:
-        result = plog.read(offset, max_offset=end, max_records=SCAN_RECORDS, max_bytes=SCAN_BYTES)
-        if result.record_count == 0:
-            break
-        records = result.records
-        pos = 0
-        for _ in range(result.record_count):
-            length = _U32.unpack_from(records, pos)[0]
-            fields = peek_event(records, pos + 4, pos + 4 + length)
-            pos += 4 + length
-            if fields is None or fields.control:
+    walk = _EventWalk(plog, start, end)
+    for fields, _record in walk:
+        if fields.transactional:
+            decided = visible(fields.offset)
+            if decided is None:
+                return found, fields.offset
+            if not decided:
                 continue
-            if fields.transactional:
-                decided = visible(fields.offset)
-                if decided is None:
-                    return found, fields.offset
-                if not decided:
-                    continue
-            found.append((fields.key, StreamEntry(fields.aggregate_version, fields.offset, fields.event_id,
-                                                  fields.payload_digest)))
-        offset = result.next_offset
-    return found, offset
+        found.append((fields.key, StreamEntry(fields.aggregate_version, fields.offset, fields.event_id,
+                                              fields.payload_digest)))
+    return found, walk.reached
 
 
 def _append_snapshot(directory: Path, data: bytes) -> None:
@@ -312,28 +332,14 @@ def _scan_tail(plog: PartitionLog, start: int, end: int) -> list[tuple[str, int,
     """Blocking: every event record of ``plog`` in ``[start, end)`` as (key, version, offset, the
     (producer id, epoch) of a transactional one); control records are left out."""
     found: list[tuple[str, int, int, tuple[str, int] | None]] = []
-    offset = start
-    while offset < end:
-        result = plog.read(offset, max_offset=end, max_records=SCAN_RECORDS, max_bytes=SCAN_BYTES)
-        if result.record_count == 0:
-            break
-        records = result.records
-        pos = 0
-        for _ in range(result.record_count):
-            length = _U32.unpack_from(records, pos)[0]
-            fields = peek_event(records, pos + 4, pos + 4 + length)
-            body = records[pos + 4:pos + 4 + length]
-            pos += 4 + length
-            if fields is None or fields.control:
+    for fields, record in _EventWalk(plog, start, end):
+        producer = None
+        if fields.transactional:
+            info = txn_info(record)
+            if info is None or info.marker is not None:
                 continue
-            producer = None
-            if fields.transactional:
-                info = txn_info(body)
-                if info is None or info.marker is not None:
-                    continue
-                producer = (info.producer_id, info.producer_epoch)
-            found.append((fields.key, fields.aggregate_version, fields.offset, producer))
-        offset = result.next_offset
+            producer = (info.producer_id, info.producer_epoch)
+        found.append((fields.key, fields.aggregate_version, fields.offset, producer))
     return found
 
 

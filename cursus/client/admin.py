@@ -71,8 +71,18 @@ def _csv(raw: str | None) -> tuple[str, ...]:
 # ------------------------------------------------------------------------------------------ dataclasses
 
 
+class _PlainDict:
+    """Base of the result dataclasses: :meth:`to_dict`."""
+
+    __slots__ = ()
+
+    def to_dict(self) -> dict[str, Any]:
+        """Plain JSON-able dict (tuples become lists)."""
+        return _jsonable(asdict(self))  # type: ignore[call-overload]  # every subclass is a dataclass
+
+
 @dataclass(frozen=True, slots=True)
-class TopicConfig:
+class TopicConfig(_PlainDict):
     """A topic definition as CREATE and ALTER_TOPIC_CONFIG report it.
 
     ``min_in_sync_replicas`` is the topic override (None: the broker default applies);
@@ -97,10 +107,6 @@ class TopicConfig:
     min_in_sync_replicas: int | None
     effective_min_in_sync_replicas: int | None
     extra: Mapping[str, str] = field(default_factory=dict)
-
-    def to_dict(self) -> dict[str, Any]:
-        """Plain JSON-able dict."""
-        return _jsonable(asdict(self))
 
 
 _CONFIG_KEYS = frozenset({
@@ -132,7 +138,7 @@ def parse_topic_config(fields: Mapping[str, str]) -> TopicConfig:
 
 
 @dataclass(frozen=True, slots=True)
-class TopicMetadata:
+class TopicMetadata(_PlainDict):
     """METADATA: partition leaders and epochs plus the topic policy.
 
     ``leaders[p]`` is partition p's leader as ``host:port`` (the advertised client address); ``epochs[p]``
@@ -166,10 +172,6 @@ class TopicMetadata:
         except ValueError:
             return None
 
-    def to_dict(self) -> dict[str, Any]:
-        """Plain JSON-able dict."""
-        return _jsonable(asdict(self))
-
 
 _METADATA_KEYS = frozenset({
     "topic", "partitions", "leaders", "epochs", "revision", "replication_factor", "idempotent",
@@ -199,7 +201,7 @@ def parse_metadata(fields: Mapping[str, str], topic: str) -> TopicMetadata:
 
 
 @dataclass(frozen=True, slots=True)
-class PartitionOffsets:
+class PartitionOffsets(_PlainDict):
     """LIST_OFFSETS for one partition.
 
     ``earliest``: first retained offset. ``latest``: next readable (committed) offset, where a consumer
@@ -211,10 +213,6 @@ class PartitionOffsets:
     latest: int
     leo: int
     hwm: int
-
-    def to_dict(self) -> dict[str, Any]:
-        """Plain JSON-able dict."""
-        return asdict(self)
 
 
 def parse_list_offsets(fields: Mapping[str, str]) -> list[PartitionOffsets]:
@@ -309,7 +307,7 @@ def parse_describe(doc: Mapping[str, Any]) -> TopicDescription:
 
 
 @dataclass(frozen=True, slots=True)
-class DeleteResult:
+class DeleteResult(_PlainDict):
     """DELETE: ``deleted`` is False when ``if_exists`` found nothing; ``cleanup_pending`` when storage
     cleanup must still be retried by the broker."""
 
@@ -317,13 +315,9 @@ class DeleteResult:
     deleted: bool
     cleanup_pending: bool
 
-    def to_dict(self) -> dict[str, Any]:
-        """Plain JSON-able dict."""
-        return asdict(self)
-
 
 @dataclass(frozen=True, slots=True)
-class TruncateResult:
+class TruncateResult(_PlainDict):
     """TRUNCATE: the topic's new definition ``revision`` and ``lifecycle_epoch`` (both one higher); every
     partition is empty again (``leo`` = ``hwm`` = 0). ``cleanup_pending`` when the broker that answered
     could not reset its local storage yet (the topic stays unavailable there until its retry succeeds)."""
@@ -335,13 +329,9 @@ class TruncateResult:
     hwm: int
     cleanup_pending: bool
 
-    def to_dict(self) -> dict[str, Any]:
-        """Plain JSON-able dict."""
-        return asdict(self)
-
 
 @dataclass(frozen=True, slots=True)
-class GroupOffset:
+class GroupOffset(_PlainDict):
     """One topic-partition of a consumer group: committed offset and owner from GROUP_STATUS, log end from
     LIST_OFFSETS on the partition's leader (:func:`merge_group_offsets`).
 
@@ -359,10 +349,6 @@ class GroupOffset:
     log_end: int
     lag: int
     owner: str | None
-
-    def to_dict(self) -> dict[str, Any]:
-        """Plain JSON-able dict."""
-        return asdict(self)
 
 
 def parse_group_offsets(status: Mapping[str, Any]) -> list[GroupOffset]:

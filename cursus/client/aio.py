@@ -31,7 +31,7 @@ from cursus.client.connection import (
     negotiated_compression,
     negotiation_request,
     options_from,
-    parse_address,
+    parse_bootstrap,
     probe_tls,
     tls_failure,
     tls_required_error,
@@ -293,10 +293,7 @@ class AsyncClient:
     def __init__(self, bootstrap: str | Sequence[str] = DEFAULT_ADDRESS,
                  options: ConnectionOptions | None = None, **overrides: Any) -> None:
         self.options = options_from(options, overrides)
-        addresses = [bootstrap] if isinstance(bootstrap, str) else list(bootstrap)
-        if not addresses:
-            raise ValueError("at least one bootstrap address is needed")
-        self.bootstrap: list[Address] = [parse_address(a) for a in addresses]
+        self.bootstrap: list[Address] = parse_bootstrap(bootstrap)
         self._connections: dict[Address, AsyncConnection] = {}
         self._opening: dict[Address, asyncio.Lock] = {}
         self._closed = False

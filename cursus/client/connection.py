@@ -77,6 +77,7 @@ __all__ = [
     "ok_fields",
     "ok_text_fields",
     "parse_address",
+    "parse_bootstrap",
     "json_reply",
 ]
 
@@ -115,6 +116,15 @@ def parse_address(text: str, default_port: int = DEFAULT_PORT) -> Address:
     if not port_text.isdigit() or not 0 < int(port_text) < 65536:
         raise ValueError(f"address {text!r} has an invalid port")
     return host, int(port_text)
+
+
+def parse_bootstrap(bootstrap: str | Sequence[str]) -> list[Address]:
+    """The bootstrap addresses of a client: one ``host:port`` or a sequence of them, in order (see
+    :func:`parse_address`). Raises ``ValueError`` for an empty sequence or a bad address."""
+    addresses = [bootstrap] if isinstance(bootstrap, str) else list(bootstrap)
+    if not addresses:
+        raise ValueError("at least one bootstrap address is needed")
+    return [parse_address(a) for a in addresses]
 
 
 def format_address(address: Address) -> str:
@@ -829,10 +839,7 @@ class Client:
     def __init__(self, bootstrap: str | Sequence[str] = DEFAULT_ADDRESS,
                  options: ConnectionOptions | None = None, **overrides: Any) -> None:
         self.options = options_from(options, overrides)
-        addresses = [bootstrap] if isinstance(bootstrap, str) else list(bootstrap)
-        if not addresses:
-            raise ValueError("at least one bootstrap address is needed")
-        self.bootstrap: list[Address] = [parse_address(a) for a in addresses]
+        self.bootstrap: list[Address] = parse_bootstrap(bootstrap)
         self._connections: dict[Address, Connection] = {}
         self._lock = threading.Lock()
         self._closed = False

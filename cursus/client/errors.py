@@ -162,6 +162,14 @@ class InternalError(CursusError):
 # ------------------------------------------------------------------------------------------ specific codes
 
 
+def _int_field(fields: Mapping[str, str], key: str) -> int | None:
+    """``fields[key]`` as an int; None when it is missing or not an integer."""
+    try:
+        return int(fields[key])
+    except (KeyError, ValueError):
+        return None
+
+
 def _split_address(text: str) -> tuple[str, int] | None:
     host, sep, port = text.strip().rpartition(":")
     if not sep or not host or not port.isdigit():
@@ -197,26 +205,20 @@ class OffsetOutOfRangeError(ConflictError):
     """``OFFSET_OUT_OF_RANGE requested= earliest= latest=``: the offset is below the retained log or past
     its end. ``requested``, ``earliest`` and ``latest`` are ints (None when the broker omitted them)."""
 
-    def _int(self, key: str) -> int | None:
-        try:
-            return int(self.fields[key])
-        except (KeyError, ValueError):
-            return None
-
     @property
     def requested(self) -> int | None:
         """The offset that was asked for."""
-        return self._int("requested")
+        return _int_field(self.fields, "requested")
 
     @property
     def earliest(self) -> int | None:
         """The first retained offset."""
-        return self._int("earliest")
+        return _int_field(self.fields, "earliest")
 
     @property
     def latest(self) -> int | None:
         """The next readable offset (the high-water mark)."""
-        return self._int("latest")
+        return _int_field(self.fields, "latest")
 
 
 class ProducerFencedError(FencingError):
@@ -234,19 +236,13 @@ class VersionConflictError(ConflictError):
     aggregate's current version + 1 (optimistic concurrency); nothing was written. ``current`` and
     ``expected`` are ints (None when the broker omitted them)."""
 
-    def _int(self, key: str) -> int | None:
-        try:
-            return int(self.fields[key])
-        except (KeyError, ValueError):
-            return None
-
     @property
     def current(self) -> int | None:
-        return self._int("current")
+        return _int_field(self.fields, "current")
 
     @property
     def expected(self) -> int | None:
-        return self._int("expected")
+        return _int_field(self.fields, "expected")
 
 
 class TopicNotFoundError(NotFoundError):
@@ -264,53 +260,62 @@ class AuthenticationError(AuthorizationError):
 # ------------------------------------------------------------------------------------- client-side errors
 
 
-class BrokerUnavailableError(AvailabilityError):
+class _ClientSideError(CursusError):
+    """A failure the SDK noticed itself: each subclass names its code (``client_code``) and retry flag
+    (``client_retryable``); it is raised with a message and optional fields only. Mixed in after the error
+    class base (``class X(AvailabilityError, _ClientSideError)``), so the public hierarchy is unchanged."""
+
+    client_code: ClassVar[str]
+    client_retryable: ClassVar[bool] = False
+
+    def __init__(self, message: str = "", *, fields: Mapping[str, str] | None = None) -> None:
+        super().__init__(self.client_code, message, retryable=self.client_retryable, fields=fields)
+
+
+class BrokerUnavailableError(AvailabilityError, _ClientSideError):
     """The SDK could not reach a broker (connect refused, connection dropped) within its retry budget.
 
     Code ``broker_unavailable``, retryable. For a request that was sent and whose outcome is unknown,
     :class:`DeliveryUnknownError` is raised instead.
     """
 
-    def __init__(self, message: str = "", *, fields: Mapping[str, str] | None = None) -> None:
-        super().__init__("broker_unavailable", message, retryable=True, fields=fields)
+    client_code = "broker_unavailable"
+    client_retryable = True
 
 
-class RequestTimeoutError(AvailabilityError, TimeoutError):
+class RequestTimeoutError(AvailabilityError, _ClientSideError, TimeoutError):
     """No reply within the request timeout (code ``client_timeout``, retryable). The connection was closed,
     because a late reply would be mistaken for the next request's."""
 
-    def __init__(self, message: str = "", *, fields: Mapping[str, str] | None = None) -> None:
-        super().__init__("client_timeout", message, retryable=True, fields=fields)
+    client_code = "client_timeout"
+    client_retryable = True
 
 
-class DeliveryUnknownError(AvailabilityError):
+class DeliveryUnknownError(AvailabilityError, _ClientSideError):
     """The connection failed after a non-idempotent request was written: the broker may or may not have
     applied it (code ``delivery_unknown``, not retryable, since a blind retry could duplicate it)."""
 
-    def __init__(self, message: str = "", *, fields: Mapping[str, str] | None = None) -> None:
-        super().__init__("delivery_unknown", message, retryable=False, fields=fields)
+    client_code = "delivery_unknown"
 
 
-class BufferFullError(AvailabilityError):
+class BufferFullError(AvailabilityError, _ClientSideError):
     """The producer's record buffer stayed full for ``max_block_s`` (code ``buffer_full``, retryable)."""
 
-    def __init__(self, message: str = "", *, fields: Mapping[str, str] | None = None) -> None:
-        super().__init__("buffer_full", message, retryable=True, fields=fields)
+    client_code = "buffer_full"
+    client_retryable = True
 
 
-class ClientClosedError(ValidationError):
+class ClientClosedError(ValidationError, _ClientSideError):
     """The producer, consumer, admin client or connection was closed (code ``client_closed``)."""
 
-    def __init__(self, message: str = "", *, fields: Mapping[str, str] | None = None) -> None:
-        super().__init__("client_closed", message, retryable=False, fields=fields)
+    client_code = "client_closed"
 
 
-class ProtocolViolationError(InternalError):
+class ProtocolViolationError(InternalError, _ClientSideError):
     """The broker's reply was not valid Wire v2 or not the documented reply shape (code ``protocol_error``).
     The connection it arrived on was closed."""
 
-    def __init__(self, message: str = "", *, fields: Mapping[str, str] | None = None) -> None:
-        super().__init__("protocol_error", message, retryable=False, fields=fields)
+    client_code = "protocol_error"
 
 
 class TlsError(AuthorizationError):

@@ -1,17 +1,76 @@
 """Workloads and checkers for replication tests: acks=all writers on raw Wire v2 that follow leaders, an
-HWM observer, and the history check (every acknowledged record present once, in order)."""
+HWM observer, and the history check (every acknowledged record present once, in order); and the setup the
+replication test modules share (a module cluster fixture, broker restoration after each test, topics of
+replication factor 3, acks=all publishes that retry refusals before append)."""
 
 from __future__ import annotations
 
 import json
 import threading
 import time
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pytest
 
 from cursus.client.connection import Connection
 from cursus.wire import Status
 from tests.cluster.clustersupport import Cluster, wait_for
-from tests.integration.helpers import consume, error_of, publish_batch
+from tests.integration.helpers import consume, create_topic, error_of, publish_batch
+
+#: Refusals before append (nothing written): a retry cannot duplicate anything.
+BEFORE_APPEND = {"leader_not_available", "insufficient_in_sync_replicas", "NOT_LEADER"}
+
+
+def module_cluster(name: str, **settings: Any) -> Callable[..., Iterator[Cluster]]:
+    """A module-scoped ``cluster`` fixture: three real brokers in a fresh temporary folder ``name``, started
+    once with the broker ``settings`` (as :class:`Cluster` takes them) and stopped after the module.
+    Use it as ``cluster = module_cluster("name", ...)`` at module level."""
+    @pytest.fixture(scope="module")
+    def cluster(tmp_path_factory: pytest.TempPathFactory, pki) -> Iterator[Cluster]:
+        c = Cluster(Path(tmp_path_factory.mktemp(name)), pki, **settings)
+        try:
+            c.start()
+            yield c
+        finally:
+            c.stop()
+    return cluster
+
+
+def restore_brokers(cluster: Cluster) -> None:
+    """Resume every paused broker, restart every dead one, and wait (30 s) until the cluster counts every
+    broker active: a failed test must not leave the next one with a dead broker."""
+    for broker in cluster.brokers:
+        broker.resume()
+        if broker.proc is None or broker.proc.poll() is not None:
+            broker.start(timeout_s=60)
+    wait_for(lambda: status(cluster.brokers[0])["inactive_brokers"] == 0, 30, "every broker active")
+
+
+def conn(broker) -> Connection:
+    return Connection(*broker.address, timeout_s=10)
+
+
+def make_topic(cluster: Cluster, name: str, **fields: str) -> dict:
+    """Create a one-partition topic of replication factor 3 and wait for its full ISR; its partition row."""
+    with conn(cluster.brokers[0]) as c:
+        create_topic(c, name, 1, replication_factor="3", **fields)
+    return wait_isr(cluster, name, 3)
+
+
+def publish_ok(c: Connection, topic: str, payloads: list[bytes], *, acks: str = "all", **kw) -> dict:
+    """Publish to partition 0, retrying (20 s) refusals that happen before append (a leader still opening or
+    preparing, an ISR regrowing); the OK answer's fields. Any other error fails the test."""
+    def attempt():
+        frame = publish_batch(c, topic, 0, payloads, acks=acks, **kw)
+        if frame.status == Status.OK:
+            return json.loads(frame.payload)
+        err = error_of(frame)
+        assert err.code in BEFORE_APPEND, (err.code, err.fields)
+        return None
+    return wait_for(attempt, 20, f"{topic} accepts a publish")
 
 
 def status(broker) -> dict:

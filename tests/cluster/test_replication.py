@@ -11,11 +11,9 @@ import socket
 import subprocess
 import sys
 import time
-from pathlib import Path
 
 import pytest
 
-from cursus.client.connection import Connection
 from cursus.wire import Batch, Command, Record, Status, encode_batch
 from tests.cluster.clustersupport import Cluster, wait_for
 from tests.cluster.raftsupport import closed_by_peer
@@ -23,61 +21,28 @@ from tests.cluster.replsupport import (
     AcksAllWriter,
     HwmObserver,
     check_history,
+    conn,
     leader_proc,
+    make_topic,
+    module_cluster,
     partition_state,
+    publish_ok,
     read_partition,
+    restore_brokers,
     status,
     wait_isr,
 )
-from tests.integration.helpers import create_topic, error_of, ok_fields, publish_batch
+from tests.integration.helpers import error_of, ok_fields, publish_batch
 
-
-@pytest.fixture(scope="module")
-def cluster(tmp_path_factory: pytest.TempPathFactory, pki) -> Cluster:
-    # replica lag above the broker session timeout, as with the defaults (10 s vs 3 s): a dead follower is
-    # fenced (out of the ISR) while it still counts as recently caught up
-    c = Cluster(Path(tmp_path_factory.mktemp("replication")), pki, replica_lag_time_max_ms=4000)
-    try:
-        c.start()
-        yield c
-    finally:
-        c.stop()
+# replica lag above the broker session timeout, as with the defaults (10 s vs 3 s): a dead follower is
+# fenced (out of the ISR) while it still counts as recently caught up
+cluster = module_cluster("replication", replica_lag_time_max_ms=4000)
 
 
 @pytest.fixture(autouse=True)
 def all_brokers_running(cluster: Cluster):
     yield
-    for broker in cluster.brokers:  # a failed test must not leave the next one with a dead broker
-        broker.resume()
-        if broker.proc is None or broker.proc.poll() is not None:
-            broker.start(timeout_s=60)
-    wait_for(lambda: status(cluster.brokers[0])["inactive_brokers"] == 0, 30, "every broker active")
-
-
-def conn(broker) -> Connection:
-    return Connection(*broker.address, timeout_s=10)
-
-
-def make_topic(cluster: Cluster, name: str, **fields: str) -> dict:
-    with conn(cluster.brokers[0]) as c:
-        create_topic(c, name, 1, replication_factor="3", **fields)
-    return wait_isr(cluster, name, 3)
-
-
-#: Refusals before append (nothing written): a retry cannot duplicate anything.
-_BEFORE_APPEND = {"leader_not_available", "insufficient_in_sync_replicas", "NOT_LEADER"}
-
-
-def publish_ok(c: Connection, topic: str, payloads: list[bytes], *, acks: str = "all", **kw) -> dict:
-    """Publish, retrying refusals that happen before append (a leader still preparing, an ISR regrowing)."""
-    def attempt():
-        frame = publish_batch(c, topic, 0, payloads, acks=acks, **kw)
-        if frame.status == Status.OK:
-            return json.loads(frame.payload)
-        err = error_of(frame)
-        assert err.code in _BEFORE_APPEND, (err.code, err.fields)
-        return None
-    return wait_for(attempt, 20, f"{topic} accepts a publish")
+    restore_brokers(cluster)
 
 
 def offsets(broker, topic: str) -> dict[str, int]:

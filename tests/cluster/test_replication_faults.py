@@ -17,65 +17,33 @@ from __future__ import annotations
 
 import json
 import shutil
-from pathlib import Path
 
 import pytest
 
-from cursus.client.connection import Connection
 from cursus.wire import Status
 from tests.cluster.clustersupport import Cluster, wait_for
 from tests.cluster.replsupport import (
     AcksAllWriter,
     check_history,
+    conn,
     leader_proc,
+    make_topic,
+    module_cluster,
     partition_state,
+    publish_ok,
     read_partition,
-    status,
+    restore_brokers,
     wait_isr,
 )
-from tests.integration.helpers import create_topic, error_of, publish_batch
+from tests.integration.helpers import error_of, publish_batch
 
-
-@pytest.fixture(scope="module")
-def cluster(tmp_path_factory: pytest.TempPathFactory, pki) -> Cluster:
-    c = Cluster(Path(tmp_path_factory.mktemp("replication-faults")), pki, broker_session_timeout_ms=20000)
-    try:
-        c.start()
-        yield c
-    finally:
-        c.stop()
+cluster = module_cluster("replication-faults", broker_session_timeout_ms=20000)
 
 
 @pytest.fixture(autouse=True)
 def all_brokers_running(cluster: Cluster):
     yield
-    for broker in cluster.brokers:
-        broker.resume()
-        if broker.proc is None or broker.proc.poll() is not None:
-            broker.start(timeout_s=60)
-    wait_for(lambda: status(cluster.brokers[0])["inactive_brokers"] == 0, 30, "every broker active")
-
-
-def conn(broker) -> Connection:
-    return Connection(*broker.address, timeout_s=10)
-
-
-def make_topic(cluster: Cluster, name: str, **fields: str) -> dict:
-    with conn(cluster.brokers[0]) as c:
-        create_topic(c, name, 1, replication_factor="3", **fields)
-    return wait_isr(cluster, name, 3)
-
-
-def publish_ok(c: Connection, topic: str, payloads: list[bytes], **kw) -> dict:
-    """acks=all publish, retrying refusals before append (a partition still opening or preparing)."""
-    def attempt():
-        frame = publish_batch(c, topic, 0, payloads, acks="all", **kw)
-        if frame.status == Status.OK:
-            return json.loads(frame.payload)
-        err = error_of(frame)
-        assert err.code in ("leader_not_available", "insufficient_in_sync_replicas", "NOT_LEADER"), err
-        return None
-    return wait_for(attempt, 20, f"{topic} accepts a publish")
+    restore_brokers(cluster)
 
 
 def test_a_leader_whose_log_ends_below_the_committed_hwm_hands_over(cluster: Cluster) -> None:
