@@ -128,3 +128,39 @@ def test_kill_mid_clean_of_offsets_log_leaves_a_consistent_state(broker_factory,
     assert expected in broker.output()
     data = broker.log_dir / "topics" / OFFSETS_TOPIC / "0"
     assert not [p.name for p in data.iterdir() if p.name.endswith((".swap", ".cleaned"))]
+
+
+def test_expired_group_tombstone_is_cleaned_and_the_group_stays_deleted(broker_factory):
+    broker = broker_factory(settings={**CLEANER, "log_cleaner_delete_retention_ms": 1000}).start()
+    directory = broker.log_dir / "topics" / OFFSETS_TOPIC / "0"
+
+    def tombstones_in_log() -> int:
+        return sum(p.read_bytes().count(b'"type":"group_tombstone"') for p in directory.glob("*.log"))
+
+    with connect(broker) as conn:
+        members = setup(conn)
+        member, generation = join(conn, "doomed", "gone")
+        ok_fields(conn.command(f"COMMIT_OFFSET topic=doomed partition=0 group=gone offset=7 member={member} "
+                               f"generation={generation}"))
+        ok_fields(conn.command(f"LEAVE_GROUP topic=doomed group=gone member={member}"))
+        assert ok_fields(conn.command("DELETE topic=doomed"))["deleted"] == "true"
+        assert tombstones_in_log() == 1
+        n = 0
+        deadline = time.monotonic() + 60
+        while tombstones_in_log():  # keep writing: the tombstone's segment closes, expires and is cleaned
+            assert time.monotonic() < deadline, "the expired tombstone was never cleaned"
+            for _ in range(20):
+                group = GROUPS[n % len(GROUPS)]
+                commit(conn, "orders", group, *members[group], n)
+                n += 1
+        before = fetch_all(conn, "orders")
+    broker.kill()
+    broker.start()
+    with connect(broker) as conn:
+        assert fetch_all(conn, "orders") == before
+        assert ok_fields(conn.command("LIST_GROUPS"))["groups"] == ",".join(sorted(GROUPS))
+        assert error_of(conn.command("GROUP_STATUS group=gone")).code == "group_not_found"
+        create_topic(conn, "doomed", partitions=1)
+        # nothing of the old incarnation is left: the name starts afresh, without old offsets
+        assert ok_fields(conn.command("REGISTER_GROUP group=gone topic=doomed"))["epoch"] == "1"
+        assert ok_fields(conn.command("FETCH_OFFSET topic=doomed partition=0 group=gone"))["offset"] == "0"
