@@ -393,6 +393,7 @@ if __name__ == "__main__":  # python -m cursus.broker.config > docs/configuratio
         "environment variables (the upper-case key, e.g. `BROKER_PORT=9000`), command-line flags\n"
         "(`--port`, `--host`, `--log-dir`, `--health-port`, `--metrics-port`, `--advertised-host`, and\n"
         "`--set key=value` for any key). An unknown key or an invalid value stops startup with a message naming\n"
-        "the key; a key of the reference broker that Cursus-py does not implement is accepted with a warning.\n"
+        "the key; a key of the reference broker that Cursus-py does not implement is accepted with a warning,\n"
+        f"and so is a retired key ({', '.join(f'`{k}`' for k in sorted(RETIRED_KEYS))}).\n"
     )
     print(render_markdown(), end="")
