@@ -4,7 +4,7 @@ Every ``log_cleanup_interval`` seconds :meth:`LogCleanerService.run_once` looks 
 compacted application topic (never an event-sourcing one) and of ``__consumer_offsets`` (the only
 broker-owned topic cleaned, with the group-aware
 :class:`~cursus.coordinator.offsets_compaction.OffsetsPlanner`: a group tombstone supersedes the group's
-other keys), computes its
+other keys; only once the coordinator replayed it), computes its
 *cleanable end* and *dirty ratio*, and when the ratio reaches ``log_min_cleanable_dirty_ratio`` runs one
 pass (:func:`cursus.storage.cleaner.clean_pass`) on the cleaner's own thread, then swaps each cleaned
 segment on the writer thread (:meth:`PartitionLog.replace_with_cleaned`). The event loop only schedules.
@@ -137,6 +137,8 @@ class LogCleanerService:
                 or replica.fenced is not None
                 or replica.deleted or not is_compacted_policy(defn.policy.cleanup_policy)):
             return 0
+        if topic == OFFSETS_TOPIC and not broker.coordinator.ready:
+            return 0  # replay has not run or refused the log: leave the evidence as it is
         end = self.cleanable_end(replica)
         metrics = broker.metrics
         if end is None:

@@ -164,3 +164,33 @@ def test_expired_group_tombstone_is_cleaned_and_the_group_stays_deleted(broker_f
         # nothing of the old incarnation is left: the name starts afresh, without old offsets
         assert ok_fields(conn.command("REGISTER_GROUP group=gone topic=doomed"))["epoch"] == "1"
         assert ok_fields(conn.command("FETCH_OFFSET topic=doomed partition=0 group=gone"))["offset"] == "0"
+
+
+def test_a_log_replay_refused_is_not_cleaned(broker_factory):
+    """A ``__consumer_offsets`` record replay refuses keeps the broker not ready, and the cleaner leaves the
+    log as it is (evidence), though it has dirty closed segments."""
+    from cursus.broker.group_log import _chunk
+    from cursus.coordinator.offsets import group_key
+    from cursus.storage import LogConfig, PartitionLog
+
+    broker = broker_factory(settings={**CLEANER, "log_cleanup_interval": 3600}).start()
+    with connect(broker) as conn:
+        members = setup(conn)
+        for n in range(150):
+            group = GROUPS[n % len(GROUPS)]
+            commit(conn, "orders", group, *members[group], n)
+    assert broker.terminate() == 0
+    directory = broker.log_dir / "topics" / OFFSETS_TOPIC / "0"
+    plog = PartitionLog.open(directory, LogConfig(), clean_shutdown=True)
+    assert len(plog.segments_info()) > 3
+    plog.append_chunk(plog.log_end_offset, 1, _chunk(0, plog.log_end_offset, [(group_key("billing"), b"{}")], 0))
+    plog.flush()
+    plog.close()
+    before = {p.name: p.stat().st_size for p in directory.glob("*.log")}
+    broker.settings["log_cleanup_interval"] = 0.1
+    broker.start()
+    code, _ = broker.http_get("/ready")
+    assert code == 503
+    time.sleep(1.0)  # an observation window of ten cleaner intervals: nothing may be cleaned
+    assert f"cleaned {OFFSETS_TOPIC}/0" not in broker.output()
+    assert {p.name: p.stat().st_size for p in directory.glob("*.log")} == before
