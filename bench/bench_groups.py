@@ -8,6 +8,10 @@
   as the commands, without the network), then the time a real broker process needs to replay
   ``__consumer_offsets`` and report ready. ``python -m bench.bench_groups --startup-commits 1000000``
   measures it for a million commits (a few minutes).
+* ``offsets_cleaning_replay``: 200,000 commits over 1,000 groups (in-process, as above), then the replay
+  time a real broker process reports for ``__consumer_offsets`` before and after one log cleaner pass
+  (group-aware planner, 4 MiB segments), with the retained records and bytes of each.
+  ``python -m bench.bench_groups --cleaning-commits N`` runs only this one.
 """
 
 from __future__ import annotations
@@ -29,6 +33,9 @@ RECORDS = int(os.environ.get("CURSUS_BENCH_GROUP_RECORDS", "100000"))
 COMMIT_EVERY = 1000
 LATENCY_SAMPLES = int(os.environ.get("CURSUS_BENCH_LATENCY_SAMPLES", "500"))
 STARTUP_COMMITS = int(os.environ.get("CURSUS_BENCH_STARTUP_COMMITS", "100000"))
+CLEANING_COMMITS = int(os.environ.get("CURSUS_BENCH_CLEANING_COMMITS", "200000"))
+CLEANING_GROUPS = 1000
+_REPLAYED = re.compile(r"replayed (\d+) records .* in (\d+) ms")
 
 
 def _produce(port: int, topic: str) -> None:
@@ -144,8 +151,52 @@ def startup_after_commits(commits: int) -> dict:
             "process_ready_s": round(ready_s, 2)}
 
 
+def _replay_once(data: Path, settings: dict[str, object]) -> tuple[int, int, str]:
+    """Start a broker process on ``data``, return (records replayed, replay ms, its output); stop it."""
+    from tests.brokerproc import BrokerProcess
+
+    broker = BrokerProcess(data, settings=settings, health=False)
+    broker.start(timeout_s=600)
+    output = broker.output()
+    match = _REPLAYED.findall(output)
+    broker.stop()
+    return int(match[-1][0]), int(match[-1][1]), output
+
+
+def _offsets_bytes(data: Path) -> int:
+    return sum(f.stat().st_size for f in (data / "topics" / "__consumer_offsets").rglob("*.log"))
+
+
+def offsets_cleaning_replay(commits: int, groups: int = CLEANING_GROUPS) -> dict:
+    """``commits`` commits over ``groups`` groups, then replay before and after one cleaner pass."""
+    from tests.brokerproc import BrokerProcess
+
+    idle = {"log_cleanup_interval": 3600}
+    with tempfile.TemporaryDirectory() as tmp:
+        data = Path(tmp) / "data"
+        rate = asyncio.run(_drive_commits(data, commits, groups=groups))
+        bytes_before = _offsets_bytes(data)
+        records_before, replay_before_ms, _ = _replay_once(data, idle)
+        broker = BrokerProcess(data, settings={"log_cleanup_interval": 0.1, "log_min_cleanable_dirty_ratio": 0.01},
+                               health=False)
+        broker.start(timeout_s=600)
+        deadline = time.monotonic() + 600
+        while "cleaned __consumer_offsets/0" not in broker.output():
+            assert time.monotonic() < deadline, "no cleaner pass"
+            time.sleep(0.1)
+        pass_line = next(line for line in broker.output().splitlines() if "cleaned __consumer_offsets/0" in line)
+        pass_ms = int(re.search(r"in (\d+) ms", pass_line).group(1))  # type: ignore[union-attr]
+        broker.stop()
+        bytes_after = _offsets_bytes(data)
+        records_after, replay_after_ms, _ = _replay_once(data, idle)
+    return {"bench": "offsets_cleaning_replay", "commits": commits, "groups": groups,
+            "commit_rate_per_s": round(rate), "records_before": records_before, "bytes_before": bytes_before,
+            "replay_before_ms": replay_before_ms, "cleaner_pass_ms": pass_ms, "records_after": records_after,
+            "bytes_after": bytes_after, "replay_after_ms": replay_after_ms}
+
+
 def run() -> list[dict]:
-    """The module's measurements, one dict each (``python -m bench groups``; under a minute)."""
+    """The module's measurements, one dict each (``python -m bench groups``; a few minutes)."""
     from tests.brokerproc import BrokerProcess
 
     results = []
@@ -159,6 +210,7 @@ def run() -> list[dict]:
         finally:
             broker.stop()
     results.append(startup_after_commits(STARTUP_COMMITS))
+    results.append(offsets_cleaning_replay(CLEANING_COMMITS))
     return results
 
 
@@ -167,6 +219,8 @@ if __name__ == "__main__":  # python -m bench.bench_groups [--startup-commits N]
 
     if len(sys.argv) == 3 and sys.argv[1] == "--startup-commits":
         print(json.dumps({"module": "bench_groups", **startup_after_commits(int(sys.argv[2]))}), flush=True)
+    elif len(sys.argv) == 3 and sys.argv[1] == "--cleaning-commits":
+        print(json.dumps({"module": "bench_groups", **offsets_cleaning_replay(int(sys.argv[2]))}), flush=True)
     else:
         for result in run():
             print(json.dumps({"module": "bench_groups", **result}), flush=True)

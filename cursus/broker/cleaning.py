@@ -1,7 +1,10 @@
 """The broker's log cleaner: compacts partitions of ``cleanup_policy=compact`` / ``delete,compact`` topics.
 
 Every ``log_cleanup_interval`` seconds :meth:`LogCleanerService.run_once` looks at each local replica of a
-compacted application topic (never a broker-owned one, never an event-sourcing one), computes its
+compacted application topic (never an event-sourcing one) and of ``__consumer_offsets`` (the only
+broker-owned topic cleaned, with the group-aware
+:class:`~cursus.coordinator.offsets_compaction.OffsetsPlanner`: a group tombstone supersedes the group's
+other keys; only once the coordinator replayed it), computes its
 *cleanable end* and *dirty ratio*, and when the ratio reaches ``log_min_cleanable_dirty_ratio`` runs one
 pass (:func:`cursus.storage.cleaner.clean_pass`) on the cleaner's own thread, then swaps each cleaned
 segment on the writer thread (:meth:`PartitionLog.replace_with_cleaned`). The event loop only schedules.
@@ -26,6 +29,8 @@ import weakref
 from concurrent.futures import ThreadPoolExecutor
 from typing import TYPE_CHECKING
 
+from cursus.coordinator.offsets import OFFSETS_TOPIC
+from cursus.coordinator.offsets_compaction import OffsetsPlanner
 from cursus.metadata.state import MetadataState, PartitionAssignment
 from cursus.metadata.topics import is_compacted_policy, is_internal_topic
 from cursus.storage import OffsetOutOfRange, PartitionLog, StorageError
@@ -128,9 +133,12 @@ class LogCleanerService:
     async def _check(self, topic: str, partition: int, replica: Replica) -> int:
         broker = self._broker
         defn = broker.metadata.get(topic)
-        if (defn is None or defn.event_sourcing or is_internal_topic(topic) or replica.fenced is not None
+        if (defn is None or defn.event_sourcing or (is_internal_topic(topic) and topic != OFFSETS_TOPIC)
+                or replica.fenced is not None
                 or replica.deleted or not is_compacted_policy(defn.policy.cleanup_policy)):
             return 0
+        if topic == OFFSETS_TOPIC and not broker.coordinator.ready:
+            return 0  # replay has not run or refused the log: leave the evidence as it is
         end = self.cleanable_end(replica)
         metrics = broker.metrics
         if end is None:
@@ -154,8 +162,12 @@ class LogCleanerService:
         hook = active.cleaner_point if active is not None and active.cleaner_crash_at else None
         plog = replica.log
         started = time.monotonic()
-        run = functools.partial(clean_pass, plog, end, now_ms=broker.clock.wall_ms(),
-                                delete_retention_ms=config.log_cleaner_delete_retention_ms, aborted=aborted,
+        now_ms = broker.clock.wall_ms()
+        retention_ms = config.log_cleaner_delete_retention_ms
+        planner = (OffsetsPlanner(now_ms=now_ms, delete_retention_ms=retention_ms, aborted=aborted)
+                   if replica.topic == OFFSETS_TOPIC else None)
+        run = functools.partial(clean_pass, plog, end, now_ms=now_ms, delete_retention_ms=retention_ms,
+                                aborted=aborted, planner=planner,
                                 throttle=Throttle(config.log_cleaner_io_max_bytes_per_second, sleep=self._stop.wait,
                                                   stopped=self._stop.is_set), crash_hook=hook)
         try:

@@ -164,8 +164,7 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("shutdown_grace_ms", _I, 10_000, "ms", "How long a clean shutdown waits for in-flight requests.", 0),
     Setting("consumer_session_timeout_ms", _I, 30_000, "ms", "A group member without a heartbeat for this long is removed and its group rebalances.", 1),
     Setting("offsets_topic_num_partitions", _I, 1, "partitions", "Partitions of the internal __consumer_offsets topic (used only when it is created).", 1),
-    Setting("offsets_topic_segment_bytes", _I, 4 * MIB, "bytes", "Segment size of __consumer_offsets (compaction deletes whole closed segments).", 4096),
-    Setting("offsets_compaction_min_records", _I, 20_000, "records", "Compact a __consumer_offsets partition after this many appends (at least its live key count).", 1),
+    Setting("offsets_topic_segment_bytes", _I, 4 * MIB, "bytes", "Segment size of __consumer_offsets (the log cleaner compacts closed segments only, so small segments keep replay short).", 4096),
     Setting("max_stream_connections", _I, 1000, "streams", "Concurrent STREAM requests; further ones get too_many_connections.", 1),
     Setting("stream_timeout_ms", _I, 1_800_000, "ms", "Close a STREAM (reason=timeout) after this long without client activity (stream open, member heartbeat, group commit).", 1),
     Setting("stream_keepalive_ms", _I, 3000, "ms", "Idle STREAMs get an empty keepalive frame this often; values above 3000 are capped at 3000.", 1),
@@ -229,6 +228,13 @@ REFERENCE_KEYS_NOT_IMPLEMENTED: frozenset[str] = frozenset(
         "max_inflight_requests", "observation_grpc_port",
     }
 )
+
+
+#: Keys Cursus-py once had and no longer uses: accepted with a warning (old config files keep working).
+RETIRED_KEYS: Mapping[str, str] = {
+    "offsets_compaction_min_records": "__consumer_offsets is compacted by the log cleaner "
+                                      "(log_min_cleanable_dirty_ratio, log_cleanup_interval)",
+}
 
 
 #: Keys whose values are secrets: never logged, redacted in ``repr`` (``sasl_users`` keeps only token
@@ -311,6 +317,8 @@ def load_config(
                 values[key] = SETTINGS_BY_NAME[key].coerce(raw, f"config file {path}")
             elif key in REFERENCE_KEYS_NOT_IMPLEMENTED:
                 warnings.append(f"config key {key} is not implemented by Cursus-py and is ignored")
+            elif key in RETIRED_KEYS:
+                warnings.append(f"config key {key} is no longer used and is ignored: {RETIRED_KEYS[key]}")
             else:
                 raise ConfigError(f"unknown config key {key} in {path}")
 
@@ -320,6 +328,9 @@ def load_config(
                 values[setting.name] = setting.coerce(env[env_name], f"environment variable {env_name}")
     for key, raw in (overrides or {}).items():
         if raw is None:
+            continue
+        if key in RETIRED_KEYS:
+            warnings.append(f"config key {key} is no longer used and is ignored: {RETIRED_KEYS[key]}")
             continue
         if key not in SETTINGS_BY_NAME:
             raise ConfigError(f"unknown config key {key}")
@@ -382,6 +393,7 @@ if __name__ == "__main__":  # python -m cursus.broker.config > docs/configuratio
         "environment variables (the upper-case key, e.g. `BROKER_PORT=9000`), command-line flags\n"
         "(`--port`, `--host`, `--log-dir`, `--health-port`, `--metrics-port`, `--advertised-host`, and\n"
         "`--set key=value` for any key). An unknown key or an invalid value stops startup with a message naming\n"
-        "the key; a key of the reference broker that Cursus-py does not implement is accepted with a warning.\n"
+        "the key; a key of the reference broker that Cursus-py does not implement is accepted with a warning,\n"
+        f"and so is a retired key ({', '.join(f'`{k}`' for k in sorted(RETIRED_KEYS))}).\n"
     )
     print(render_markdown(), end="")

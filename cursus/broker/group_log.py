@@ -1,7 +1,9 @@
 """The standalone group log: the coordinator's records in the ``__consumer_offsets`` replicas.
 
 :class:`OffsetsTopicLog` implements :class:`cursus.coordinator.ports.GroupLog` (record shapes, placement,
-replay and compaction rules: :mod:`cursus.coordinator.offsets`, docs/groups.md). :func:`open_offsets_log`
+replay rules: :mod:`cursus.coordinator.offsets`, docs/groups.md). The broker's log cleaner compacts the
+topic (:mod:`cursus.broker.cleaning` with :class:`cursus.coordinator.offsets_compaction.OffsetsPlanner`),
+which keeps replay bounded; this class never rewrites or deletes records. :func:`open_offsets_log`
 creates the internal topic at startup when it is missing and opens the log over its replicas. Standalone
 only: a cluster keeps its groups in the metadata log (:mod:`cursus.cluster.group_log`).
 """
@@ -19,14 +21,13 @@ from cursus.coordinator.offsets import (
     OFFSETS_TOPIC,
     GroupRecord,
     LatestRecords,
-    RecordError,
     ReplayError,
     Snapshot,
     TombstoneRecord,
     build_snapshot,
-    decode_payload,
     encode_payload,
     partition_for,
+    replay_partition,
     utc_timestamp,
 )
 from cursus.coordinator.ports import PartitionOffsets
@@ -38,17 +39,13 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("cursus.coordinator")
 
-#: Records per appended chunk when compaction copies many keys.
-COPY_CHUNK_RECORDS = 2048
-
 
 class OffsetsTopicLog:
     """The ``__consumer_offsets`` partitions as the coordinator's :class:`~cursus.coordinator.ports.GroupLog`.
 
     Args:
         replicas: the internal topic's replicas, index = partition.
-        run_blocking: runs a callable on the storage writer thread and awaits it (segment deletion).
-        compaction_min_records: appended records (per partition) that trigger compaction at the least.
+        run_blocking: runs a callable on the storage writer thread and awaits it.
         wall_ms: wall clock in ms (record timestamps; user-visible, so wall time).
 
     Thread-safety: event-loop thread only. :meth:`append` hands the chunk to the writer synchronously, so
@@ -57,18 +54,12 @@ class OffsetsTopicLog:
     """
 
     def __init__(self, replicas: list[Replica], run_blocking: Callable[[Callable[[], Any]], Awaitable[Any]],
-                 *, compaction_min_records: int = 20_000, wall_ms: Callable[[], int]) -> None:
+                 *, wall_ms: Callable[[], int]) -> None:
         assert replicas, "the internal topic needs at least one partition"
         self.replicas = replicas
         self.run_blocking = run_blocking
-        self.compaction_min_records = compaction_min_records
         self.wall_ms = wall_ms
         self._latest = [LatestRecords(p) for p in range(len(replicas))]
-        self._since_compaction = [0] * len(replicas)
-        self._compacting: set[int] = set()
-        self._tasks: set[asyncio.Task[None]] = set()
-        #: Completed compactions (for tests and logs).
-        self.compactions = 0
 
     @property
     def partitions(self) -> int:
@@ -89,20 +80,7 @@ class OffsetsTopicLog:
         """
         records = 0
         for p, replica in enumerate(self.replicas):
-            latest = self._latest[p]
-            count = 0
-            for offset, key, payload in self._iter_records(replica):
-                where = f"{OFFSETS_TOPIC}/{p} offset {offset}"
-                try:
-                    rec = decode_payload(key, payload)
-                except RecordError as exc:
-                    raise ReplayError(f"{where}: {exc}") from None
-                if partition_for(rec.group, len(self.replicas)) != p:
-                    raise ReplayError(f"{where}: record of group {rec.group!r} is in the wrong partition")
-                latest.put(rec, payload, where)
-                count += 1
-            records += count
-            self._since_compaction[p] = max(0, count - len(latest.records))
+            records += replay_partition(self._latest[p], self._iter_records(replica), len(self.replicas))
         snap = build_snapshot(self._latest)
         snap.records = records
         return snap
@@ -162,54 +140,14 @@ class OffsetsTopicLog:
                     if old.group == group and key != rec.key:
                         del latest.records[key]
             latest.records[rec.key] = (rec, payload)
-        self._since_compaction[p] += len(staged)
-        self._maybe_compact(p)
         return replica.wait_hwm(base + len(staged))
 
-    # -------------------------------------------------------------------------------------- compaction
-
-    def _maybe_compact(self, p: int) -> None:
-        if p in self._compacting:
-            return
-        if self._since_compaction[p] < max(self.compaction_min_records, len(self._latest[p].records)):
-            return
-        self._compacting.add(p)
-        task = asyncio.get_running_loop().create_task(self._compact(p))
-        self._tasks.add(task)
-        task.add_done_callback(self._tasks.discard)
-
-    async def _compact(self, p: int) -> None:
-        replica = self.replicas[p]
-        try:
-            live = list(self._latest[p].records.items())
-            base = replica.leo
-            stamp = self.wall_ms()
-            end = base
-            for start in range(0, len(live), COPY_CHUNK_RECORDS):
-                part = [(key, payload) for key, (_, payload) in live[start:start + COPY_CHUNK_RECORDS]]
-                replica.append(_chunk(p, end, part, stamp), len(part))
-                end += len(part)
-            self._since_compaction[p] = 0
-            await replica.wait_hwm(end)
-            plog = replica.log
-            deleted = await self.run_blocking(lambda: plog.delete_segments_before(base))
-            self.compactions += 1
-            log.info("compacted %s/%d: %d live keys copied at offset %d, %s segments deleted, log start %d",
-                     OFFSETS_TOPIC, p, len(live), base, deleted, replica.log_start_offset)
-        except Exception:
-            log.exception("compaction of %s/%d failed", OFFSETS_TOPIC, p)
-        finally:
-            self._compacting.discard(p)
-
     async def close(self) -> None:
-        """Wait for running compactions (their copies are already queued)."""
-        if self._tasks:
-            await asyncio.gather(*list(self._tasks), return_exceptions=True)
+        """Nothing to wait for: appends are handed to the writer synchronously."""
 
     def stats(self) -> dict[str, int]:
-        """Live keys and records since the last compaction, summed over partitions."""
-        return {"live_keys": sum(len(part.records) for part in self._latest),
-                "records_since_compaction": sum(self._since_compaction), "compactions": self.compactions}
+        """Live keys, summed over partitions."""
+        return {"live_keys": sum(len(part.records) for part in self._latest)}
 
 
 def _chunk(partition: int, base_offset: int, entries: list[tuple[str, bytes]], stamp_ms: int) -> bytes:
@@ -239,9 +177,7 @@ async def open_offsets_log(broker: Broker) -> OffsetsTopicLog:
     replicas = [broker.replica(OFFSETS_TOPIC, p) for p in range(defn.partitions)]
     for replica in replicas:
         await replica.wait_writable()
-    return OffsetsTopicLog(replicas, broker.run_blocking,
-                           compaction_min_records=broker.config.offsets_compaction_min_records,
-                           wall_ms=broker.clock.wall_ms)
+    return OffsetsTopicLog(replicas, broker.run_blocking, wall_ms=broker.clock.wall_ms)
 
 
 #: The LEO reported for a partition whose log end this broker cannot bound (no commit is refused for it).

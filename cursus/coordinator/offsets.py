@@ -1,8 +1,9 @@
 """Durable group records in the internal ``__consumer_offsets`` topic: codec, replay, compaction.
 
 This module is pure (no I/O): the record codec and the latest-record bookkeeping replay uses. The standalone
-:class:`~cursus.coordinator.ports.GroupLog` that writes these records to the internal topic, replays it and
-compacts it is :class:`cursus.broker.group_log.OffsetsTopicLog`.
+:class:`~cursus.coordinator.ports.GroupLog` that writes these records to the internal topic and replays it
+is :class:`cursus.broker.group_log.OffsetsTopicLog`; the log cleaner compacts it with
+:class:`cursus.coordinator.offsets_compaction.OffsetsPlanner`.
 
 Spec "Offset Lifecycle and Delivery Guarantees", facts B6 ``__consumer_offsets``, decision 16 (formats ours).
 
@@ -36,12 +37,12 @@ A record that fails to decode, an unversioned record, a key whose (epoch, revisi
 a membership newer than their group's registration, or a record in the wrong partition raise
 :class:`ReplayError`: the broker stays not ready rather than start with an empty coordinator.
 
-**Compaction** keeps replay bounded: once a partition has received more records since its last compaction
-than ``max(compaction_min_records, live keys)``, the latest record of every live key is appended again (one
-copy, in the same log order, synchronously with the in-memory state), and once that copy is durable every
-closed segment below it is deleted. Replaying any suffix of the log that starts at or before the copy gives
-the same state, so a crash at any point is safe. The topic has unlimited retention (the broker's retention
-task skips internal topics).
+**Compaction** keeps replay bounded: the broker's log cleaner rewrites closed segments below the HWM with
+the group-aware planner of :mod:`cursus.coordinator.offsets_compaction` (latest record per key; offsets and
+memberships of a tombstoned or re-registered group dropped; tombstones kept for
+``log_cleaner_delete_retention_ms``). Replaying the cleaned log gives the same state; each segment swap is
+crash-safe (:mod:`cursus.storage.swap`). The topic has unlimited retention (the broker's retention task skips
+internal topics).
 """
 
 from __future__ import annotations
@@ -51,7 +52,7 @@ import hashlib
 import json
 import re
 import zlib
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -388,6 +389,28 @@ class LatestRecords:
                 raise ReplayError(f"{where}: group {rec.group!r} registered again at epoch {rec.epoch} after its "
                                   f"tombstone at epoch {old.epoch}")
         self.records[rec.key] = (rec, payload)
+
+
+def replay_partition(latest: LatestRecords, records: Iterable[tuple[int, str | None, bytes]], partitions: int) -> int:
+    """Replay one internal partition's records ``(offset, key, payload)`` (offset order) into ``latest``;
+    returns how many. Then :func:`build_snapshot` over every partition gives the state.
+
+    Raises:
+        ReplayError: a record does not decode, goes backwards, or belongs to another of ``partitions``.
+    """
+    count = 0
+    p = latest.partition
+    for offset, key, payload in records:
+        where = f"{OFFSETS_TOPIC}/{p} offset {offset}"
+        try:
+            rec = decode_payload(key, payload)
+        except RecordError as exc:
+            raise ReplayError(f"{where}: {exc}") from None
+        if partition_for(rec.group, partitions) != p:
+            raise ReplayError(f"{where}: record of group {rec.group!r} is in the wrong partition")
+        latest.put(rec, payload, where)
+        count += 1
+    return count
 
 
 def build_snapshot(latest: list[LatestRecords]) -> Snapshot:

@@ -3,9 +3,11 @@
 A pass (:func:`clean_pass`) runs on the cleaner thread, never on the event loop or the writer thread:
 
 1. *Map*: read every chunk in ``[log_start_offset, end)`` (``end`` = the next offset of the last closed
-   segment wholly below ``cleanable_end``) and build key -> latest offset
-   (:func:`cursus.storage.compaction.latest_offsets`).
-2. *Copy*: for each such segment, plan the survivors (:func:`cursus.storage.compaction.plan`); if any
+   segment wholly below ``cleanable_end``) and show each record to the pass's
+   :class:`~cursus.storage.compaction.Planner` (default :class:`~cursus.storage.compaction.KeyPlanner`:
+   key -> latest offset; ``__consumer_offsets``: the group-aware
+   :class:`~cursus.coordinator.offsets_compaction.OffsetsPlanner`).
+2. *Copy*: for each such segment, ask the planner which records survive; if any
    record goes, write ``<base>.log.cleaned``: every original chunk's survivors, split into maximal runs of
    consecutive offsets, each run one new chunk (same base offset as its first record, same append time and
    leader epoch as the original chunk, new CRC32C over the new header and body). Record bytes are copied
@@ -28,7 +30,7 @@ from dataclasses import dataclass, field
 
 from cursus.storage.atomic import fsync_dir
 from cursus.storage.chunk import HEADER_SIZE, RECORD_LENGTH, ChunkHeader, encode_header
-from cursus.storage.compaction import RecordInfo, describe_record, latest_offsets, plan, runs
+from cursus.storage.compaction import KeyPlanner, Planner, RecordInfo, describe_record, runs
 from cursus.storage.log import PartitionLog, SegmentInfo
 from cursus.storage.swap import cleaned_file_name, discard_cleaned
 
@@ -128,14 +130,12 @@ def _chunks(log: PartitionLog, start: int, end: int, throttle: Throttle,
             yield header, chunk
 
 
-def build_offset_map(log: PartitionLog, start: int, end: int, aborted: Sequence[tuple[int, int]],
-                     throttle: Throttle, stats: PassStats) -> dict[str, int]:
-    """Pass step 1: key -> latest non-aborted offset over ``[start, end)``."""
-    def infos() -> Iterator[RecordInfo]:
-        for header, chunk in _chunks(log, start, end, throttle, stats):
-            for info, _ in _infos(chunk[HEADER_SIZE:], header):
-                yield info
-    return latest_offsets(infos(), aborted)
+def observe_range(log: PartitionLog, start: int, end: int, planner: Planner, throttle: Throttle,
+                  stats: PassStats) -> None:
+    """Pass step 1: show every record in ``[start, end)`` to ``planner`` (offset order)."""
+    for header, chunk in _chunks(log, start, end, throttle, stats):
+        for info, record in _infos(chunk[HEADER_SIZE:], header):
+            planner.observe(info, record[RECORD_LENGTH.size:])
 
 
 class _Copy:
@@ -161,8 +161,7 @@ class _Copy:
         self.throttle.consume(len(data))
 
 
-def copy_segment(log: PartitionLog, segment: SegmentInfo, latest: dict[str, int], *, now_ms: int,
-                 delete_retention_ms: int, aborted: Sequence[tuple[int, int]], throttle: Throttle,
+def copy_segment(log: PartitionLog, segment: SegmentInfo, planner: Planner, *, throttle: Throttle,
                  stats: PassStats, crash_hook: Callable[[str], None] | None = None) -> CleanedCopy | None:
     """Pass step 2 for one segment: write and fsync its cleaned copy, or ``None`` when nothing goes.
 
@@ -179,8 +178,7 @@ def copy_segment(log: PartitionLog, segment: SegmentInfo, latest: dict[str, int]
     try:
         for header, chunk in _chunks(log, start, segment.next_offset, throttle, stats):
             records = _infos(chunk[HEADER_SIZE:], header)
-            keep = set(plan([info for info, _ in records], now_ms=now_ms, delete_retention_ms=delete_retention_ms,
-                            aborted=aborted, latest=latest))
+            keep = {info.offset for info, _ in records if planner.keeps(info)}
             if copy is None:
                 if len(keep) == len(records):
                     continue
@@ -219,10 +217,12 @@ def copy_segment(log: PartitionLog, segment: SegmentInfo, latest: dict[str, int]
 
 def clean_pass(log: PartitionLog, cleanable_end: int, *, now_ms: int, delete_retention_ms: int,
                aborted: Sequence[tuple[int, int]] = (), throttle: Throttle | None = None,
-               crash_hook: Callable[[str], None] | None = None) -> PassStats:
+               crash_hook: Callable[[str], None] | None = None, planner: Planner | None = None) -> PassStats:
     """Steps 1 and 2 of a pass (see the module docstring); ``stats.copies`` are ready to swap, oldest first.
 
     ``aborted``: sorted disjoint offset ranges of aborted transactions (markers inside are kept).
+    ``planner``: a fresh planner for this pass (default: a :class:`~cursus.storage.compaction.KeyPlanner`
+    from ``now_ms``, ``delete_retention_ms`` and ``aborted``; a given one must have been built with them).
 
     Raises:
         OffsetOutOfRange: retention removed the range meanwhile (the pass is simply retried later).
@@ -235,13 +235,14 @@ def clean_pass(log: PartitionLog, cleanable_end: int, *, now_ms: int, delete_ret
     if not segments:
         return stats
     start = max(log.log_start_offset, segments[0].base_offset)
-    latest = build_offset_map(log, start, segments[-1].next_offset, aborted, throttle, stats)
+    if planner is None:
+        planner = KeyPlanner(now_ms=now_ms, delete_retention_ms=delete_retention_ms, aborted=aborted)
+    observe_range(log, start, segments[-1].next_offset, planner, throttle, stats)
     try:
         for segment in segments:
             if segment.next_offset <= log.log_start_offset:
                 continue
-            copy = copy_segment(log, segment, latest, now_ms=now_ms, delete_retention_ms=delete_retention_ms,
-                                aborted=aborted, throttle=throttle, stats=stats, crash_hook=crash_hook)
+            copy = copy_segment(log, segment, planner, throttle=throttle, stats=stats, crash_hook=crash_hook)
             if copy is not None:
                 stats.copies.append(copy)
     except BaseException:

@@ -18,7 +18,9 @@ Rules (Kafka's log cleaner, spec "CREATE" cleanup_policy=compact, issue 18):
   fully cleaned transactions after the retention window is left for later).
 * Offsets never change: survivors keep their offsets and their order; a reader sees gaps (Kafka semantics).
 
-A record is described by :class:`RecordInfo` (:func:`describe_record` decodes a stored CBV2 record).
+A record is described by :class:`RecordInfo` (:func:`describe_record` decodes a stored CBV2 record). A pass
+asks a :class:`Planner`: :class:`KeyPlanner` applies the rules above; ``__consumer_offsets`` uses the
+group-aware :class:`cursus.coordinator.offsets_compaction.OffsetsPlanner`.
 """
 
 from __future__ import annotations
@@ -27,6 +29,7 @@ import bisect
 import struct
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
+from typing import Protocol
 
 from cursus.wire.batch import RECORD_VERSION_2, RECORD_VERSION_3, TXN_CONTROL_MARKER_PAYLOAD, decode_record
 
@@ -149,6 +152,40 @@ def plan(records: Sequence[RecordInfo], *, now_ms: int, delete_retention_ms: int
         latest = latest_offsets(records, aborted)
     return [r.offset for r in records
             if keeps(r, latest, now_ms=now_ms, delete_retention_ms=delete_retention_ms, aborted=aborted)]
+
+
+class Planner(Protocol):
+    """Decides a pass's survivors: :meth:`observe` sees every record of the cleanable range in offset order
+    (the map phase), then :meth:`keeps` is asked about each of them (the copy phase, segment by segment)."""
+
+    def observe(self, info: RecordInfo, record: bytes | memoryview) -> None:
+        """Map phase: one stored CBV2 record (without its u32 length) and its description."""
+
+    def keeps(self, info: RecordInfo) -> bool:
+        """Copy phase: whether the record survives."""
+
+
+class KeyPlanner:
+    """The per-key :class:`Planner` of the module rules (latest non-aborted record per key, tombstones for
+    ``delete_retention_ms``). Memory: one entry per key of the range."""
+
+    def __init__(self, *, now_ms: int, delete_retention_ms: int, aborted: Sequence[tuple[int, int]] = ()) -> None:
+        self.now_ms = now_ms
+        self.delete_retention_ms = delete_retention_ms
+        self.aborted = aborted
+        #: key -> offset of its latest non-aborted data record (:func:`latest_offsets`).
+        self.latest: dict[str, int] = {}
+
+    def observe(self, info: RecordInfo, record: bytes | memoryview) -> None:
+        """Map phase (see :class:`Planner`); ``record`` is not needed."""
+        if info.key is None or info.marker or (self.aborted and in_ranges(info.offset, self.aborted)):
+            return
+        self.latest[info.key] = info.offset
+
+    def keeps(self, info: RecordInfo) -> bool:
+        """Copy phase: :func:`keeps`."""
+        return keeps(info, self.latest, now_ms=self.now_ms, delete_retention_ms=self.delete_retention_ms,
+                     aborted=self.aborted)
 
 
 def runs(offsets: Sequence[int]) -> list[tuple[int, int]]:

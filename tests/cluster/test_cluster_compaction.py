@@ -12,7 +12,7 @@ import pytest
 from cursus.client.connection import Connection
 from tests.cluster.clustersupport import Cluster, wait_for
 from tests.cluster.replsupport import leader_proc, read_partition, wait_isr
-from tests.integration.helpers import create_topic, ok_fields, publish_batch
+from tests.integration.helpers import consume, create_topic, ok_fields, publish_batch
 
 CLEANER = {"log_segment_bytes": 4096, "log_cleanup_interval": 0.1, "log_min_cleanable_dirty_ratio": 0.01,
            "log_index_interval_bytes": 256}
@@ -76,3 +76,51 @@ def test_replicas_clean_only_below_the_committed_hwm_with_a_full_isr(cluster: Cl
     offsets = [r.offset for r in records]
     assert offsets == sorted(set(offsets)) and len(records) < 340
     assert {r.key: r.payload for r in records} == latest
+
+
+def test_group_offsets_survive_a_cleaner_pass_and_a_leader_kill(cluster: Cluster) -> None:
+    """In a cluster the group records live in the Raft metadata log (no ``__consumer_offsets``); a committed
+    offset into a range the cleaner rewrote (now a gap) survives the pass and a kill -9 of the partition
+    leader, and the group resumes at or after it with the latest value of every key (each replica cleans its
+    own log, so the new leader may have removed more than the old one had)."""
+    from tests.cluster.test_cluster_groups import RoutingConnection
+
+    topic = "compacted-grouped"
+    with Connection(*cluster.brokers[0].address, timeout_s=10) as c:
+        create_topic(c, topic, 1, replication_factor="3", cleanup_policy="compact")
+    wait_isr(cluster, topic, 3)
+    leader = leader_proc(cluster, topic)
+    with Connection(*leader.address, timeout_s=10) as c:
+        latest = _publish(c, topic, 0, 300, acks="all")
+    for broker in cluster.brokers:
+        wait_for(lambda b=broker: _cleaned_ends(b, topic), 30, f"{broker.log_dir.name} cleans")
+    routed = RoutingConnection([b.address for b in cluster.brokers])
+    try:
+        joined = ok_fields(routed.command(f"JOIN_GROUP topic={topic} group=cg member=m"))
+        committed = 101  # inside the cleaned range: offset 101 itself is gone (key k5 is written again later)
+        frame = routed.command(f"COMMIT_OFFSET topic={topic} partition=0 group=cg offset={committed} "
+                               f"member={joined['member']} generation={joined['generation']}")
+        assert frame.status.name == "OK", frame
+        assert committed not in [r.offset for r in read_partition(cluster, topic)]
+        leader.kill()
+        try:
+            wait_for(lambda: (p := leader_proc(cluster, topic, via=next(b for b in cluster.brokers
+                                                                         if b is not leader)))
+                     and p is not leader, 30, "a new leader")
+            fetched = wait_for(lambda: ok_fields(routed.command(f"FETCH_OFFSET topic={topic} partition=0 group=cg")),
+                               20, "FETCH_OFFSET after the kill")
+            assert fetched == {"offset": str(committed)}
+            new_leader = leader_proc(cluster, topic, via=next(b for b in cluster.brokers if b is not leader))
+            with Connection(*new_leader.address, timeout_s=10) as c:
+                records = consume(c, topic, 0, 0, group="cg")
+                assert records and records[0].offset > committed
+                while batch := consume(c, topic, 0, records[-1].offset + 1):
+                    records.extend(batch)
+            assert {r.key: r.payload for r in records} == latest
+        finally:
+            leader.start(timeout_s=60)
+        wait_isr(cluster, topic, 3, timeout=30)
+        assert ok_fields(routed.command(f"FETCH_OFFSET topic={topic} partition=0 group=cg")) == \
+            {"offset": str(committed)}
+    finally:
+        routed.close()

@@ -1,9 +1,10 @@
 """Group registrations, generations and committed offsets survive kill -9 of the broker; replay stays
-bounded by compaction; a corrupt or unversioned ``__consumer_offsets`` record keeps the broker not ready."""
+bounded by the log cleaner; a corrupt or unversioned ``__consumer_offsets`` record keeps the broker not ready."""
 
 from __future__ import annotations
 
 import json
+import time
 
 from cursus.broker.group_log import _chunk
 from cursus.coordinator.offsets import OFFSETS_TOPIC, group_key
@@ -13,8 +14,8 @@ from tests.integration.helpers import create_topic, error_of, ok_fields, publish
 
 
 def test_group_state_and_offsets_survive_kill_9(broker_factory):
-    broker = broker_factory(settings={"consumer_session_timeout_ms": 20000, "offsets_compaction_min_records": 150,
-                                      "offsets_topic_segment_bytes": 8192}).start()
+    broker = broker_factory(settings={"consumer_session_timeout_ms": 20000, "offsets_topic_segment_bytes": 8192,
+                                      "log_cleanup_interval": 0.2, "log_min_cleanable_dirty_ratio": 0.01}).start()
     with connect(broker) as conn:
         create_topic(conn, "orders", partitions=3)
         for p in range(3):
@@ -26,7 +27,7 @@ def test_group_state_and_offsets_survive_kill_9(broker_factory):
         b = ok_fields(conn.command(f"JOIN_GROUP topic=orders group=billing member={b}"))["member"]  # generation 3
         status = json.loads(conn.command("GROUP_STATUS group=billing").payload)
         owner = {o["partition"]: o["owner"] for o in status["offsets"]}
-        # enough commits to compact __consumer_offsets several times
+        # enough commits to fill several segments of __consumer_offsets for the cleaner
         for n in range(1, 401):
             p = n % 3
             reply = conn.command(f"COMMIT_OFFSET topic=orders partition={p} group=billing offset={n} "
@@ -35,9 +36,12 @@ def test_group_state_and_offsets_survive_kill_9(broker_factory):
         before = {p: ok_fields(conn.command(f"FETCH_OFFSET topic=orders partition={p} group=billing"))["offset"]
                   for p in range(3)}
     assert before == {0: "399", 1: "400", 2: "398"}
+    deadline = time.monotonic() + 30
+    while "cleaned __consumer_offsets/0" not in broker.output():
+        assert time.monotonic() < deadline, "no cleaner pass on __consumer_offsets"
+        time.sleep(0.05)
     broker.kill()
     broker.start()
-    assert "compacted __consumer_offsets/0" in broker.output()
     code, body = broker.http_get("/ready")
     assert code == 200, body
     with connect(broker) as conn:

@@ -59,6 +59,14 @@ def test_reference_key_accepted_with_warning(tmp_path):
     assert any("discovery_port" in w for w in cfg.warnings)
 
 
+def test_retired_key_accepted_with_warning(tmp_path):
+    path = tmp_path / "old.yaml"
+    path.write_text("offsets_compaction_min_records: 150\n")
+    cfg = load_config(config_path=path, environ={}, overrides={"offsets_compaction_min_records": 9})
+    assert sum("offsets_compaction_min_records is no longer used" in w for w in cfg.warnings) == 2
+    assert "offsets_compaction_min_records" not in cfg.values
+
+
 def test_env_invalid_value_names_key():
     with pytest.raises(ConfigError, match="client_idle_timeout_ms"):
         load_config(environ={"CLIENT_IDLE_TIMEOUT_MS": "-5"})

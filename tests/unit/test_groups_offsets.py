@@ -1,5 +1,5 @@
 """Durable group records (cursus.coordinator.offsets) and the standalone group log over them
-(cursus.broker.group_log): strict codec, replay, consistency checks, compaction."""
+(cursus.broker.group_log): strict codec, replay, consistency checks, a cleaner pass."""
 
 from __future__ import annotations
 
@@ -27,7 +27,9 @@ from cursus.coordinator.offsets import (
     offset_key,
     partition_for,
 )
+from cursus.coordinator.offsets_compaction import OffsetsPlanner
 from cursus.storage import GroupCommitWriter, LogConfig, PartitionLog
+from cursus.storage.cleaner import clean_pass
 
 RECORDS = [
     RegistrationRecord("g", Selector.single("t"), {"t": 3}, 1, 1, "2026-01-01T00:00:00.000Z"),
@@ -194,9 +196,11 @@ async def test_stale_epochs_are_dropped_not_errors(tmp_path):
     await h2.close()
 
 
-async def test_compaction_bounds_replay(tmp_path):
+async def test_cleaner_pass_bounds_replay(tmp_path):
+    """The log cleaner with the group-aware planner (closed segments below the HWM) bounds replay; the
+    replayed state is the one before the pass."""
     h = Harness(tmp_path, segment_bytes=16 * 1024)
-    store = h.store(compaction_min_records=200)
+    store = h.store()
     groups = [f"g{i}" for i in range(5)]
     for g in groups:
         await write(store, g, [RegistrationRecord(g, Selector.single("t"), {"t": 4}, 1)])
@@ -204,17 +208,26 @@ async def test_compaction_bounds_replay(tmp_path):
     for n in range(commits):
         g = groups[n % len(groups)]
         await write(store, g, [OffsetSnapshotRecord(g, "t", {0: n, 1: n}, 1)])
-    while store._tasks:  # let a running compaction finish
-        await asyncio.gather(*list(store._tasks))
-    assert store.compactions >= 5
+    await write(store, "gone", [RegistrationRecord("gone", Selector.single("t"), {"t": 1}, 1)])
+    await write(store, "gone", [OffsetSnapshotRecord("gone", "t", {0: 1}, 1)])
+    await write(store, "gone", [TombstoneRecord("gone", 1)])
     replica = h.replicas[0]
-    retained = replica.leo - replica.log_start_offset
-    assert replica.log_start_offset > 0 and retained < 1200, (replica.log_start_offset, replica.leo)
+    before_bytes = sum(s.size_bytes for s in replica.log.segments_info())
+    stats = clean_pass(replica.log, replica.hwm, now_ms=wall_ms(), delete_retention_ms=86_400_000,
+                       planner=OffsetsPlanner(now_ms=wall_ms(), delete_retention_ms=86_400_000))
+    assert stats.copies and stats.records_removed > commits - 100
+    for copy in stats.copies:
+        await h.run_blocking(lambda c=copy: replica.log.replace_with_cleaned(
+            c.base_offset, c.old_size_bytes, c.next_offset, c.size_bytes, c.index_entries))
+    after_bytes = sum(s.size_bytes for s in replica.log.segments_info())
+    assert after_bytes < before_bytes / 5, (before_bytes, after_bytes)
     await h.close()
     h2 = Harness(tmp_path, segment_bytes=16 * 1024)
     snap = await h2.store().replay()
-    assert snap.records == retained
+    active = h2.replicas[0].log.segments_info()[-1]
+    assert snap.records <= len(groups) * 2 + 1 + (active.next_offset - active.base_offset)
     last = {g: max(n for n in range(commits) if groups[n % len(groups)] == g) for g in groups}
     assert {g: snap.offsets[(g, "t")].offsets[0] for g in groups} == last
-    assert set(snap.registrations) == set(groups)
+    assert set(snap.registrations) == set(groups) and snap.tombstones["gone"].epoch == 1
+    assert ("gone", "t") not in snap.offsets
     await h2.close()
