@@ -38,22 +38,34 @@ def test_a_failed_open_backs_off_instead_of_retrying_on_every_metadata_change(tm
     async def scenario() -> None:
         host = FailingHost(tmp_path / "topics", failures=2)
         outcomes: list[bool] = []
-        rec = Reconciler(host, tmp_path, 1, open_retry_backoff_ms=200, open_max_attempts=5)
+        now = [100.0]
+        rec = Reconciler(host, tmp_path, 1, open_retry_backoff_ms=1000, open_max_attempts=5,
+                         clock=lambda: now[0])
         rec.on_open_failed = outcomes.append
+
+        async def until(predicate) -> None:
+            deadline = asyncio.get_running_loop().time() + 10
+            while not predicate() and asyncio.get_running_loop().time() < deadline:
+                await asyncio.sleep(0.01)
+            assert predicate()
+
         state = _create(_cluster(), "c1")
         rec.on_metadata(_cluster(), state)
-        await asyncio.sleep(0.05)
-        assert host.attempts == 1 and outcomes == [False]
+        await until(lambda: outcomes == [False])
+        assert host.attempts == 1 and rec.open_failures[("t", 0)][1:] == (1, 101.0)
         states = _heartbeats(state, 30)
         for old, new in zip(states, states[1:], strict=False):  # 30 metadata changes inside the backoff
             rec.on_metadata(old, new)
-            await asyncio.sleep(0.001)
+        await asyncio.sleep(0.05)
         assert host.attempts == 1, "retried on a metadata change during the backoff"
-        deadline = asyncio.get_running_loop().time() + 5
-        while ("t", 0) not in host.replicas and asyncio.get_running_loop().time() < deadline:
-            await asyncio.sleep(0.02)
-        assert ("t", 0) in host.replicas and host.attempts == 3  # 200 ms, then 400 ms
-        assert outcomes == [False, False] and ("t", 0) not in rec.open_failures
+        now[0] = 101.0  # the backoff elapsed: the next metadata change (or the timer) retries
+        rec.on_metadata(states[-2], states[-1])
+        await until(lambda: outcomes == [False, False])
+        assert host.attempts == 2 and rec.open_failures[("t", 0)][1:] == (2, 103.0)  # doubled
+        now[0] = 103.0
+        rec.on_metadata(states[-2], states[-1])
+        await until(lambda: ("t", 0) in host.replicas)
+        assert host.attempts == 3 and outcomes == [False, False] and ("t", 0) not in rec.open_failures
         await rec.close()
 
     asyncio.run(scenario())
