@@ -144,6 +144,7 @@ class Reconciler:
         self._clock = clock
         #: Partition -> (generation, failed attempts, monotonic time before which it is not retried).
         self.open_failures: dict[PartitionKey, tuple[Generation, int, float]] = {}
+        self._closed = False
 
     def _dir_lock(self, name: str) -> threading.Lock:
         with self._dir_locks_guard:
@@ -213,7 +214,11 @@ class Reconciler:
         log.error("opening %s/%d failed (attempt %d of %d, retried in %.1f s): %s", key[0], key[1], attempts,
                   self._open_max_attempts, backoff, error)
         self.on_open_failed(False)
-        asyncio.get_running_loop().call_later(backoff, lambda: self._open_missing(self._state))
+        asyncio.get_running_loop().call_later(backoff, self._retry_opens)
+
+    def _retry_opens(self) -> None:
+        if not self._closed:
+            self._open_missing(self._state)
 
     def _prepare_topic_dir(self, name: str, wanted: Generation) -> bool:
         """Blocking (the pool): make ``topics/<name>`` hold ``wanted`` before a partition of it is opened.
@@ -475,6 +480,7 @@ class Reconciler:
 
     async def close(self) -> None:
         """Wait for opens, resets and removals in flight, then stop the pool."""
+        self._closed = True
         pending = [*self._opening.values(), *self._removing.values(), *self._resetting.values()]
         if pending:
             await asyncio.gather(*pending, return_exceptions=True)
