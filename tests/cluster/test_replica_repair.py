@@ -192,3 +192,27 @@ def test_a_repaired_replica_that_is_the_only_isr_candidate_fails_closed(cluster:
             assert partition_state(cluster, topic, via=repaired)["leader"] != other.log_dir.name
             time.sleep(0.2)
     assert "no other in-sync replica to take over" in repaired.output()
+
+
+def test_a_corrupted_leader_repairs_and_never_serves_what_it_lost(cluster: Cluster) -> None:
+    """The leader itself is killed and corrupted: whether it is back before or after it is fenced, it never
+    serves from its cut log (it fails closed and hands over, or it follows), every acknowledged record stays
+    readable, and all three replicas end byte-identical."""
+    topic = "repair-leader"
+    with Connection(*cluster.brokers[0].address, timeout_s=10) as c:
+        create_topic(c, topic, 1, replication_factor="3")
+    row = wait_isr(cluster, topic, 3)
+    acks = write_acked(cluster, topic, 20)
+    acked = sum(len(a.payloads) for a in acks)
+    leader = cluster.by_id(row["leader"])
+    wait_for(lambda: recovery_point(leader, topic) >= acked, 20, "the leader checkpointed its records")
+    leader.kill()
+    flip_below_recovery_point(leader, topic, acked)
+    leader.start(timeout_s=60)
+    assert quarantine_reports(leader, topic) and "REPAIRED replica" in leader.output()
+    wait_isr(cluster, topic, 3, timeout=30)
+    records = wait_for(lambda: (r := read_partition(cluster, topic)) and len(r) >= acked and r, 30,
+                       "a leader serves every acknowledged record")  # a repaired leader fails closed first
+    check_history(acks, records)
+    files = [segment(b, topic) for b in cluster.brokers]
+    wait_for(lambda: len({f.read_bytes() for f in files}) == 1, 20, "every replica byte-identical")
