@@ -481,11 +481,15 @@ class Nemesis(threading.Thread):
         node.kill()
         part = partition_dir(node.data_dir, topic, partition)
         extra: dict[str, Any] = {"damage": flip_tail(part, spec.tear["seed"])}
+        quarantine = part / "quarantine"  # the broker's repair moves damaged bytes there (cluster)
+        before = set(quarantine.iterdir()) if quarantine.is_dir() else set()
         time.sleep(spec.hold_s)
         code, output = node.start_expecting_ready()
         error = None
         if code is None:
             extra["outcome"] = "started (repaired or truncated the damaged tail)"
+            repaired = sorted(p.name for p in (set(quarantine.iterdir()) if quarantine.is_dir() else set()) - before)
+            extra["repaired"] = repaired[-1] if repaired else None  # None: recovery cut it as a torn tail
         elif code == -1 and "corrupt log data" not in output:
             extra["outcome"] = "neither ready nor exited in time"
             error = f"{node.name} hung on startup after corrupt"

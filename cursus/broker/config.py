@@ -138,6 +138,8 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("log_retention_bytes", _I, -1, "bytes", "Broker default size retention per partition; -1 keeps all.", -1),
     Setting("log_retention_check_interval_ms", _I, 300_000, "ms", "Interval of the retention task.", 1),
     Setting("topic_cleanup_retry_interval_ms", _I, 10_000, "ms", "How often node-local cleanup of a deleted or truncated topic that failed (storage reset or removal, group offsets, transaction references; `cleanup_pending=true`) is retried.", 10),
+    Setting("partition_open_retry_backoff_ms", _I, 1_000, "ms", "Backoff before a failed open of a local partition replica (corrupt log that cannot be repaired, I/O error) is retried; doubles per failure up to 60 times this value.", 10),
+    Setting("partition_open_max_attempts", _I, 8, "attempts", "Failed opens of one local partition replica before the reconciler gives up on it (logged, `cursus_partition_open_failures_total{outcome=\"gave_up\"}`) until a restart, a new topic generation or an explicit wait for it.", 1),
     Setting("max_message_bytes", _I, 1 * MIB, "bytes", "Largest single record the broker accepts.", 64),
     Setting("max_client_connections", _I, 1000, "connections", "Concurrent client connections; further clients wait in the accept backlog (with client_idle_timeout_ms, idle clients cannot hold every slot for long).", 1),
     Setting("client_idle_timeout_ms", _I, 600_000, "ms", "Close a client connection with no request in flight for this long (as Kafka's connections.max.idle.ms, 10 min; an open STREAM or long poll is not idle); the SDK reopens such a connection before its next request; 0 never closes idle connections.", 0),

@@ -60,12 +60,14 @@ from cursus.replication.hwm import HwmCommitter, LocalHwmCommitter
 from cursus.replication.node import ReplicationNode, internal_address
 from cursus.storage import (
     Completion,
+    CorruptLogError,
     GroupCommitWriter,
     LogConfig,
     LogDir,
     PartitionLog,
     open_log_dir,
 )
+from cursus.storage.repair import truncate_to_last_valid_chunk
 from cursus.transactions.coordinator import TransactionCoordinator
 from cursus.wire.errors import BrokerError
 
@@ -141,7 +143,11 @@ class Broker:
                          retry_backoff_s=config.replica_fetch_backoff_ms / 1000.0,
                          max_in_flight=config.replica_hwm_commits_in_flight)
             if config.enabled_distribution else LocalHwmCommitter())
-        self.reconciler = Reconciler(self, log_dir.path, recovery_threads(config), metrics.orphan_topics.set)
+        self.reconciler = Reconciler(self, log_dir.path, recovery_threads(config), metrics.orphan_topics.set,
+                                     open_retry_backoff_ms=config.partition_open_retry_backoff_ms,
+                                     open_max_attempts=config.partition_open_max_attempts)
+        self.reconciler.on_open_failed = (
+            lambda gave_up: metrics.partition_open_failures.labels("gave_up" if gave_up else "retry").inc())
         self.metadata.subscribe(self.reconciler.on_metadata)
         self.metadata.subscribe(self._follow_leadership)
         self.metadata.subscribe(self._groups_follow_topics)
@@ -402,12 +408,48 @@ class Broker:
 
     def open_partition(self, topic: str, partition: int) -> OpenedPartition:
         """Blocking (the reconciler's pool, never the loop): recover one partition's log and rebuild its
-        producer state. Raises CorruptLogError / OSError."""
+        producer state. Raises CorruptLogError / OSError.
+
+        A cluster replica of a replicated partition (replication factor > 1) whose log is corrupt is
+        repaired (:meth:`_repair_replica`) instead of failing; standalone, or with a single replica, the
+        CorruptLogError is raised (one copy cannot be repaired: fail closed)."""
         directory = self.log_dir.partition_dir(topic, partition)
         directory.mkdir(parents=True, exist_ok=True)
         config = self.internal_log_config if is_internal_topic(topic) else self.log_config
-        plog = PartitionLog.open(directory, config, clean_shutdown=self.log_dir.clean_shutdown)
+        try:
+            plog = PartitionLog.open(directory, config, clean_shutdown=self.log_dir.clean_shutdown)
+        except CorruptLogError as exc:
+            plog = self._repair_replica(topic, partition, directory, config, exc)
         return plog, self._rebuild_producer_state(directory, plog)
+
+    def _repair_replica(self, topic: str, partition: int, directory: Path, config: LogConfig,
+                        error: CorruptLogError) -> PartitionLog:
+        """Blocking: the log of a cluster replica failed to open with ``error``. Quarantine the damaged bytes
+        and cut the log to its last valid chunk (:func:`cursus.storage.repair.truncate_to_last_valid_chunk`),
+        then open it (unclean path). The replica's log may now end below the committed HWM: made leader it
+        fails closed (``storage_unavailable``) and hands over; as a follower it re-fetches the rest from the
+        leader, and the leader shrinks it out of the ISR at its first fetch below the committed HWM
+        (docs/cluster.md "Repair of a corrupted replica"). Raises ``error`` when repair is not allowed
+        (standalone, a single replica) or finds nothing to cut; CorruptLogError / OSError when it fails."""
+        state = self.metadata.state
+        assignment = state.assignment(topic, partition)
+        if not state.cluster or assignment is None or len(assignment.replicas) < 2:
+            raise error
+        for _ in range(3):  # every repair strictly lowers the end of the log; a second one is unexpected
+            log.error("%s/%d: replica log is corrupt (%s); repairing it from the leader: the damaged bytes are "
+                      "quarantined and the log is cut to its last valid chunk", topic, partition, error)
+            report = truncate_to_last_valid_chunk(directory)
+            if report is None:
+                raise error
+            self.metrics.replica_repairs.inc()
+            log.error("%s/%d: REPAIRED replica: damage in %s at byte position %s (offset %d: %s); the log now ends "
+                      "at offset %d and re-fetches the rest from the leader; evidence in %s", topic, partition,
+                      report.path, report.position, report.offset, report.reason, report.offset, report.quarantine)
+            try:
+                return PartitionLog.open(directory, config, clean_shutdown=False)
+            except CorruptLogError as again:
+                error = again
+        raise error
 
     def install_replica(self, topic: str, partition: int, opened: OpenedPartition) -> None:
         """Loop: serve an opened partition as a local replica."""

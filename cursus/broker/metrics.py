@@ -137,6 +137,16 @@ class BrokerMetrics:
             "retried every topic_cleanup_retry_interval_ms.", registry=r)
         self.topic_cleanup_retries_total = Counter(
             "cursus_topic_cleanup_retries_total", "Retries of a pending node-local topic cleanup.", registry=r)
+        self.replica_repairs = Counter(
+            "cursus_replica_repairs_total",
+            "Cluster replicas whose log failed to open as corrupt and was cut to its last valid chunk (the damaged "
+            "bytes quarantined under <partition>/quarantine/); the replica re-fetches the rest from the leader.",
+            registry=r)
+        self.partition_open_failures = Counter(
+            "cursus_partition_open_failures_total",
+            "Failed opens of a local partition replica: outcome=retry (retried after a backoff) or gave_up (left "
+            "unopened after partition_open_max_attempts until a restart or a new topic generation).",
+            ["outcome"], registry=r)
         self.log_start = Gauge(
             "cursus_partition_log_start_offset", "First retained offset.", ["topic", "partition"], registry=r)
         self.log_end = Gauge(

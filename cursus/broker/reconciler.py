@@ -33,13 +33,21 @@ topic whose folder is behind the committed lifecycle epoch stays fenced until th
 keeps the topic fenced on this node (``cleanup_pending``) until :meth:`Reconciler.retry_pending` succeeds
 (the broker calls it every ``topic_cleanup_retry_interval_ms``; ``cursus_topic_cleanup_pending`` counts
 what is left).
+
+A partition whose open fails (a corrupt log the host could not repair, an I/O error) is retried with an
+exponential backoff (``open_retry_backoff_ms``, doubling, at most 60 times that), never on every metadata
+change; after ``open_max_attempts`` failures it is left unopened (one error line, ``on_open_failed(True)``)
+until the topic's generation changes, the broker restarts, or a caller waits for it explicitly
+(:meth:`Reconciler.wait_open`, e.g. a CREATE), which retries at once.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+import math
 import threading
+import time
 from collections.abc import Callable, Iterable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -105,7 +113,8 @@ class Reconciler:
     """
 
     def __init__(self, host: ReplicaHost, log_dir: Path, threads: int,
-                 on_orphans: Callable[[int], None] = lambda count: None) -> None:
+                 on_orphans: Callable[[int], None] = lambda count: None, *, open_retry_backoff_ms: int = 1000,
+                 open_max_attempts: int = 8, clock: Callable[[], float] = time.monotonic) -> None:
         self._host = host
         self._topics_dir = log_dir / "topics"
         self._trash_dir = log_dir / TRASH_DIR_NAME
@@ -128,6 +137,14 @@ class Reconciler:
         self.on_pending: Callable[[int], None] = lambda count: None
         #: Called once per retry of a pending cleanup (metrics).
         self.on_retry: Callable[[], None] = lambda: None
+        #: Called once per failed partition open: True when the reconciler gave up on it (metrics).
+        self.on_open_failed: Callable[[bool], None] = lambda gave_up: None
+        self._open_backoff_s = max(0.001, open_retry_backoff_ms / 1000.0)
+        self._open_max_attempts = max(1, open_max_attempts)
+        self._clock = clock
+        #: Partition -> (generation, failed attempts, monotonic time before which it is not retried).
+        self.open_failures: dict[PartitionKey, tuple[Generation, int, float]] = {}
+        self._closed = False
 
     def _dir_lock(self, name: str) -> threading.Lock:
         with self._dir_locks_guard:
@@ -166,6 +183,10 @@ class Reconciler:
                 # deleted topic of that name is gone (a same-name topic must never open the old folder)
                 continue
             if key not in self._host.replicas and key not in self._opening:
+                failed = self.open_failures.get(key)
+                if failed is not None:
+                    if failed[0] == self.generation(state, key[0]) and self._clock() < failed[2]:
+                        continue  # backing off (or given up: inf)
                 task = asyncio.get_running_loop().create_task(self._open(key))
                 self._opening[key] = task
                 task.add_done_callback(lambda t, k=key: self._opened(k, t))  # type: ignore[misc]
@@ -173,8 +194,31 @@ class Reconciler:
     def _opened(self, key: PartitionKey, task: asyncio.Task[None]) -> None:
         if self._opening.get(key) is task:
             del self._opening[key]
-        if not task.cancelled() and task.exception() is not None:
-            log.error("opening %s/%d failed: %s", key[0], key[1], task.exception())
+        if task.cancelled():
+            return
+        error = task.exception()
+        if error is None:
+            self.open_failures.pop(key, None)
+            return
+        generation = self.generation(self._state, key[0])
+        previous = self.open_failures.get(key)
+        attempts = previous[1] + 1 if previous is not None and previous[0] == generation else 1
+        if attempts >= self._open_max_attempts:
+            self.open_failures[key] = (generation, attempts, math.inf)
+            log.error("opening %s/%d failed %d times, giving up (the partition stays unavailable on this broker "
+                      "until a restart or a new topic generation): %s", key[0], key[1], attempts, error)
+            self.on_open_failed(True)
+            return
+        backoff = min(self._open_backoff_s * 2 ** (attempts - 1), self._open_backoff_s * 60)
+        self.open_failures[key] = (generation, attempts, self._clock() + backoff)
+        log.error("opening %s/%d failed (attempt %d of %d, retried in %.1f s): %s", key[0], key[1], attempts,
+                  self._open_max_attempts, backoff, error)
+        self.on_open_failed(False)
+        asyncio.get_running_loop().call_later(backoff, self._retry_opens)
+
+    def _retry_opens(self) -> None:
+        if not self._closed:
+            self._open_missing(self._state)
 
     def _prepare_topic_dir(self, name: str, wanted: Generation) -> bool:
         """Blocking (the pool): make ``topics/<name>`` hold ``wanted`` before a partition of it is opened.
@@ -212,7 +256,13 @@ class Reconciler:
 
     async def wait_open(self, keys: Iterable[PartitionKey]) -> None:
         """Wait until every key in ``keys`` that is assigned here is open; a partition whose earlier open
-        failed is opened again. Raises the open's error (CorruptLogError, OSError)."""
+        failed is opened again at once (its backoff is skipped). Raises the open's error (CorruptLogError,
+        OSError)."""
+        keys = list(keys)
+        for key in keys:
+            failed = self.open_failures.get(key)
+            if failed is not None:
+                self.open_failures[key] = (failed[0], failed[1], 0.0)
         self._open_missing(self._state)
         tasks = [self._opening[k] for k in keys if k in self._opening]
         if tasks:
@@ -430,6 +480,7 @@ class Reconciler:
 
     async def close(self) -> None:
         """Wait for opens, resets and removals in flight, then stop the pool."""
+        self._closed = True
         pending = [*self._opening.values(), *self._removing.values(), *self._resetting.values()]
         if pending:
             await asyncio.gather(*pending, return_exceptions=True)

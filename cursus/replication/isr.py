@@ -13,6 +13,11 @@ Kafka's rules (``Replica.updateFetchState`` and ``Partition.getOutOfSyncReplicas
 * **shrink**: an ISR member other than the leader whose ``now - last_caught_up_ms`` exceeds
   ``lag_max_ms``. A follower that never fetches (dead, partitioned) is shrunk too: its clock starts when
   the leader's epoch starts (members get that much grace after an election).
+* **shrink at once** a member whose last fetch in this epoch is *below the committed HWM*: it lost committed
+  records (a replica repaired after corruption, cut to its last valid chunk) and must not stay electable
+  until it has fetched them again (an ISR member never legitimately fetches below the committed HWM: the
+  HWM is the minimum durable end over the ISR, and divergence never lies below it). Not Kafka's rule
+  (Kafka's follower truncation never goes below the HWM); ours, for the repair of a corrupted replica.
 * **expand**: a replica outside the ISR whose caught-up fetch is recent (within ``lag_max_ms``, in the
   current leader epoch), whose fetch offset is at least the committed HWM, and that is an *active* broker in
   the applied metadata (the FSM refuses to add an inactive one: a fenced broker may still fetch for a
@@ -122,6 +127,8 @@ class IsrTracker:
 
         def lagging(member: str) -> bool:
             entry = state.followers.get(member)
+            if entry is not None and entry.fetch_offset < committed_hwm:
+                return True  # lost committed records (a repaired replica): out of the ISR now
             since = entry.caught_up_ms if entry is not None and entry.caught_up_ms is not None else state.started_ms
             return now_ms - since > lag_max_ms
 

@@ -39,6 +39,7 @@ def test_decide_shrinks_after_the_lag_and_grace_and_expands_only_at_the_committe
     assert change is not None and change.isr == ("a", "b") and change.shrunk == ("c",)
     tracker.on_fetch(KEY, "d", 4, 5, 1100, leader_epoch=1)
     tracker.on_fetch(KEY, "d", 5, 5, 1200, leader_epoch=1)
+    tracker.on_fetch(KEY, "b", 6, 6, 1250, leader_epoch=1)
     assert tracker.decide(KEY, ("a", "b"), REPLICAS, 6, 1300, LAG, leader_epoch=1) is None  # below the HWM
     change = tracker.decide(KEY, ("a", "b"), REPLICAS, 5, 1300, LAG, leader_epoch=1)
     assert change is not None and change.isr == ("a", "b", "d") and change.expanded == ("d",)
@@ -60,8 +61,24 @@ def test_only_active_brokers_are_expanded_while_shrinks_still_happen() -> None:
     assert change is not None and change.isr == ("a",) and change.shrunk == ("b",) and change.expanded == ()
 
 
+def test_a_member_fetching_below_the_committed_hwm_is_shrunk_at_once() -> None:
+    """A repaired replica (cut to its last valid chunk after corruption) lost committed records: it leaves
+    the ISR at its first fetch, without waiting for the lag time, and rejoins once it is back at the HWM."""
+    tracker = IsrTracker("a")
+    isr = ("a", "b", "c")
+    tracker.on_fetch(KEY, "b", 50, 50, 100, leader_epoch=1)
+    tracker.on_fetch(KEY, "c", 50, 50, 100, leader_epoch=1)
+    assert tracker.decide(KEY, isr, REPLICAS, 50, 110, LAG, leader_epoch=1) is None
+    tracker.on_fetch(KEY, "c", 20, 50, 120, leader_epoch=1)  # restarted after a repair: its log ends at 20
+    change = tracker.decide(KEY, isr, REPLICAS, 50, 130, LAG, leader_epoch=1)
+    assert change is not None and change.isr == ("a", "b") and change.shrunk == ("c",)
+    tracker.on_fetch(KEY, "c", 50, 50, 200, leader_epoch=1)  # re-fetched everything
+    change = tracker.decide(KEY, ("a", "b"), REPLICAS, 50, 210, LAG, leader_epoch=1)
+    assert change is not None and change.isr == isr and change.expanded == ("c",)
+
+
 @settings(max_examples=200, deadline=None)
-@given(st.lists(st.tuples(st.sampled_from(("fetch", "append", "tick", "decide", "epoch")),
+@given(st.lists(st.tuples(st.sampled_from(("fetch", "append", "tick", "decide", "epoch", "repair")),
                           st.sampled_from(REPLICAS[1:]), st.integers(0, 3), st.integers(1, 1500)),
                 max_size=60))
 def test_invariants_hold_for_any_history(steps: list[tuple[str, str, int, int]]) -> None:
@@ -73,10 +90,16 @@ def test_invariants_hold_for_any_history(steps: list[tuple[str, str, int, int]])
     epoch_started = 0
     last_caught_up: dict[str, int] = {}  # the model's own Kafka rule: fetch at the LEO shown last time
     shown: dict[str, tuple[int, int]] = {}
+    position: dict[str, int] = {}  # each follower's durable end: only a repair moves it back
+    fetched: dict[str, int] = {}  # last fetch offset in this epoch
     assert tracker.decide(KEY, isr, REPLICAS, committed_hwm, now, LAG, leader_epoch=epoch) is None  # elected
     for action, follower, behind, amount in steps:
+        if action == "repair":  # corruption repaired: the follower's log is cut, maybe below the HWM
+            position[follower] = max(0, position.get(follower, 0) - amount)
+            continue
         if action == "fetch":
-            offset = max(0, leo - behind)
+            offset = position[follower] = max(position.get(follower, 0), leo - behind)
+            fetched[follower] = offset
             previous = shown.get(follower)
             if offset >= leo:
                 last_caught_up[follower] = now
@@ -93,9 +116,12 @@ def test_invariants_hold_for_any_history(steps: list[tuple[str, str, int, int]])
             epoch_started = now
             last_caught_up.clear()
             shown.clear()
+            fetched.clear()
             assert tracker.decide(KEY, isr, REPLICAS, committed_hwm, now, LAG, leader_epoch=epoch) is None
         else:
-            committed_hwm = min(leo, committed_hwm + amount)
+            # the leader's rule: the minimum durable end over the ISR (never moving back)
+            ends = [leo] + [fetched.get(member, -1) for member in isr if member != "a"]
+            committed_hwm = max(committed_hwm, min(min(ends), committed_hwm + amount))
             change = tracker.decide(KEY, isr, REPLICAS, committed_hwm, now, LAG, leader_epoch=epoch, active=ACTIVE)
             if change is None:  # every member in sync (or in the election grace), no candidate to add
                 for member in set(isr) - {"a"}:
@@ -110,7 +136,8 @@ def test_invariants_hold_for_any_history(steps: list[tuple[str, str, int, int]])
             assert set(change.isr) != set(isr)
             for member in change.shrunk:
                 since = last_caught_up.get(member, epoch_started)
-                assert now - since > LAG and member != "a"
+                assert member != "a"
+                assert now - since > LAG or fetched.get(member, committed_hwm) < committed_hwm
             for member in change.expanded:
                 assert member in ACTIVE  # an inactive broker is never proposed (the FSM would refuse it)
                 assert now - last_caught_up[member] <= LAG
@@ -118,4 +145,6 @@ def test_invariants_hold_for_any_history(steps: list[tuple[str, str, int, int]])
                 assert offset is not None and offset >= committed_hwm
             for member in set(isr) - set(change.shrunk) - {"a"}:
                 assert now - last_caught_up.get(member, epoch_started) <= LAG  # kept members are in sync
+            for member in change.isr:  # no member that lost committed records stays electable
+                assert member == "a" or fetched.get(member, committed_hwm) >= committed_hwm
             isr = change.isr
