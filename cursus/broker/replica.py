@@ -138,6 +138,10 @@ class Replica:
         self._prepare_token: object | None = None
         #: Set when this leader must not serve: its local log ends below the committed HWM.
         self.unavailable: BrokerError | None = None
+        #: Set by :meth:`on_deleted` when the topic still exists under a new generation (TRUNCATE, a DELETE
+        #: and re-CREATE applied in one step): the replica's requests answer a retryable error, not
+        #: ``topic_not_found`` (:meth:`removed_error`).
+        self._replaced = False
         #: The highest committed HWM learned while preparing (applied once ready).
         self._committed_pending = 0
         # (end_offset, seq, future) waiting for durable_end_offset >= end_offset.
@@ -163,11 +167,12 @@ class Replica:
         """Raise unless this replica accepts client appends.
 
         Raises:
-            BrokerError: ``topic_not_found`` (deleted), ``storage_unavailable`` (fenced), ``NOT_LEADER``
-                (a follower, or no role yet).
+            BrokerError: ``topic_not_found`` (deleted) or ``leader_not_available`` (replaced by a new
+                generation of the topic: :meth:`removed_error`), ``storage_unavailable`` (fenced),
+                ``NOT_LEADER`` (a follower, or no role yet).
         """
         if self.deleted:
-            raise BrokerError.of("topic_not_found", topic=self.topic)
+            raise self.removed_error()
         if self.fenced is not None:
             raise BrokerError.of(
                 "storage_unavailable", topic=self.topic, partition=self.partition,
@@ -725,11 +730,14 @@ class Replica:
         self._fail_waiters(self._fenced_error())
         self._notify_progress()
 
-    def on_deleted(self) -> None:
-        """The topic was deleted: refuse appends, fail waiters, wake long polls."""
+    def on_deleted(self, *, replaced: bool = False) -> None:
+        """The topic was deleted, or this replica is *replaced* (``replaced``: the topic still exists under a
+        new generation, a TRUNCATE or a DELETE and re-CREATE applied at once): refuse appends, fail
+        waiters, wake long polls. Waiters and requests then answer :meth:`removed_error`."""
+        self._replaced = replaced
         self.role = next_role(self.role, Event.DELETE)
         if self.fenced is None:
-            self.fenced = BrokerError.of("topic_not_found", topic=self.topic)
+            self.fenced = self.removed_error()
         self._fail_waiters(self._fenced_error())
         self._wake_readers()
         self._notify_progress()
@@ -769,9 +777,26 @@ class Replica:
         heapq.heapify(keep)
         self._durable_waiters = keep
 
+    def removed_error(self, *, outcome_unknown: bool = False) -> BrokerError:
+        """The answer of a request for this replica after :meth:`on_deleted`: ``topic_not_found`` when the
+        topic is gone; when it was replaced by a new generation (TRUNCATE, a DELETE and re-CREATE),
+        ``leader_not_available`` (retryable: the new generation's replica serves a retry), with
+        ``outcome=unknown`` for a write waiting for its acknowledgement (``outcome_unknown``): its records
+        may have been appended, even committed, before the reset removed them, so neither success nor a
+        definite failure can be reported."""
+        if not self._replaced:
+            return BrokerError.of("topic_not_found", topic=self.topic)
+        fields: dict[str, object] = {"topic": self.topic, "partition": self.partition,
+                                     "reason": "the topic was reset to a new lifecycle epoch"}
+        if outcome_unknown:
+            fields["outcome"] = "unknown"
+            fields["reason"] = ("the topic was reset to a new lifecycle epoch; records appended before the "
+                                "reset are not in it")
+        return BrokerError.of("leader_not_available", **fields)
+
     def _fenced_error(self) -> BrokerError:
         if self.deleted:
-            return BrokerError.of("topic_not_found", topic=self.topic)
+            return self.removed_error(outcome_unknown=True)
         return BrokerError.of(
             "storage_unavailable", topic=self.topic, partition=self.partition,
             reason="write or fsync failed; outcome of unacknowledged records is unknown",
