@@ -4,6 +4,7 @@ only while every replica is in the ISR (spec "ALTER_TOPIC_CONFIG"); a paused fol
 from __future__ import annotations
 
 import re
+import shutil
 import time
 from pathlib import Path
 
@@ -76,3 +77,43 @@ def test_replicas_clean_only_below_the_committed_hwm_with_a_full_isr(cluster: Cl
     offsets = [r.offset for r in records]
     assert offsets == sorted(set(offsets)) and len(records) < 340
     assert {r.key: r.payload for r in records} == latest
+
+
+def _elect(cluster: Cluster, topic: str, broker) -> None:
+    with Connection(*broker.address, timeout_s=10) as c:
+        wait_for(lambda: c.command(f"ELECT_LEADER topic={topic} partition=0 broker={broker.log_dir.name}"
+                                   ).status.name == "OK", 20, f"{broker.log_dir.name} elected")
+    wait_for(lambda: leader_proc(cluster, topic) is broker, 10, f"{broker.log_dir.name} leads")
+
+
+def test_a_follower_rebuilt_from_an_empty_disk_copies_the_leaders_cleaned_log_gaps_included(cluster: Cluster) -> None:
+    """A follower whose storage of a compacted topic is lost (kill -9, folder wiped) fetches from offset 0 a
+    log the leader's cleaner left with offset gaps: it stores the leader's chunks as they are (gaps
+    included), rejoins the ISR, and serves the same records once it leads (issue 18)."""
+    topic = "compacted-rebuilt"
+    with Connection(*cluster.brokers[0].address, timeout_s=10) as c:
+        create_topic(c, topic, 1, replication_factor="3", cleanup_policy="compact")
+    wait_isr(cluster, topic, 3)
+    leader = leader_proc(cluster, topic)
+    with Connection(*leader.address, timeout_s=10) as c:
+        latest = _publish(c, topic, 0, 400, acks="all")
+    wait_for(lambda: _cleaned_ends(leader, topic), 30, "the leader cleans")
+    before = read_partition(cluster, topic)
+    assert len(before) < 400 and [r.offset for r in before] != list(range(len(before)))  # gaps
+    victim = next(b for b in cluster.brokers if b is not leader)
+    victim.kill()
+    shutil.rmtree(victim.log_dir / "topics" / topic)
+    victim.start(timeout_s=60)
+    wait_isr(cluster, topic, 3, timeout=30)  # it fetched everything back, gaps included, and rejoined
+    with Connection(*leader.address, timeout_s=10) as c:
+        latest.update(_publish(c, topic, 400, 20, acks="all"))
+    wait_isr(cluster, topic, 3, timeout=30)
+    _elect(cluster, topic, victim)
+    after = read_partition(cluster, topic)
+    written = {r.offset: (r.key, r.payload) for r in before}
+    # what it serves is the leader's records at the leader's offsets (its own cleaner may have gone further)
+    assert all(written[r.offset] == (r.key, r.payload) for r in after if r.offset in written)
+    assert {r.key: r.payload for r in after} == latest
+    offsets = [r.offset for r in after]
+    assert offsets == sorted(set(offsets))
+    assert "stopped replicating" not in victim.output()
