@@ -73,3 +73,20 @@ def test_skip_gap_refuses_to_go_backwards(tmp_path: Path) -> None:
     with pytest.raises(AssertionError):
         log.skip_gap(1)
     log.close()
+
+
+def test_the_leader_serves_the_chunk_after_a_gap_and_answers_a_divergence_inside_a_chunk(tmp_path: Path) -> None:
+    from cursus.replication.leader import read_stored_chunks
+
+    log = PartitionLog.open(tmp_path / "p", small_config())
+    _append(log, 0, 3)
+    chunks, first = read_stored_chunks(log, 1, 3, 1 << 20)  # inside a chunk: no bytes (a divergence)
+    assert chunks == b"" and first is not None and first.base_offset == 0
+    log.skip_gap(8)
+    _append(log, 8, 2)
+    log.flush()
+    chunks, first = read_stored_chunks(log, 3, 10, 1 << 20)  # in the gap: the next chunk, as stored
+    assert first is not None and first.base_offset == 8 and len(chunks) == first.size_bytes
+    chunks, first = read_stored_chunks(log, 0, 10, 1 << 20)
+    assert first is not None and first.base_offset == 0 and chunks.count(b"CCK2") >= 2
+    log.close()
