@@ -590,13 +590,18 @@ class Broker:
         opened[0].close()
 
     def detach_topic(self, name: str) -> list[Replica]:
-        """Loop: drop the topic's local replicas (appends refused, waiters failed, long polls woken)."""
+        """Loop: drop the topic's local replicas (appends refused, waiters failed, long polls woken). When
+        the committed metadata still names the topic (a TRUNCATE; a DELETE and re-CREATE applied at once)
+        the replicas are *replaced*: their waiters and requests answer the retryable
+        ``leader_not_available`` (``outcome=unknown`` for unacknowledged writes), ``topic_not_found`` only
+        when the topic is gone (:meth:`Replica.removed_error`)."""
+        replaced = self.metadata.get(name) is not None
         replicas = [r for (topic, _), r in self.replicas.items() if topic == name]
         for replica in replicas:
             del self.replicas[(name, replica.partition)]
             self.producers.pop((name, replica.partition), None)
             self.hwm_committer.detach(replica)
-            replica.on_deleted()
+            replica.on_deleted(replaced=replaced)
             self.metrics.forget_partition(name, replica.partition)
         self.metrics.forget_topic(name)
         self.metrics.partitions.set(len(self.replicas))

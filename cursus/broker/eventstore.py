@@ -596,7 +596,7 @@ class EventStore:
             events = await self.partition(replica)
         except (OSError, CorruptLogError) as exc:
             if replica.deleted:
-                raise BrokerError.of("topic_not_found", topic=replica.topic) from None
+                raise replica.removed_error() from None
             log.error("stream index of %s/%d failed: %s", replica.topic, replica.partition, exc)
             raise BrokerError.of("stream_index_failed", topic=replica.topic, partition=replica.partition,
                                  reason=type(exc).__name__) from None

@@ -41,6 +41,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
+import functools
 import heapq
 import logging
 from collections.abc import Callable
@@ -138,6 +139,10 @@ class Replica:
         self._prepare_token: object | None = None
         #: Set when this leader must not serve: its local log ends below the committed HWM.
         self.unavailable: BrokerError | None = None
+        #: Set by :meth:`on_deleted` when the topic still exists under a new generation (TRUNCATE, a DELETE
+        #: and re-CREATE applied in one step): the replica's requests answer a retryable error, not
+        #: ``topic_not_found`` (:meth:`removed_error`).
+        self._replaced = False
         #: The highest committed HWM learned while preparing (applied once ready).
         self._committed_pending = 0
         # (end_offset, seq, future) waiting for durable_end_offset >= end_offset.
@@ -163,11 +168,12 @@ class Replica:
         """Raise unless this replica accepts client appends.
 
         Raises:
-            BrokerError: ``topic_not_found`` (deleted), ``storage_unavailable`` (fenced), ``NOT_LEADER``
-                (a follower, or no role yet).
+            BrokerError: ``topic_not_found`` (deleted) or ``leader_not_available`` (replaced by a new
+                generation of the topic: :meth:`removed_error`), ``storage_unavailable`` (fenced),
+                ``NOT_LEADER`` (a follower, or no role yet).
         """
         if self.deleted:
-            raise BrokerError.of("topic_not_found", topic=self.topic)
+            raise self.removed_error()
         if self.fenced is not None:
             raise BrokerError.of(
                 "storage_unavailable", topic=self.topic, partition=self.partition,
@@ -423,15 +429,18 @@ class Replica:
         self.writer.submit_append(self.log, base_offset, record_count, body, self, leader_epoch=self.leader_epoch)
         return base_offset
 
-    def append_replicated(self, chunk: bytes, leader_epoch: int, *, checked: ChunkHeader | None = None) -> int:
+    def append_replicated(self, chunk: bytes, leader_epoch: int, *, checked: ChunkHeader | None = None,
+                          allow_gap: bool = False) -> int:
         """Append one chunk fetched from the leader of ``leader_epoch``, as the leader stored it (header
         included: its base offset, leader epoch and append time are kept, so the stored bytes are
         identical). Follower only. Returns the offset after the chunk.
 
-        A chunk at the LEO is appended. A chunk identical to one already appended (or in flight) at its
-        offset is a no-op (a retried fetch). Anything else is refused, nothing is appended. ``checked`` is
-        :func:`check_replicated_chunk` of exactly these bytes, run by the caller (off the loop); without it
-        the check runs here.
+        A chunk at the LEO is appended. With ``allow_gap`` (a compacted topic: the leader's cleaned
+        segments leave offset gaps) a chunk *above* the LEO is appended too, after an offset gap
+        (:meth:`PartitionLog.skip_gap`), exactly as the leader stores it. A chunk identical to one already
+        appended (or in flight) at its offset is a no-op (a retried fetch). Anything else is refused,
+        nothing is appended. ``checked`` is :func:`check_replicated_chunk` of exactly these bytes, run by
+        the caller (off the loop); without it the check runs here.
 
         Raises:
             BrokerError: ``PARTITION_LEADER_FENCED`` (not a follower), ``STALE_LEADER_EPOCH`` (a fetch
@@ -456,7 +465,7 @@ class Replica:
             raise BrokerError.of("version_conflict", topic=self.topic, partition=self.partition,
                                  offset=header.base_offset,
                                  reason="other bytes are stored at this offset; truncate by leader epoch first")
-        if header.base_offset > self.leo:
+        if header.base_offset > self.leo and not allow_gap:
             raise BrokerError.of("OFFSET_OUT_OF_RANGE", requested=header.base_offset,
                                  earliest=self.log_start_offset, latest=self.leo)
         if not self._last_chunk_epoch <= header.leader_epoch <= leader_epoch:
@@ -464,6 +473,13 @@ class Replica:
                                  offset=header.base_offset,
                                  reason=f"chunk leader epoch {header.leader_epoch} outside "
                                         f"[{self._last_chunk_epoch}, {leader_epoch}]")
+        if header.base_offset > self.leo:  # the leader's cleaner left a gap: the log continues after it
+            done: asyncio.Future[object] = asyncio.get_running_loop().create_future()
+            done.add_done_callback(lambda f: f.cancelled() or f.exception())  # a failure fences the append
+            self.writer.submit_call(functools.partial(self.log.skip_gap, header.base_offset), done, log=self.log)
+            if self.matched_offset >= self.leo:  # the gap is the leader's, right after a matching prefix
+                self.matched_offset = header.base_offset
+            self.leo = header.base_offset
         self.leo = header.next_offset
         self._last_chunk_epoch = header.leader_epoch
         if self.matched_offset >= header.base_offset:  # appended right after a prefix matching the leader
@@ -587,6 +603,36 @@ class Replica:
             self.on_failure(error)
             raise self._fenced_error() from error
         self._last_chunk_epoch = self.log.leader_epoch if self.log.leader_epochs else -1
+        self._notify_progress()
+
+    async def restart_at(self, offset: int) -> None:
+        """Follower: the leader's log starts at ``offset``, above this log's end (retention deleted what this
+        replica lacks, e.g. after its storage was lost): drop the local log and start it empty at
+        ``offset`` (Kafka's follower handling of OFFSET_OUT_OF_RANGE). Every record below the leader's log
+        start is committed and gone on the leader, so the HWM moves to ``offset`` too. Runs on the writer
+        thread, after every append queued before it.
+
+        Raises:
+            BrokerError: ``PARTITION_LEADER_FENCED`` (not a follower), ``storage_unavailable``.
+        """
+        if self.role is not Role.FOLLOWER:
+            raise BrokerError.of("PARTITION_LEADER_FENCED", topic=self.topic, partition=self.partition,
+                                 role=self.role.value)
+        if self.fenced is not None:
+            self.check_writable()
+        if offset <= self.leo:
+            return
+        fut: asyncio.Future[object] = asyncio.get_running_loop().create_future()
+        self.writer.submit_call(functools.partial(self.log.reset, offset), fut, log=self.log)
+        self.leo = self.durable_end_offset = self.hwm = self.matched_offset = offset
+        self._inflight.clear()
+        try:
+            await fut
+        except Exception as error:
+            self.on_failure(error)
+            raise self._fenced_error() from error
+        self._last_chunk_epoch = self.log.leader_epoch if self.log.leader_epochs else -1
+        self.advance_hwm(self._leader_hwm)
         self._notify_progress()
 
     async def truncate_to_epoch(self, leader_answer: EpochEnd, committed_hwm: int | None = None
@@ -725,11 +771,14 @@ class Replica:
         self._fail_waiters(self._fenced_error())
         self._notify_progress()
 
-    def on_deleted(self) -> None:
-        """The topic was deleted: refuse appends, fail waiters, wake long polls."""
+    def on_deleted(self, *, replaced: bool = False) -> None:
+        """The topic was deleted, or this replica is *replaced* (``replaced``: the topic still exists under a
+        new generation, a TRUNCATE or a DELETE and re-CREATE applied at once): refuse appends, fail
+        waiters, wake long polls. Waiters and requests then answer :meth:`removed_error`."""
+        self._replaced = replaced
         self.role = next_role(self.role, Event.DELETE)
         if self.fenced is None:
-            self.fenced = BrokerError.of("topic_not_found", topic=self.topic)
+            self.fenced = self.removed_error()
         self._fail_waiters(self._fenced_error())
         self._wake_readers()
         self._notify_progress()
@@ -769,9 +818,26 @@ class Replica:
         heapq.heapify(keep)
         self._durable_waiters = keep
 
+    def removed_error(self, *, outcome_unknown: bool = False) -> BrokerError:
+        """The answer of a request for this replica after :meth:`on_deleted`: ``topic_not_found`` when the
+        topic is gone; when it was replaced by a new generation (TRUNCATE, a DELETE and re-CREATE),
+        ``leader_not_available`` (retryable: the new generation's replica serves a retry), with
+        ``outcome=unknown`` for a write waiting for its acknowledgement (``outcome_unknown``): its records
+        may have been appended, even committed, before the reset removed them, so neither success nor a
+        definite failure can be reported."""
+        if not self._replaced:
+            return BrokerError.of("topic_not_found", topic=self.topic)
+        fields: dict[str, object] = {"topic": self.topic, "partition": self.partition,
+                                     "reason": "the topic was reset to a new lifecycle epoch"}
+        if outcome_unknown:
+            fields["outcome"] = "unknown"
+            fields["reason"] = ("the topic was reset to a new lifecycle epoch; records appended before the "
+                                "reset are not in it")
+        return BrokerError.of("leader_not_available", **fields)
+
     def _fenced_error(self) -> BrokerError:
         if self.deleted:
-            return BrokerError.of("topic_not_found", topic=self.topic)
+            return self.removed_error(outcome_unknown=True)
         return BrokerError.of(
             "storage_unavailable", topic=self.topic, partition=self.partition,
             reason="write or fsync failed; outcome of unacknowledged records is unknown",

@@ -18,8 +18,12 @@ byte bounds), reads the one ``FetchResponse`` and applies it per partition:
   (``Replica.leader_matches``: an answer without divergence to a fetch carrying our epoch lineage);
 * an error: a stale view (``NOT_PARTITION_LEADER``, ``STALE_LEADER_EPOCH``, ``PARTITION_LEADER_FENCED``,
   ``partition_metadata_not_found``, ...) backs the partition off ``backoff_ms`` and schedules a refresh
-  (our metadata will catch up); ``OFFSET_OUT_OF_RANGE`` (our log ends below the leader's log start) stops
-  the partition;
+  (our metadata will catch up); ``OFFSET_OUT_OF_RANGE`` with the leader's log start above our log end
+  (retention deleted what we lack, e.g. our storage was lost) drops our log and starts it empty at the
+  leader's log start (``Replica.restart_at``, Kafka's follower handling); any other ``OFFSET_OUT_OF_RANGE``
+  stops the partition;
+* a compacted topic (``gaps_allowed``): chunks of the leader's cleaned segments keep their offsets and
+  leave gaps; they are appended as stored, gaps included (``append_replicated(allow_gap=True)``);
 * a refused append (``version_conflict``, ``corrupt_log_data``, ``OFFSET_OUT_OF_RANGE`` gap, ...) stops
   fetching that partition until its leader epoch changes (quarantine: the leader shrinks it out of the ISR
   by lag); it is logged and reported to the observer.
@@ -144,14 +148,17 @@ class ReplicaFetcherManager:
         observer: metrics hooks.
         run_blocking: ``async (size_bytes, fn) -> fn()``, e.g. ``broker.offload.run``: the CRC and record
             walk of fetched chunks run through it (off the loop for large responses, like client batches).
+        gaps_allowed: ``topic -> bool``: True for a compacted topic, whose fetched chunks may skip offsets.
     """
 
     def __init__(self, local_broker_id: str, replicas_lookup: Callable[[], Mapping[PartitionKey, Replica]],
                  leader_address_of: Callable[[str], str | None], open_stream: Callable[[str], Any],
                  config: FetcherConfig, clock: Callable[[], int], *,
                  assignment_lookup: Callable[[str, int], PartitionAssignment | None],
-                 observer: FollowerObserver | None = None, run_blocking: RunBlocking = run_inline) -> None:
+                 observer: FollowerObserver | None = None, run_blocking: RunBlocking = run_inline,
+                 gaps_allowed: Callable[[str], bool] = lambda topic: False) -> None:
         self.broker_id = local_broker_id
+        self.gaps_allowed = gaps_allowed
         self.run_blocking = run_blocking
         self.replicas = replicas_lookup
         self.leader_address_of = leader_address_of
@@ -340,7 +347,8 @@ class FetchSession:
                 continue  # not asked for, or the role changed meanwhile: the next request decides
             error = error_from_pb(data.error) if data.HasField("error") else None
             if error is not None:
-                self._on_error(key, replica, error)
+                if not await self._restart_at_log_start(key, replica, part, error):
+                    self._on_error(key, replica, error)
             elif data.HasField("diverging_epoch"):
                 await self._truncate(key, replica, data)
             else:
@@ -365,12 +373,13 @@ class FetchSession:
         if (replica.role is not Role.FOLLOWER or replica.leader_epoch != part.leader_epoch
                 or replica.leader_id != self.leader_id):
             return False  # the role changed during the check: the next request decides
+        allow_gap = self.manager.gaps_allowed(key[0])
         try:
             for chunk, header in zip(chunks, headers, strict=True):
                 if header is None:
                     raise BrokerError.of("corrupt_log_data", topic=key[0], partition=key[1],
                                          reason="replicated bytes are not one valid chunk")
-                replica.append_replicated(chunk, part.leader_epoch, checked=header)
+                replica.append_replicated(chunk, part.leader_epoch, checked=header, allow_gap=allow_gap)
         except BrokerError as exc:
             self._quarantine(key, replica, exc.error)
             return True  # what was appended before the refusal still becomes durable
@@ -392,6 +401,27 @@ class FetchSession:
             return
         log.info("%s/%d: diverged from leader %s at epoch %d: truncated to %d%s", key[0], key[1],
                  self.leader_id, answer.epoch, offset, "" if complete else " (asking again)")
+
+    async def _restart_at_log_start(self, key: PartitionKey, replica: Replica, part: pb.PartitionFetch,
+                                    error: TypedError) -> bool:
+        """``OFFSET_OUT_OF_RANGE`` because the leader's log starts above our log end: start our log empty
+        at the leader's log start (True: handled; the next request fetches from there)."""
+        if error.code != "OFFSET_OUT_OF_RANGE":
+            return False
+        try:
+            earliest = int(error.fields.get("earliest", ""))
+        except ValueError:
+            return False
+        if not part.fetch_offset < earliest or replica.leo > earliest or part.fetch_offset != replica.leo:
+            return False
+        log.warning("%s/%d: the log of leader %s starts at %d, above our log end %d: restarting our log there",
+                    key[0], key[1], self.leader_id, earliest, replica.leo)
+        try:
+            await replica.restart_at(earliest)
+        except BrokerError as exc:
+            log.warning("%s/%d: restarting the log at %d failed: %s", key[0], key[1], earliest, exc)
+            self.backoff_until[key] = self.manager.clock() + self.manager.config.backoff_ms
+        return True
 
     def _on_error(self, key: PartitionKey, replica: Replica, error: TypedError) -> None:
         if error.code in STOP_CODES:

@@ -98,7 +98,7 @@ def read_stored_chunks(partition_log: PartitionLog, offset: int, end_offset: int
     fsynced or not),
     at most ``max_bytes`` unless the first chunk alone is larger. Returns ``(chunk bytes, first header)``;
     when the first chunk does not start at ``offset`` no bytes are returned (the caller answers a
-    divergence). Any thread (``iter_stored_chunks`` pins the segments it reads).
+    divergence) -- unless ``offset`` lies in a gap of a cleaned segment (the chunks after it are served). Any thread (``iter_stored_chunks`` pins the segments it reads).
 
     Raises:
         OffsetOutOfRange: ``offset`` is no longer (or not yet) in the durable log.
@@ -113,7 +113,10 @@ def read_stored_chunks(partition_log: PartitionLog, offset: int, end_offset: int
                 break
             if first is None:
                 first = header
-                if header.base_offset != offset:
+                # inside a chunk (not a boundary of this log): the caller answers a divergence; a chunk
+                # after ``offset`` in a log with cleaned segments is the next one after a gap: served as is
+                if header.base_offset < offset or (header.base_offset > offset
+                                                   and not partition_log.has_compacted_segments()):
                     return b"", first
             elif len(out) + header.size_bytes > max_bytes:
                 break
@@ -371,7 +374,7 @@ class LeaderFetchService:
             again = self._check(follower_id, part)  # the role may have changed during the read
             if isinstance(again, pb.PartitionData):
                 return again, 0
-            if first is not None and first.base_offset != part.fetch_offset:
+            if first is not None and not chunks and first.base_offset != part.fetch_offset:
                 # fetch_offset is inside a stored chunk: not a boundary of our log, so the follower's log
                 # differs below it; make it truncate to the chunk's start and fetch whole chunks again.
                 return self._diverging(replica, part, EpochEnd(first.leader_epoch, first.base_offset)), 0

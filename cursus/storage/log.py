@@ -540,6 +540,34 @@ class PartitionLog:
         with self._lock:
             self._durable_end_offset = end_offset
 
+    def skip_gap(self, offset: int) -> None:
+        """Continue the log at ``offset`` (> :attr:`log_end_offset`) without records in between: a follower
+        copying its leader's cleaned segments, whose chunks keep their offsets and leave gaps (the leader's
+        bytes are stored as they are). The active segment becomes one that allows gaps: its ``.compacted``
+        marker (written durably first) records ``offset`` as its end, as a cleaned segment ending in a gap
+        does, so recovery accepts the gap and a roll continues at ``offset``. The gap counts as durable at
+        the next :meth:`flush`. Writer thread only.
+
+        Raises:
+            AssertionError: ``offset`` is not above the log end, or too far from the segment base.
+            StorageFencedError: the log is fenced; OSError: the marker write failed (the log is then fenced).
+        """
+        self._check_writable()
+        segment = self._segments[-1]
+        invariant(offset > self._log_end_offset, f"gap to {offset} does not pass the log end {self._log_end_offset}")
+        invariant(offset - segment.base_offset <= U32_MAX, f"gap to {offset} is too far from the segment base")
+        try:
+            write_compacted_marker(self.directory, segment.base_offset, offset)
+        except OSError as error:
+            self.fence(error)
+            raise
+        with self._lock:
+            segment.compacted_next_offset = offset
+            segment.next_offset = offset
+            self._has_compacted = True
+            self._log_end_offset = offset
+        self._dirty[segment.base_offset] = segment
+
     # ---------------------------------------------------------------------------------------- read
 
     def read(self, offset: int, *, max_offset: int, max_records: int, max_bytes: int,

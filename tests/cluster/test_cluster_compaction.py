@@ -3,7 +3,9 @@ only while every replica is in the ISR (spec "ALTER_TOPIC_CONFIG"); a paused fol
 
 from __future__ import annotations
 
+import json
 import re
+import shutil
 import time
 from pathlib import Path
 
@@ -12,10 +14,10 @@ import pytest
 from cursus.client.connection import Connection
 from tests.cluster.clustersupport import Cluster, wait_for
 from tests.cluster.replsupport import leader_proc, read_partition, wait_isr
-from tests.integration.helpers import consume, create_topic, ok_fields, publish_batch
+from tests.integration.helpers import consume, consume_all, create_topic, ok_fields, publish_batch
 
 CLEANER = {"log_segment_bytes": 4096, "log_cleanup_interval": 0.1, "log_min_cleanable_dirty_ratio": 0.01,
-           "log_index_interval_bytes": 256}
+           "log_index_interval_bytes": 256, "log_retention_check_interval_ms": 200}
 KEYS = [f"k{n}" for n in range(8)]
 
 
@@ -76,6 +78,82 @@ def test_replicas_clean_only_below_the_committed_hwm_with_a_full_isr(cluster: Cl
     offsets = [r.offset for r in records]
     assert offsets == sorted(set(offsets)) and len(records) < 340
     assert {r.key: r.payload for r in records} == latest
+
+
+def _elect(cluster: Cluster, topic: str, broker) -> None:
+    with Connection(*broker.address, timeout_s=10) as c:
+        wait_for(lambda: c.command(f"ELECT_LEADER topic={topic} partition=0 broker={broker.log_dir.name}"
+                                   ).status.name == "OK", 20, f"{broker.log_dir.name} elected")
+    wait_for(lambda: leader_proc(cluster, topic) is broker, 10, f"{broker.log_dir.name} leads")
+
+
+def test_a_follower_rebuilt_from_an_empty_disk_copies_the_leaders_cleaned_log_gaps_included(cluster: Cluster) -> None:
+    """A follower whose storage of a compacted topic is lost (kill -9, folder wiped) fetches from offset 0 a
+    log the leader's cleaner left with offset gaps: it stores the leader's chunks as they are (gaps
+    included), rejoins the ISR, and serves the same records once it leads (issue 18)."""
+    topic = "compacted-rebuilt"
+    with Connection(*cluster.brokers[0].address, timeout_s=10) as c:
+        create_topic(c, topic, 1, replication_factor="3", cleanup_policy="compact")
+    wait_isr(cluster, topic, 3)
+    leader = leader_proc(cluster, topic)
+    with Connection(*leader.address, timeout_s=10) as c:
+        latest = _publish(c, topic, 0, 400, acks="all")
+    wait_for(lambda: _cleaned_ends(leader, topic), 30, "the leader cleans")
+    before = read_partition(cluster, topic)
+    assert len(before) < 400 and [r.offset for r in before] != list(range(len(before)))  # gaps
+    victim = next(b for b in cluster.brokers if b is not leader)
+    victim.kill()
+    shutil.rmtree(victim.log_dir / "topics" / topic)
+    victim.start(timeout_s=60)
+    wait_isr(cluster, topic, 3, timeout=30)  # it fetched everything back, gaps included, and rejoined
+    with Connection(*leader.address, timeout_s=10) as c:
+        latest.update(_publish(c, topic, 400, 20, acks="all"))
+    wait_isr(cluster, topic, 3, timeout=30)
+    _elect(cluster, topic, victim)
+    after = read_partition(cluster, topic)
+    written = {r.offset: (r.key, r.payload) for r in before}
+    # what it serves is the leader's records at the leader's offsets (its own cleaner may have gone further)
+    assert all(written[r.offset] == (r.key, r.payload) for r in after if r.offset in written)
+    assert {r.key: r.payload for r in after} == latest
+    offsets = [r.offset for r in after]
+    assert offsets == sorted(set(offsets))
+    assert "stopped replicating" not in victim.output()
+
+
+def _log_start(broker, topic: str) -> int:
+    with Connection(*broker.address, timeout_s=10) as c:
+        doc = json.loads(c.command(f"DESCRIBE topic={topic}").payload)
+    return int(doc["partitions"][0]["log_start_offset"])
+
+
+def test_a_follower_rebuilt_from_an_empty_disk_restarts_its_log_at_the_leaders_log_start(cluster: Cluster) -> None:
+    """Retention moved the leader's log start past 0; a follower whose storage is lost (kill -9, folder
+    wiped) fetches from 0 and gets OFFSET_OUT_OF_RANGE: it starts its log empty at the leader's log start
+    (Kafka's follower handling), copies the rest, rejoins the ISR and serves the same records once it leads."""
+    topic = "retained-rebuilt"
+    with Connection(*cluster.brokers[0].address, timeout_s=10) as c:
+        create_topic(c, topic, 1, replication_factor="3", retention_bytes="8192")
+    wait_isr(cluster, topic, 3)
+    leader = leader_proc(cluster, topic)
+    with Connection(*leader.address, timeout_s=10) as c:
+        _publish(c, topic, 0, 400, acks="all")
+    start = wait_for(lambda: _log_start(leader, topic), 30, "retention deletes the oldest segments")
+    victim = next(b for b in cluster.brokers if b is not leader)
+    victim.kill()
+    shutil.rmtree(victim.log_dir / "topics" / topic)
+    victim.start(timeout_s=60)
+    wait_isr(cluster, topic, 3, timeout=30)
+    assert "restarting our log there" in victim.output()
+    with Connection(*leader.address, timeout_s=10) as c:
+        before = consume_all(c, topic, 0, _log_start(leader, topic))
+    _elect(cluster, topic, victim)
+    own_start = _log_start(victim, topic)
+    assert own_start >= start
+    with Connection(*victim.address, timeout_s=10) as c:
+        after = consume_all(c, topic, 0, own_start)
+    assert after and [(r.offset, r.payload) for r in after] == \
+        [(r.offset, r.payload) for r in before if r.offset >= own_start]
+    assert after[-1].offset == 399
 
 
 def test_group_offsets_survive_a_cleaner_pass_and_a_leader_kill(cluster: Cluster) -> None:

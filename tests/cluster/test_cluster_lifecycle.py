@@ -14,7 +14,8 @@ from pathlib import Path
 
 import pytest
 
-from cursus.wire import Status
+from cursus.client.connection import Connection, ConnectionClosed
+from cursus.wire import Command, Status
 from tests.cluster.clustersupport import Cluster, wait_for
 from tests.cluster.replsupport import partition_state, read_partition, status, wait_isr
 from tests.cluster.test_cluster_groups import RoutingConnection
@@ -213,3 +214,92 @@ def test_a_replica_killed_in_the_middle_of_its_reset_restarts_into_the_new_gener
     assert wait_for(lambda: [r.payload for r in read_partition(cluster, "midway")], 20, "the victim serving") == \
         [b"new0", b"new1"]
     assert (victim.log_dir / "topics" / "midway" / "lifecycle_epoch").read_text().split()[0] == "1"
+
+
+def _raw_publish(conn, topic: str, payload: bytes, acks: str) -> int:
+    """Send one PUBLISH batch without reading its answer; returns its request id."""
+    from tests.integration.test_pipelining import _batch, _send_all
+    return _send_all(conn, [(Command.PUBLISH, _batch(topic, 0, [payload], acks=acks))])[0][0]
+
+
+def test_an_acks_all_publish_waiting_during_truncate_answers_leader_not_available_outcome_unknown(
+        cluster: Cluster, routed) -> None:
+    """An acks=all PUBLISH appended on the leader waits for a follower (paused with SIGSTOP, still in the
+    ISR); the TRUNCATE replaces the leader's replica: the waiter answers the retryable ``leader_not_available
+    outcome=unknown`` (its record was appended to the old generation and is gone), never success and never
+    ``topic_not_found`` (issue 18). The new generation is empty on every replica."""
+    ok_fields(routed.command("CREATE topic=waiting partitions=1 replication_factor=3"))
+    wait_isr(cluster, "waiting", 3)
+    _publish(routed, "waiting", 0, 5, "old")
+    row = partition_state(cluster, "waiting")
+    raft_leader = status(cluster.brokers[0])["raft_leader"]
+    leader = cluster.by_id(row["leader"])
+    follower = next(b for b in cluster.brokers if b.log_dir.name not in (row["leader"], raft_leader))
+    follower.pause()
+    try:
+        with Connection(*leader.address, timeout_s=20) as conn:
+            request_id = _raw_publish(conn, "waiting", b"lost", "all")
+            with via(leader) as admin:
+                assert ok_fields(admin.command("TRUNCATE topic=waiting expected_revision=1"))["truncated"] == "true"
+            conn.sock.settimeout(20)
+            answer = conn.read_frame()
+        assert answer.request_id == request_id
+        assert answer.status != Status.OK, "a record wiped by TRUNCATE was acknowledged"
+        err = error_of(answer)
+        assert (err.code, err.retryable, err.fields.get("outcome")) == ("leader_not_available", True, "unknown"), err
+    finally:
+        follower.resume()
+    wait_isr(cluster, "waiting", 3, timeout=30)
+    assert wait_for(lambda: read_partition(cluster, "waiting") == [], 20, "the new generation served")
+    _publish(routed, "waiting", 0, 1, "new")
+    assert [(r.offset, r.payload) for r in read_partition(cluster, "waiting")] == [(0, b"new0")]
+    for broker in cluster.brokers:
+        marker = broker.log_dir / "topics" / "waiting" / "lifecycle_epoch"
+        assert wait_for(lambda m=marker: m.exists() and m.read_text().split()[0] == "1", 10, f"{marker}")
+
+
+@pytest.mark.parametrize("point", ["truncate_after_commit", "truncate_after_trash"])
+def test_kill_of_the_broker_executing_truncate_mid_reset_then_restart_serves_only_the_new_generation(
+        cluster: Cluster, routed, point: str) -> None:
+    """The partition leader takes the TRUNCATE and dies (kill -9 at the crash point) after the Raft
+    transition, before its own storage reset completed; the request's answer is lost. Restarted, it
+    finishes the reset: every replica holds the new lifecycle epoch and is empty, nothing old is served,
+    whoever leads (the victim is elected again to check its own log)."""
+    topic = f"killed-{point.split('_')[-1]}"
+    ok_fields(routed.command(f"CREATE topic={topic} partitions=1 replication_factor=3"))
+    wait_isr(cluster, topic, 3)
+    _publish(routed, topic, 0, 15, "old")
+    victim = cluster.by_id(partition_state(cluster, topic)["leader"])
+    victim.kill()
+    victim.env = {"CURSUS_LIFECYCLE_CRASH_AT": point}
+    try:
+        victim.start(timeout_s=60)
+        wait_isr(cluster, topic, 3, timeout=30)
+        with via(victim) as conn:
+            wait_for(lambda: conn.command(f"ELECT_LEADER topic={topic} partition=0 broker={victim.log_dir.name}"
+                                          ).status == Status.OK, 20, "the victim elected")
+        wait_for(lambda: partition_state(cluster, topic)["leader"] == victim.log_dir.name, 10, "the victim leads")
+        with Connection(*victim.address, timeout_s=20) as conn:
+            with pytest.raises((ConnectionClosed, OSError)):
+                conn.command(f"TRUNCATE topic={topic} expected_revision=1")
+        assert victim.wait_exit(30) == 137
+    finally:
+        victim.env = {}
+    # committed in Raft: the survivors serve the new generation (the victim's leadership moves on)
+    survivor = next(b for b in cluster.brokers if b is not victim)
+    with via(survivor) as conn:
+        doc = json.loads(conn.command(f"DESCRIBE topic={topic}").payload)
+        assert (doc["definition"]["revision"], doc["definition"]["lifecycle_epoch"]) == (2, 1)
+    assert wait_for(lambda: read_partition(cluster, topic) == [], 30, "a survivor serving the new generation")
+    victim.start(timeout_s=60)
+    wait_isr(cluster, topic, 3, timeout=30)
+    with via(victim) as conn:
+        wait_for(lambda: conn.command(f"ELECT_LEADER topic={topic} partition=0 broker={victim.log_dir.name}"
+                                      ).status == Status.OK, 20, "the victim elected again")
+    wait_for(lambda: partition_state(cluster, topic)["leader"] == victim.log_dir.name, 10, "the victim leads")
+    assert wait_for(lambda: read_partition(cluster, topic) == [], 20, "the victim serving")
+    _publish(routed, topic, 0, 2, "new")
+    assert [(r.offset, r.payload) for r in read_partition(cluster, topic)] == [(0, b"new0"), (1, b"new1")]
+    for broker in cluster.brokers:
+        marker = broker.log_dir / "topics" / topic / "lifecycle_epoch"
+        assert wait_for(lambda m=marker: m.exists() and m.read_text().split()[0] == "1", 10, f"{marker}")

@@ -107,3 +107,49 @@ def test_acks_all_never_succeeds_falsely_when_the_isr_drops_below_min_isr_while_
                          20, "the retry is answered")
     assert again["last_offset"] == 1
     assert [bytes(r.payload) for r in read_partition(cluster, topic)] == [b"a", b"b"]
+
+
+def test_a_restarted_leader_below_the_committed_hwm_answers_reads_with_retryable_storage_unavailable(
+        cluster: Cluster) -> None:
+    """Reads from a broker made leader again while its log ends below the committed HWM (its partition
+    storage was lost while it was down): every answer is the retryable ``storage_unavailable`` (fail
+    closed), then the redirect once it handed the partition over (``NOT_LEADER``) -- never records, never a
+    non-retryable error. Once it re-fetched and leads again it serves everything."""
+    topic = "reads-below-hwm"
+    row = make_topic(cluster, topic)
+    old = cluster.by_id(row["leader"])
+    with conn(old) as c:
+        publish_ok(c, topic, [f"r{i}".encode() for i in range(30)])
+    wait_for(lambda: partition_state(cluster, topic)["committed_hwm"] == 30, 10, "the committed HWM everywhere")
+    old.kill()
+    shutil.rmtree(old.log_dir / "topics" / topic / "0")
+    old.start(timeout_s=60)
+    answers: list[tuple[str, bool, str]] = []
+
+    def handed_over() -> bool:
+        with conn(old) as c:
+            while True:
+                frame = c.command(f"CONSUME topic={topic} partition=0 offset=0")
+                if frame.status == Status.OK:
+                    answers.append(("OK", True, ""))
+                    return True
+                err = error_of(frame)
+                answers.append((err.code, err.retryable, err.fields.get("reason", "")))
+                if err.code == "NOT_LEADER":
+                    return True
+
+    wait_for(handed_over, 30, "the restarted broker hands the partition over")
+    codes = {code for code, _, _ in answers}
+    assert codes <= {"storage_unavailable", "leader_not_available", "NOT_LEADER"}, answers[:5]
+    unavailable = [a for a in answers if a[0] == "storage_unavailable"]
+    assert unavailable, answers[:5]
+    assert all(retryable and "below the committed HWM 30" in reason for _, retryable, reason in unavailable)
+    wait_isr(cluster, topic, 3, timeout=30)  # it re-fetched and rejoined
+    with conn(old) as c:
+        wait_for(lambda: c.command(f"ELECT_LEADER topic={topic} partition=0 broker={old.log_dir.name}"
+                                   ).status == Status.OK, 20, "the restarted broker elected")
+    wait_for(lambda: partition_state(cluster, topic)["leader"] == old.log_dir.name, 10, "it leads")
+    expected = [f"r{i}".encode() for i in range(30)]
+    # (a new leader exposes records once it applied the committed HWM in its epoch)
+    wait_for(lambda: [bytes(r.payload) for r in read_partition(cluster, topic)] == expected, 20,
+             "the restarted broker serves every committed record")

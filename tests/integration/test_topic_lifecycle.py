@@ -4,12 +4,13 @@ the preflight refusals, kill -9 at each step of both with restart, and recreatio
 from __future__ import annotations
 
 import json
+import threading
 import time
 
 import pytest
 
 from cursus.client.connection import ConnectionClosed
-from cursus.wire import Status
+from cursus.wire import Command, Status
 from tests.integration import test_metadata_lifecycle
 from tests.integration.conftest import connect
 from tests.integration.helpers import ack_of, consume_all, create_topic, error_of, ok_fields, publish_batch
@@ -222,3 +223,61 @@ def test_truncate_keeps_a_multi_topic_group_and_only_drops_the_truncated_topics_
     with connect(broker) as conn:
         assert ok_fields(conn.command("FETCH_OFFSET topic=t partition=0 group=mg")) == {"offset": "0"}
         assert ok_fields(conn.command("FETCH_OFFSET topic=u partition=0 group=mg")) == {"offset": "4"}
+
+
+def _publish_until(conn, topic: str, prefix: str, stop: threading.Event, filler: bytes) -> list[bytes]:
+    """Pipeline one-record acks=1 batches on ``conn`` (raw frames, 20 per write) until ``stop``; returns
+    the payloads in request order (request ids ``1 + n`` after the connection's earlier requests)."""
+    from tests.integration.test_pipelining import _batch, _send_all
+
+    sent: list[bytes] = []
+    while not stop.is_set():
+        payloads = [f"{prefix}-{len(sent) + i}".encode() + filler for i in range(20)]
+        _send_all(conn, [(Command.PUBLISH, _batch(topic, 0, [p])) for p in payloads])
+        sent += payloads
+    return sent
+
+
+def test_publishes_in_flight_during_truncate_answer_a_retryable_error_never_topic_not_found(broker_factory):
+    """Pipelined PUBLISH requests racing a TRUNCATE (issue 18): each answers OK (durable before the reset,
+    or appended to the new generation) or the retryable ``leader_not_available`` -- ``outcome=unknown`` when
+    it was appended to the old generation and waited for its fsync when the reset replaced the replica. Never
+    ``topic_not_found`` (the topic exists), and no record with an error answer is in the new generation."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    broker = broker_factory(settings={"max_in_flight_requests_per_connection": 5000}).start()
+    unknown_seen = 0
+    filler = b"x" * 4096  # fsyncs take a while: the TRUNCATE lands among appends still waiting
+    with connect(broker) as admin, connect(broker) as conn, ThreadPoolExecutor(1) as pool:
+        conn.sock.settimeout(30)
+        create_topic(admin, "race", partitions=1)
+        for round_ in range(8):
+            stop = threading.Event()
+            first_id = conn.next_request_id
+            sending = pool.submit(_publish_until, conn, "race", str(round_), stop, filler)
+            answers = [conn.read_frame() for _ in range(50)]  # the broker is appending
+            try:
+                assert ok_fields(admin.command(f"TRUNCATE topic=race expected_revision={round_ + 1}"))[
+                    "truncated"] == "true"
+            finally:
+                stop.set()
+            while not sending.done() or len(answers) < len(sending.result()):
+                answers.append(conn.read_frame())
+            sent = sending.result()
+            assert [f.request_id for f in answers] == list(range(first_id, first_id + len(sent)))
+            errors = [error_of(f) for f in answers if f.status != Status.OK]
+            for err in errors:
+                assert err.code == "leader_not_available" and err.retryable, err
+            unknown_seen += sum(1 for e in errors if e.fields.get("outcome") == "unknown")
+            acked = {sent[n]: json.loads(f.payload)["last_offset"] for n, f in enumerate(answers)
+                     if f.status == Status.OK}
+            # the new generation holds only acknowledged records, at their acknowledged offsets
+            stored = consume_all(admin, "race", 0)
+            assert all(acked.get(bytes(r.payload)) == r.offset for r in stored), stored[:5]
+            # every answer after the first error is of the new generation (offsets from 0, all stored)
+            first_error = next((n for n, f in enumerate(answers) if f.status != Status.OK), len(sent))
+            later = [sent[n] for n in range(first_error, len(sent)) if answers[n].status == Status.OK]
+            assert [bytes(r.payload) for r in stored] == later
+            if unknown_seen:
+                break
+    assert unknown_seen, "no PUBLISH was waiting for its fsync when the TRUNCATE replaced the replica"

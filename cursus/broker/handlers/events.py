@@ -83,7 +83,7 @@ async def _events(broker: Broker, replica: Replica) -> PartitionEvents:
         return await broker.events.partition(replica)
     except (OSError, CorruptLogError) as exc:
         if replica.deleted:
-            raise BrokerError.of("topic_not_found", topic=replica.topic) from None
+            raise replica.removed_error() from None
         log.error("stream index of %s/%d failed: %s", replica.topic, replica.partition, exc)
         raise BrokerError.of("stream_index_failed", topic=replica.topic, partition=replica.partition,
                              reason=type(exc).__name__) from None
@@ -164,7 +164,7 @@ async def _event_batch(broker: Broker, replica: Replica, entries: list[StreamEnt
                                                                        broker.config.consume_max_bytes_limit))
     except (OSError, CorruptLogError) as exc:
         if replica.deleted:
-            raise BrokerError.of("topic_not_found", topic=replica.topic) from None
+            raise replica.removed_error() from None
         raise BrokerError.of("stream_index_failed", topic=replica.topic, partition=replica.partition,
                              reason=type(exc).__name__) from None
 

@@ -84,7 +84,7 @@ async def handle_consume(broker: Broker, req: Request, args: ReadArgs) -> Parts:
     if offset >= broker.transactions.readable_end(replica, target.isolation) and wait_ms > 0:
         await broker.transactions.wait_readable(replica, offset, wait_ms / 1000.0, target.isolation)
         if replica.deleted:
-            raise BrokerError.of("topic_not_found", topic=target.topic)
+            raise replica.removed_error()
         if offset < replica.log_start_offset:
             raise _out_of_range(replica, offset)
     return (await read_batch(broker, replica, target.topic, offset, target.max_records, target.max_bytes,
@@ -128,13 +128,13 @@ async def read_batch(broker: Broker, replica: Replica, topic: str, offset: int, 
         raise _out_of_range(replica, offset) from None
     except CorruptLogError as exc:
         if replica.deleted:
-            raise BrokerError.of("topic_not_found", topic=topic) from None
+            raise replica.removed_error() from None
         log.error("refusing to serve %s/%d from offset %d: %s", topic, replica.partition, offset, exc)
         raise BrokerError.of("corrupt_log_data", topic=topic, partition=replica.partition, offset=offset,
                              corrupt_offset=exc.offset if exc.offset is not None else "unknown") from None
     except OSError:
         if replica.deleted:  # its segments were closed under the read
-            raise BrokerError.of("topic_not_found", topic=topic) from None
+            raise replica.removed_error() from None
         raise
     broker.metrics.topic_out(topic, next_offset - offset, sum(len(part) for part in parts))
     return parts, next_offset

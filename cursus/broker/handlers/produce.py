@@ -155,7 +155,8 @@ async def wait_ack(broker: Broker, replica: Replica, mode: str, end: int, isr: t
 
     Raises:
         BrokerError: ``replication_unavailable outcome=unknown`` (acks=all timeout), ``NOT_LEADER``,
-            ``storage_unavailable``, ``topic_not_found`` (from the replica's waiters).
+            ``storage_unavailable``, ``topic_not_found`` (deleted), ``leader_not_available outcome=unknown``
+            (the topic was truncated meanwhile: :meth:`Replica.removed_error`) (from the replica's waiters).
     """
     if mode != "all":
         await replica.wait_durable(end)
