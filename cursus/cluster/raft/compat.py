@@ -75,8 +75,8 @@ FAIL_REASON_DEFINITE = frozenset({FAIL_REASON.QUEUE_FULL, FAIL_REASON.MISSING_LE
 #: Class attributes (methods) of pysyncobj this module overrides or calls.
 CLASS_INTERNALS: Mapping[type, tuple[str, ...]] = {
     SyncObj: ("_SyncObj__onMessageReceived", "_SyncObj__doApplyCommand", "_SyncObj__sendNextNodeIdx",
-              "_SyncObj__sendAppendEntries", "_SyncObj__generateRaftTimeout", "_applyCommand", "doTick", "_doDestroy", "_isLeader",
-              "_getLeader", "isNodeConnected", "raftCurrentTerm", "raftCommitIndex", "raftLastApplied"),
+              "_SyncObj__sendAppendEntries", "_SyncObj__generateRaftTimeout", "_applyCommand", "doTick",
+              "_doDestroy", "_isLeader", "_getLeader", "isNodeConnected", "raftCurrentTerm", "raftCommitIndex", "raftLastApplied"),
     TCPTransport: ("_onNewIncomingConnection", "_onIncomingMessageReceived", "_onOutgoingConnected",
                    "_onDisconnected", "_onTick", "_connToNode", "_shouldConnect", "send"),
     TcpConnection: ("_TcpConnection__processConnection", "disconnect", "fileno", "state"),
@@ -86,7 +86,7 @@ INSTANCE_INTERNALS: Mapping[str, tuple[str, ...]] = {
     "SyncObj": ("_SyncObj__raftLog", "_SyncObj__raftCurrentTerm", "_SyncObj__votedForNodeId",
                 "_SyncObj__raftCommitIndex", "_SyncObj__raftLastApplied", "_SyncObj__raftNextIndex",
                 "_SyncObj__raftMatchIndex", "_SyncObj__lastResponseTime", "_SyncObj__leaderCommitIndex",
-                "_SyncObj__transport", "_poller", "_SyncObj__raftState", "_SyncObj__raftElectionDeadline",
+                "_SyncObj__transport", "_poller", "_SyncObj__raftElectionDeadline",
                 "_SyncObj__transferInProgress", "_SyncObj__otherNodes", "_SyncObj__selfNode"),
     "TCPTransport": ("_nodeAddrToNode", "_unknownConnections", "_connections", "_nodes", "_syncObj"),
     "TcpConnection": ("_TcpConnection__socket",),
@@ -284,7 +284,10 @@ class CursusSyncObj(SyncObj):
 
     def _on_pre_vote(self, node: Any, message: dict) -> None:
         _, last_index, last_term = self._cursus_journal[-1]
-        candidate = (int(message.get("last_log_term", -1)), int(message.get("last_log_index", -1)))
+        try:
+            candidate = (int(message["last_log_term"]), int(message["last_log_index"]))
+        except (KeyError, TypeError, ValueError):
+            candidate = (-1, -1)  # malformed: never granted
         leader_alive = self._isLeader() or monotonic() - self._leader_contact < self._leader_lease
         granted = not leader_alive and candidate >= (last_term, last_index)
         self._SyncObj__transport.send(node, {"type": PRE_VOTE_REPLY, "round": message.get("round"),
