@@ -18,7 +18,7 @@ what it gets wrong for us:
   peer grants unless it leads, or heard AppendEntries from a current leader within ``raftMinTimeout``, or
   the candidate's log is behind its own; a peer changes no state for it. Only with a majority of grants
   (itself included) does the real election (term + 1, RequestVote) start. So a node cut off by a partition
-  or paused past the election timeout keeps its term, and on rejoining does not depose a healthy leader.
+  keeps its term, and on rejoining does not depose a healthy leader.
   A leadership transfer (``timeout_now``) skips it. Pre-vote only delays elections: votes, terms and
   commitment are stock Raft, so safety is unchanged.
 - **Commands.** Regular entries are handed, as bytes, to one apply function - never ``@replicated``

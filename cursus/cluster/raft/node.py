@@ -92,8 +92,8 @@ class RaftConfig:
     snapshot_min_interval: float = 300.0
     dedup_capacity: int = DEFAULT_DEDUP_CAPACITY
     queue_size: int = 10_000
-    #: Pre-vote before an election (see :mod:`.compat`): a node that a partition or a pause cut off does not
-    #: bump its term and depose a healthy leader when it rejoins. Off only to demonstrate the problem.
+    #: Pre-vote before an election (see :mod:`.compat`): a node that a partition cut off does not bump its
+    #: term and depose a healthy leader when it rejoins. Off only to demonstrate the problem.
     pre_vote: bool = True
     #: May a missing or empty ``data_dir`` be initialised as a new member? False when the broker already
     #: holds data: a member whose Raft state was lost must not rejoin with its vote forgotten.
