@@ -24,8 +24,9 @@ not evidence for ``inconsistent-offsets``.
 
 Cluster-only operations:
 
-* ``cluster-status`` (process ``status-<i>``): result ``{raft_leader, raft_term, applied, partitions:
-  {"topic/p": {leader, leader_epoch, committed_hwm, isr}}}``; ``value.final`` marks the polls after the heal;
+* ``cluster-status`` (process ``status-<i>``): result ``{raft_leader, raft_term, applied, revision, partitions:
+  {"topic/p": {leader, leader_epoch, committed_hwm, isr}}}`` (``revision``: the metadata revision of the
+  partition view, which may trail ``applied``); ``value.final`` marks the polls after the heal;
 * ``replica-log`` (process ``inspect``): value ``{topic, partition, replica, committed_hwm}``, result
   ``{chunks: [[base, count, digest], ...], end}`` read from each replica's files after the final stop.
 """
@@ -441,9 +442,17 @@ def check_undelivered_committed(ops: list[Op]) -> list[Anomaly]:
 # ------------------------------------------------------------------------------------------ cluster
 
 
+def status_freshness(result: dict[str, Any]) -> tuple[int, int]:
+    """Sort key of a ``cluster-status`` result: its metadata ``revision`` first (the version of the partition
+    view it reports; -1 when absent), then the Raft ``applied`` index (read live, so it may be ahead of that
+    view)."""
+    revision = result.get("revision")
+    return (int(revision) if revision is not None else -1, int(result.get("applied") or 0))
+
+
 def _final_status(ops: list[Op]) -> Op | None:
     finals = [op for op in ops if op.f == "cluster-status" and op.type == OK and op.value.get("final")]
-    return max(finals, key=lambda o: (o.result.get("applied", 0), o.end)) if finals else None
+    return max(finals, key=lambda o: (status_freshness(o.result), o.end)) if finals else None
 
 
 def check_leaderless(ops: list[Op]) -> list[Anomaly]:
@@ -470,38 +479,54 @@ def check_leaderless(ops: list[Op]) -> list[Anomaly]:
 
 
 def check_metadata_monotonic(ops: list[Op]) -> list[Anomaly]:
-    """Committed HWM and leader epoch in CLUSTER_STATUS must never go back along the Raft log.
+    """Committed HWM and leader epoch in CLUSTER_STATUS must never go back along the metadata history.
 
-    The metadata state at applied index ``i`` is the same on every node, so observations from all nodes are
-    ordered by their applied index: a later index with a lower ``committed_hwm`` (or ``leader_epoch``) than an
-    earlier one is a regression.
+    Observations are ordered by the metadata ``revision`` the reply reports (:attr:`MetadataState.revision`):
+    the state at revision ``r`` is the same on every node, so polls of all nodes are comparable. A higher
+    revision with a lower ``committed_hwm`` (or ``leader_epoch``) than a lower revision is a regression, and
+    two polls of the same revision with different values are a divergence (nodes applied different states).
+
+    The Raft ``applied`` index is *not* an ordering key: the broker reads it live from the Raft thread while
+    the partitions come from its event-loop view, which trails it (a restarted or busy node reports a high
+    applied index next to an older state). Polls without a revision (a broker that does not report one) are
+    therefore not compared.
     """
     series: dict[str, list[tuple[int, float, dict[str, Any], Op]]] = defaultdict(list)
     for op in ops:
-        if op.f != "cluster-status" or op.type != OK:
+        if op.f != "cluster-status" or op.type != OK or op.result.get("revision") is None:
             continue
-        applied = int(op.result.get("applied") or 0)
+        revision = int(op.result["revision"])
         for key, entry in (op.result.get("partitions") or {}).items():
-            series[key].append((applied, op.end, entry, op))
+            series[key].append((revision, op.end, entry, op))
     out = []
     for key, obs in series.items():
         obs.sort(key=lambda o: (o[0], o[1]))
-        best: dict[str, tuple[int, int, Op]] = {}
-        for applied, _, entry, op in obs:
-            for field_name in ("committed_hwm", "leader_epoch"):
+        for field_name in ("committed_hwm", "leader_epoch"):
+            best: tuple[int, int, Op] | None = None  # the highest value seen, at the lowest revision showing it
+            same: tuple[int, int, Op] | None = None  # the first value seen at the current revision
+            for revision, _, entry, op in obs:
                 value = entry.get(field_name)
                 if value is None:
                     continue
-                prior = best.get(field_name)
-                if prior is not None and value < prior[0] and applied > prior[1]:
+                value = int(value)
+                if same is not None and same[1] == revision and same[0] != value:
                     out.append(Anomaly(
-                        "metadata-backwards", f"{key}: {field_name}={value} at applied index {applied} after "
-                        f"{prior[0]} at index {prior[1]}", prior[2].start, op.end,
-                        {"partition": key, "field": field_name, "observed": value, "applied": applied,
-                         "earlier": prior[0], "earlier_applied": prior[1], "poll": _op_ref(op),
-                         "earlier_poll": _op_ref(prior[2])}))
-                if prior is None or value > prior[0]:
-                    best[field_name] = (int(value), applied, op)
+                        "metadata-backwards", f"{key}: {field_name}={value} at metadata revision {revision}, "
+                        f"but {same[0]} at the same revision", same[2].start, op.end,
+                        {"partition": key, "field": field_name, "observed": value, "revision": revision,
+                         "earlier": same[0], "earlier_revision": revision, "applied": op.result.get("applied"),
+                         "poll": _op_ref(op), "earlier_poll": _op_ref(same[2])}))
+                elif best is not None and value < best[0] and revision > best[1]:
+                    out.append(Anomaly(
+                        "metadata-backwards", f"{key}: {field_name}={value} at metadata revision {revision} "
+                        f"after {best[0]} at revision {best[1]}", best[2].start, op.end,
+                        {"partition": key, "field": field_name, "observed": value, "revision": revision,
+                         "earlier": best[0], "earlier_revision": best[1], "applied": op.result.get("applied"),
+                         "poll": _op_ref(op), "earlier_poll": _op_ref(best[2])}))
+                if same is None or same[1] != revision:
+                    same = (value, revision, op)
+                if best is None or value > best[0]:
+                    best = (value, revision, op)
     return out
 
 

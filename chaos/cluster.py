@@ -5,8 +5,8 @@
   address, so every node can use the same port numbers), with certificates made by
   :func:`cursus.cluster.certs.generate_cluster_certs` under ``<out>/certs``.
 * :class:`LeaderTracker` polls ``CLUSTER_STATUS`` on every node, records each answer in the history
-  (``f="cluster-status"``, process ``status-<i>``) and keeps the freshest view (highest Raft applied index)
-  for routing: :meth:`LeaderTracker.leader_of` is the node index that leads a partition, or None.
+  (``f="cluster-status"``, process ``status-<i>``) and keeps the freshest view (highest metadata revision,
+  :func:`chaos.checkers.status_freshness`) for routing: :meth:`LeaderTracker.leader_of` is the node index that leads a partition, or None.
 * :func:`inspect_replicas` reads every replica's segment files directly after the final stop and returns
   per (topic, partition, replica) the chunks below the committed HWM, for the replica-divergence checker.
 """
@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from chaos import faults
+from chaos.checkers import status_freshness as freshness
 from chaos.history import INFO, OK, History
 from chaos.netns import Network, node_address
 from chaos.nodes import Cluster
@@ -77,7 +78,8 @@ def make_cluster(out: Path, nodes: int, network: Network, *, settings: dict[str,
 
 
 def parse_status(text: str) -> dict[str, Any]:
-    """The compact result of a ``CLUSTER_STATUS`` reply: raft leader/term/applied index, and per partition
+    """The compact result of a ``CLUSTER_STATUS`` reply: raft leader/term/applied index, the metadata
+    ``revision`` of the view (None from a broker that does not report it), and per partition
     ``"topic/p": {leader, leader_epoch, committed_hwm, isr}``.
 
     Raises:
@@ -91,7 +93,8 @@ def parse_status(text: str) -> dict[str, Any]:
              for p in doc.get("partitions", [])}
     active = sorted(b["id"] for b in doc.get("brokers", []) if b.get("status") == "active")
     return {"raft_leader": doc.get("raft_leader") or "", "raft_term": doc.get("raft_term", 0),
-            "applied": doc.get("raft_applied_index", 0), "partitions": parts, "active": active}
+            "applied": doc.get("raft_applied_index", 0), "revision": doc.get("metadata_revision"),
+            "partitions": parts, "active": active}
 
 
 class LeaderTracker(threading.Thread):
@@ -133,7 +136,7 @@ class LeaderTracker(threading.Thread):
             return None
         self.history.complete(pending, OK, result)
         with self.lock:
-            if result["applied"] >= self.view["applied"]:
+            if freshness(result) >= freshness(self.view):
                 self.view = result
         return result
 

@@ -46,7 +46,13 @@ def cluster_status(state: MetadataState, raft: Mapping[str, Any], min_isr_defaul
     """The CLUSTER_STATUS document. ``raft``: ``leader_id``, ``is_leader``, ``term``, ``commit_index``,
     ``applied_index``, ``rejected_connections`` (this node's refused Raft peers by reason; see
     :class:`cursus.cluster.raft.node.RaftStatus`). ``lag``: the follower lag of partitions led here
-    (records, seconds)."""
+    (records, seconds).
+
+    ``raft_applied_index`` is read live from the Raft tick thread, while everything derived from ``state``
+    (brokers, partitions) is this node's event-loop view, which trails the applied index by the states still
+    queued for the loop (more after a restart or under load). ``metadata_revision`` is that view's own
+    version (:attr:`MetadataState.revision`): the same revision is the same state on every node, so it (not
+    the applied index) orders partition observations across nodes."""
     partitions = [partition_status(state, key, min_isr_default) for key in sorted(state.assignments)]
     for row in partitions:
         rows = (lag or {}).get((row["topic"], row["partition"]))
@@ -63,6 +69,7 @@ def cluster_status(state: MetadataState, raft: Mapping[str, Any], min_isr_defaul
         "raft_term": raft.get("term", 0),
         "raft_applied_index": raft.get("applied_index", 0),
         "raft_commit_index": raft.get("commit_index", 0),
+        "metadata_revision": state.revision,
         "raft_rejected_connections": raft.get("rejected_connections", {}),
         "broker_count": len(brokers), "active_brokers": len(active), "inactive_brokers": len(brokers) - len(active),
         "partition_count": len(partitions), "leaderless_partitions": leaderless,

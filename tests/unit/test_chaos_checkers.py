@@ -431,11 +431,14 @@ def test_group_workload_skips_itself_while_groups_are_unsupported(tmp_path: Path
 # ------------------------------------------------------------------------------------------ cluster
 
 
-def _status(h: Builder, node: int, applied: int, parts: dict[str, dict[str, Any]], *, final: bool = False) -> int:
+def _status(h: Builder, node: int, applied: int, parts: dict[str, dict[str, Any]], *, final: bool = False,
+            revision: int | None = None) -> int:
+    """A CLUSTER_STATUS poll; ``revision`` defaults to ``applied`` (a view that does not trail)."""
     full = {k: {"leader": "node-0", "leader_epoch": 1, "committed_hwm": 0, "isr": ["node-0", "node-1", "node-2"],
                 **v} for k, v in parts.items()}
     return h.op(f"status-{node}", "cluster-status", {"node": node, "final": final},
-                {"raft_leader": "node-0", "raft_term": 1, "applied": applied, "partitions": full})
+                {"raft_leader": "node-0", "raft_term": 1, "applied": applied,
+                 "revision": applied if revision is None else revision, "partitions": full})
 
 
 def clustered() -> Builder:
@@ -499,11 +502,55 @@ def test_no_final_status_answer_is_leaderless() -> None:
 def test_committed_hwm_and_leader_epoch_going_back_in_metadata() -> None:
     h = clustered()
     _status(h, 2, 30, {f"{T}/0": {"committed_hwm": 9, "leader_epoch": 3}})
-    _status(h, 0, 25, {f"{T}/0": {"committed_hwm": 5, "leader_epoch": 2}})  # older index, seen later: fine
+    _status(h, 0, 25, {f"{T}/0": {"committed_hwm": 5, "leader_epoch": 2}})  # older revision, seen later: fine
     assert checkers.check_metadata_monotonic(h.ops()) == []
-    _status(h, 1, 31, {f"{T}/0": {"committed_hwm": 8, "leader_epoch": 2}})  # newer index, lower: regression
-    found_fields = sorted(a.details["field"] for a in checkers.check_metadata_monotonic(h.ops()))
-    assert found_fields == ["committed_hwm", "leader_epoch"]
+    _status(h, 1, 31, {f"{T}/0": {"committed_hwm": 8, "leader_epoch": 2}})  # newer revision, lower: regression
+    found = checkers.check_metadata_monotonic(h.ops())
+    assert sorted(a.details["field"] for a in found) == ["committed_hwm", "leader_epoch"]
+    assert {(a.details["revision"], a.details["earlier_revision"]) for a in found} == {(31, 30)}
+
+
+def test_a_view_trailing_its_applied_index_is_not_a_regression() -> None:
+    """Finding B (issue 14): a node's partition view trails the Raft applied index it reports (the index is
+    read live from the Raft thread, the view is the event loop's). Node 0, just restarted, reports applied
+    16437 with the state of revision 5000 (HWM 7479); node 1 reported applied 16353 with revision 5010 (HWM
+    7485). Ordered by applied index that looked like the HWM going back; ordered by revision it does not."""
+    h = clustered()
+    _status(h, 1, 16353, {f"{T}/0": {"committed_hwm": 7485, "leader_epoch": 4}}, revision=5010)
+    _status(h, 0, 16437, {f"{T}/0": {"committed_hwm": 7479, "leader_epoch": 4}}, revision=5000)
+    _status(h, 0, 16500, {f"{T}/0": {"committed_hwm": 7490, "leader_epoch": 4}}, revision=5020)
+    assert checkers.check_metadata_monotonic(h.ops()) == []
+    # a real regression is still flagged: a higher revision with a lower HWM, whatever the applied index says
+    _status(h, 2, 16400, {f"{T}/0": {"committed_hwm": 7480, "leader_epoch": 4}}, revision=5021)
+    (anomaly,) = checkers.check_metadata_monotonic(h.ops())
+    assert anomaly.details["field"] == "committed_hwm"
+    assert (anomaly.details["observed"], anomaly.details["revision"]) == (7480, 5021)
+    assert (anomaly.details["earlier"], anomaly.details["earlier_revision"]) == (7490, 5020)
+
+
+def test_two_nodes_disagreeing_at_one_revision_is_a_divergence() -> None:
+    h = clustered()
+    _status(h, 0, 40, {f"{T}/0": {"committed_hwm": 9}}, revision=20)
+    _status(h, 1, 41, {f"{T}/0": {"committed_hwm": 9}}, revision=20)  # same state: fine
+    assert checkers.check_metadata_monotonic(h.ops()) == []
+    _status(h, 2, 45, {f"{T}/0": {"committed_hwm": 10}}, revision=20)  # same revision, another HWM: diverged
+    (anomaly,) = checkers.check_metadata_monotonic(h.ops())
+    assert "same revision" in anomaly.message and anomaly.details["observed"] == 10
+
+
+def test_polls_without_a_revision_are_not_ordered_by_applied_index() -> None:
+    h = clustered()
+    for node, applied, hwm in ((1, 100, 9), (0, 120, 5)):  # an old broker: no revision reported
+        h.op(f"status-{node}", "cluster-status", {"node": node, "final": False},
+             {"raft_leader": "node-0", "raft_term": 1, "applied": applied,
+              "partitions": {f"{T}/0": {"leader": "node-0", "leader_epoch": 1, "committed_hwm": hwm, "isr": []}}})
+    assert checkers.check_metadata_monotonic(h.ops()) == []
+
+
+def test_status_freshness_prefers_the_revision_over_the_applied_index() -> None:
+    assert checkers.status_freshness({"revision": 10, "applied": 5}) > checkers.status_freshness(
+        {"revision": 9, "applied": 500})
+    assert checkers.status_freshness({"applied": 500}) < checkers.status_freshness({"revision": 0, "applied": 1})
 
 
 def test_replicas_differing_below_the_committed_hwm() -> None:
@@ -576,17 +623,33 @@ def test_parse_cluster_status() -> None:
 
     from chaos.cluster import parse_status
 
-    doc = {"raft_leader": "node-1", "raft_term": 4, "raft_applied_index": 77,
+    doc = {"raft_leader": "node-1", "raft_term": 4, "raft_applied_index": 77, "metadata_revision": 70,
            "partitions": [{"topic": "t", "partition": 0, "leader": "node-2", "leader_epoch": 3, "committed_hwm": 12,
                            "isr": ["node-2", "node-0"]}],
            "brokers": [{"id": "node-2", "status": "active"}, {"id": "node-1", "status": "inactive"},
                        {"id": "node-0", "status": "active"}]}
     parsed = parse_status("OK cluster=" + json.dumps(doc))
-    assert parsed == {"raft_leader": "node-1", "raft_term": 4, "applied": 77, "active": ["node-0", "node-2"],
+    assert parsed == {"raft_leader": "node-1", "raft_term": 4, "applied": 77, "revision": 70,
+                      "active": ["node-0", "node-2"],
                       "partitions": {"t/0": {"leader": "node-2", "leader_epoch": 3, "committed_hwm": 12,
                                              "isr": ["node-2", "node-0"]}}}
     with pytest.raises(ValueError):
         parse_status("ERROR nope")
+
+
+def test_cluster_status_reports_the_revision_of_its_partition_view() -> None:
+    """The broker's CLUSTER_STATUS carries ``metadata_revision`` (the state it reports the partitions from),
+    and the harness parses it: the checker orders polls by it, not by the live Raft applied index."""
+    import json
+
+    from chaos.cluster import parse_status
+    from cursus.cluster.status import cluster_status
+    from cursus.metadata.state import MetadataState
+
+    doc = cluster_status(MetadataState(revision=41, cluster=True), {"leader_id": "node-0", "applied_index": 90}, 1)
+    assert (doc["metadata_revision"], doc["raft_applied_index"]) == (41, 90)
+    parsed = parse_status("OK cluster=" + json.dumps(doc))
+    assert (parsed["revision"], parsed["applied"]) == (41, 90)
 
 
 # ------------------------------------------------------------------------------------------ transactions

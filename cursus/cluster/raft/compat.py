@@ -13,6 +13,14 @@ what it gets wrong for us:
   fsynced before the journal entries they cover are compacted away.
 - **Safety.** AppendEntries and their replies go through :mod:`.safety`: nextIndex never moves back on
   success, followers truncate only on a real term conflict, commit = min(leaderCommit, last new entry).
+- **Pre-vote** (Raft thesis section 9.6). Before a follower or candidate bumps its term for an election
+  it asks its peers whether they would vote for it (``cursus_pre_vote``: its last log index and term). A
+  peer grants unless it leads, or heard AppendEntries from a current leader within ``raftMinTimeout``, or
+  the candidate's log is behind its own; a peer changes no state for it. Only with a majority of grants
+  (itself included) does the real election (term + 1, RequestVote) start. So a node cut off by a partition
+  keeps its term, and on rejoining does not depose a healthy leader.
+  A leadership transfer (``timeout_now``) skips it. Pre-vote only delays elections: votes, terms and
+  commitment are stock Raft, so safety is unchanged.
 - **Commands.** Regular entries are handed, as bytes, to one apply function - never ``@replicated``
   methods (pysyncobj numbers those by sorted name) and never pickle.
 - **Transport.** :class:`MTLSTransport` wraps every peer socket in mutual TLS 1.2+ on the same file
@@ -31,6 +39,7 @@ import collections
 import errno
 import functools
 import logging
+import math
 import ssl
 from collections.abc import Callable, Mapping
 from typing import Any
@@ -55,6 +64,9 @@ PINNED_VERSION = "0.3.17"
 REGULAR = bytes((_COMMAND_TYPE.REGULAR,))
 NO_OP = bytes((_COMMAND_TYPE.NO_OP,))
 SUCCESS = FAIL_REASON.SUCCESS
+#: Our pre-vote messages (ignored by stock pysyncobj, which has no handler for these types).
+PRE_VOTE = "cursus_pre_vote"
+PRE_VOTE_REPLY = "cursus_pre_vote_reply"
 #: pysyncobj failure reasons after which the command was certainly not applied (anything else that is
 #: not SUCCESS - LEADER_CHANGED, UNKNOWN_OUTCOME - leaves the outcome unknown).
 FAIL_REASON_DEFINITE = frozenset({FAIL_REASON.QUEUE_FULL, FAIL_REASON.MISSING_LEADER, FAIL_REASON.DISCARDED,
@@ -63,8 +75,8 @@ FAIL_REASON_DEFINITE = frozenset({FAIL_REASON.QUEUE_FULL, FAIL_REASON.MISSING_LE
 #: Class attributes (methods) of pysyncobj this module overrides or calls.
 CLASS_INTERNALS: Mapping[type, tuple[str, ...]] = {
     SyncObj: ("_SyncObj__onMessageReceived", "_SyncObj__doApplyCommand", "_SyncObj__sendNextNodeIdx",
-              "_SyncObj__sendAppendEntries", "_applyCommand", "doTick", "_doDestroy", "_isLeader",
-              "_getLeader", "isNodeConnected", "raftCurrentTerm", "raftCommitIndex", "raftLastApplied"),
+              "_SyncObj__sendAppendEntries", "_SyncObj__generateRaftTimeout", "_applyCommand", "doTick",
+              "_doDestroy", "_isLeader", "_getLeader", "isNodeConnected", "raftCurrentTerm", "raftCommitIndex", "raftLastApplied"),
     TCPTransport: ("_onNewIncomingConnection", "_onIncomingMessageReceived", "_onOutgoingConnected",
                    "_onDisconnected", "_onTick", "_connToNode", "_shouldConnect", "send"),
     TcpConnection: ("_TcpConnection__processConnection", "disconnect", "fileno", "state"),
@@ -74,7 +86,8 @@ INSTANCE_INTERNALS: Mapping[str, tuple[str, ...]] = {
     "SyncObj": ("_SyncObj__raftLog", "_SyncObj__raftCurrentTerm", "_SyncObj__votedForNodeId",
                 "_SyncObj__raftCommitIndex", "_SyncObj__raftLastApplied", "_SyncObj__raftNextIndex",
                 "_SyncObj__raftMatchIndex", "_SyncObj__lastResponseTime", "_SyncObj__leaderCommitIndex",
-                "_SyncObj__transport", "_poller"),
+                "_SyncObj__transport", "_poller", "_SyncObj__raftElectionDeadline",
+                "_SyncObj__transferInProgress", "_SyncObj__otherNodes", "_SyncObj__selfNode"),
     "TCPTransport": ("_nodeAddrToNode", "_unknownConnections", "_connections", "_nodes", "_syncObj"),
     "TcpConnection": ("_TcpConnection__socket",),
 }
@@ -119,9 +132,11 @@ class CursusSyncObj(SyncObj):
     tick thread and returns the result handed to the submitter's callback.
     """
 
+    _SyncObj__raftElectionDeadline: float  # pysyncobj's (monotonic seconds); read and moved by pre-vote
+
     def __init__(self, self_address: str, partner_addresses: list[str], conf: SyncObjConf,
                  journal: DurableJournal, apply: Callable[[bytes], bytes],
-                 transport_factory: Callable[..., TCPTransport]) -> None:
+                 transport_factory: Callable[..., TCPTransport], *, pre_vote: bool = True) -> None:
         if not conf.appendEntriesUseBatch or conf.autoTick or conf.dynamicMembershipChange:
             raise ValueError("CursusSyncObj needs appendEntriesUseBatch, no autoTick, static membership")
         self._cursus_apply = apply
@@ -133,6 +148,16 @@ class CursusSyncObj(SyncObj):
         self.activity = 0
         #: Set (by the deserializer) to an exception that must stop the node before the next reply.
         self.fatal: BaseException | None = None
+        self._pre_vote = pre_vote
+        self._leader_lease = float(conf.raftMinTimeout)
+        self._leader_contact = -math.inf  # monotonic time of the last AppendEntries from a current leader
+        self._pre_vote_round = 0
+        self._pre_vote_term = -1
+        self._pre_vote_grants: set[Any] = set()
+        self._pre_vote_passed: int | None = None  # the term whose pre-vote round won (consumed next tick)
+        #: Pre-vote rounds started and won so far (for tests and status).
+        self.pre_vote_rounds = 0
+        self.pre_vote_wins = 0
         try:
             super().__init__(self_address, partner_addresses, conf=conf, transportClass=transport_factory)
         except SyncObjException as exc:
@@ -166,6 +191,14 @@ class CursusSyncObj(SyncObj):
     def _SyncObj__onMessageReceived(self, node: Any, message: Any) -> None:  # noqa: N802
         self.activity += 1
         kind = message.get("type") if isinstance(message, dict) else None
+        if kind == PRE_VOTE:
+            self._on_pre_vote(node, message)
+            return
+        if kind == PRE_VOTE_REPLY:
+            self._on_pre_vote_reply(node, message)
+            return
+        if kind == "append_entries" and message.get("term", -1) >= self._SyncObj__raftCurrentTerm:
+            self._leader_contact = monotonic()
         if kind == "append_entries":
             if "transmission" in message:
                 # Our entries are below appendEntriesBatchSizeBytes, so no member sends split entries.
@@ -214,6 +247,62 @@ class CursusSyncObj(SyncObj):
         self._SyncObj__raftNextIndex[node] = next_index
         self._SyncObj__raftMatchIndex[node] = match_index
         self._SyncObj__lastResponseTime[node] = monotonic()
+
+    # -- pre-vote -------------------------------------------------------------------------------
+
+    def doTick(self, timeToWait: float = 0.0) -> None:  # noqa: N802, N803 - pysyncobj's interface
+        """One pysyncobj tick, with an election only after a won pre-vote round (see the module doc)."""
+        self._pre_vote_gate()
+        SyncObj.doTick(self, timeToWait)
+
+    def _majority(self, votes: int) -> bool:
+        return votes > (len(self._SyncObj__otherNodes) + 1) / 2
+
+    def _pre_vote_gate(self) -> None:
+        passed, self._pre_vote_passed = self._pre_vote_passed, None
+        if not self._pre_vote or self._SyncObj__selfNode is None or self._isLeader():
+            return
+        if self._SyncObj__transferInProgress:
+            return  # the leader asked us to take over (TimeoutNow): elect at once
+        now = monotonic()
+        if self._SyncObj__raftElectionDeadline >= now:
+            return
+        if passed == self._SyncObj__raftCurrentTerm or self._majority(1):
+            return  # a won round (or a one-node cluster): stock starts the election in this tick
+        # Election due: ask first. Stock waits for a new timeout meanwhile; replies may end it early.
+        self._SyncObj__raftElectionDeadline = now + self._SyncObj__generateRaftTimeout()
+        self._pre_vote_round += 1
+        self._pre_vote_term = self._SyncObj__raftCurrentTerm
+        self._pre_vote_grants = set()
+        self.pre_vote_rounds += 1
+        _, last_index, last_term = self._cursus_journal[-1]
+        request = {"type": PRE_VOTE, "round": self._pre_vote_round, "term": self._pre_vote_term + 1,
+                   "last_log_index": last_index, "last_log_term": last_term}
+        transport = self._SyncObj__transport
+        for peer in self._SyncObj__otherNodes:
+            transport.send(peer, request)
+
+    def _on_pre_vote(self, node: Any, message: dict) -> None:
+        _, last_index, last_term = self._cursus_journal[-1]
+        try:
+            candidate = (int(message["last_log_term"]), int(message["last_log_index"]))
+        except (KeyError, TypeError, ValueError):
+            candidate = (-1, -1)  # malformed: never granted
+        leader_alive = self._isLeader() or monotonic() - self._leader_contact < self._leader_lease
+        granted = not leader_alive and candidate >= (last_term, last_index)
+        self._SyncObj__transport.send(node, {"type": PRE_VOTE_REPLY, "round": message.get("round"),
+                                             "granted": granted})
+
+    def _on_pre_vote_reply(self, node: Any, message: dict) -> None:
+        if (not message.get("granted") or message.get("round") != self._pre_vote_round
+                or self._pre_vote_term != self._SyncObj__raftCurrentTerm or self._isLeader()):
+            return
+        self._pre_vote_grants.add(node)
+        if self._majority(len(self._pre_vote_grants) + 1):
+            self._pre_vote_round += 1  # later replies of this round count for nothing
+            self._pre_vote_passed = self._SyncObj__raftCurrentTerm
+            self._SyncObj__raftElectionDeadline = 0.0
+            self.pre_vote_wins += 1
 
     # -- driving --------------------------------------------------------------------------------
 

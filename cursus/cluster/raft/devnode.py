@@ -6,7 +6,7 @@ For the checker test, the benchmark and manual experiments (not part of the brok
         --data DIR --certs CERTDIR --control-port 7101 [--election-min 0.4 --election-max 1.0 ...]
 
 ``CERTDIR`` is ``cursusctl certs`` output (``ca.crt``, ``<id>.crt``, ``<id>.key``). The control port
-(127.0.0.1 only) speaks JSON lines; each request carries an ``id`` echoed in its response, and requests
+(127.0.0.1 unless --control-host) speaks JSON lines; each request carries an ``id`` echoed in its response, and requests
 on one connection run concurrently:
 
 - ``{"op": "submit", "command": "<utf-8 command>", "rid": "<32 hex>"|null, "timeout": s}`` ->
@@ -75,7 +75,7 @@ async def _handle(node: RaftNode, fsm: _LockedFSM, request: dict) -> dict:
     return {"error": "bad_request"}
 
 
-async def _serve(node: RaftNode, fsm: _LockedFSM, port: int) -> None:
+async def _serve(node: RaftNode, fsm: _LockedFSM, host: str, port: int) -> None:
     async def client(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         lock = asyncio.Lock()
 
@@ -99,7 +99,7 @@ async def _serve(node: RaftNode, fsm: _LockedFSM, port: int) -> None:
                 task.cancel()
             writer.close()
 
-    server = await asyncio.start_server(client, "127.0.0.1", port)
+    server = await asyncio.start_server(client, host, port)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
@@ -123,6 +123,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--election-max", type=float, default=1.0)
     parser.add_argument("--heartbeat", type=float, default=0.1)
     parser.add_argument("--snapshot-entries", type=int, default=5000)
+    parser.add_argument("--control-host", default="127.0.0.1", help="control listener address")
+    parser.add_argument("--no-pre-vote", action="store_true", help="elect without a pre-vote round")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.WARNING, format=f"%(asctime)s {args.id} %(levelname)s %(message)s")
     members = dict(item.split("=", 1) for item in args.members.split(","))
@@ -131,12 +133,12 @@ def main(argv: list[str] | None = None) -> int:
         tls=TLSFiles(args.certs / f"{args.id}.crt", args.certs / f"{args.id}.key", args.certs / "ca.crt"),
         election_timeout_min=args.election_min, election_timeout_max=args.election_max,
         heartbeat_period=args.heartbeat, leader_fallback_timeout=args.election_max,
-        snapshot_min_entries=args.snapshot_entries)
+        snapshot_min_entries=args.snapshot_entries, pre_vote=not args.no_pre_vote)
     fsm = _LockedFSM()
     node = RaftNode(config, fsm)
     node.start()
     try:
-        asyncio.run(_serve(node, fsm, args.control_port))
+        asyncio.run(_serve(node, fsm, args.control_host, args.control_port))
     finally:
         node.stop()
     return 1 if node.fatal is not None else 0

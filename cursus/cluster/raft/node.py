@@ -92,6 +92,9 @@ class RaftConfig:
     snapshot_min_interval: float = 300.0
     dedup_capacity: int = DEFAULT_DEDUP_CAPACITY
     queue_size: int = 10_000
+    #: Pre-vote before an election (see :mod:`.compat`): a node that a partition cut off does not bump its
+    #: term and depose a healthy leader when it rejoins. Off only to demonstrate the problem.
+    pre_vote: bool = True
     #: May a missing or empty ``data_dir`` be initialised as a new member? False when the broker already
     #: holds data: a member whose Raft state was lost must not rejoin with its vote forgotten.
     allow_new: bool = True
@@ -235,7 +238,7 @@ class RaftNode:
             identities=self._ids, handshake_timeout=c.handshake_timeout)
         partners = [address for node_id, address in self._addresses.items() if node_id != c.node_id]
         syncobj = compat.CursusSyncObj(self._addresses[c.node_id], partners, self._conf(), journal,
-                                       self._apply, transport_factory)
+                                       self._apply, transport_factory, pre_vote=c.pre_vote)
         syncobj.watch_readable(self._wake_r, self._drain_wake)
         return syncobj
 
