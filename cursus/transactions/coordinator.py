@@ -251,34 +251,47 @@ class TransactionCoordinator:
     # ---------------------------------------------------------------------------------- journal glue
 
     async def _persist(self, entry: TxnEntry, *, touched: list[TopicPartition] | None = None,
-                       next_producer_id: int | None = None) -> None:
+                       next_producer_id: int | None = None, expect: tuple[str, int] | None = None) -> None:
         """Persist ``entry`` through the store (fsynced journal / applied TxnSync), then publish it.
+        ``expect``: the (producerId, epoch) the stored entry must still have (guarded INIT_PRODUCER_ID).
         Raises ``transaction_sync_failed`` (retryable; nothing of that write is published; ``outcome=
         unknown`` when it may have been stored), ``transaction_manager_not_available`` (closed),
-        ``NOT_COORDINATOR`` (cluster: the shard moved)."""
+        ``NOT_COORDINATOR`` (cluster: the shard moved), ``producer_fenced`` (cluster: ``expect`` no longer
+        holds in Raft order)."""
         store = self.store
         if store is None:
             raise BrokerError.of("transaction_manager_not_available", reason="coordinator closed")
-        await store.persist(entry, touched=touched or [], next_producer_id=next_producer_id)
+        await store.persist(entry, touched=touched or [], next_producer_id=next_producer_id, expect=expect)
         self.entries[entry.transactional_id] = entry
 
     # ------------------------------------------------------------------------------------- commands
 
-    async def init_producer(self, tid: str) -> TxnEntry:
+    async def init_producer(self, tid: str, expect: tuple[str, int] | None = None) -> TxnEntry:
         """INIT_PRODUCER_ID: a new (producerId, epoch 1) or the same producerId with epoch + 1; aborts an open
-        transaction of the id first. Raises the errors of :func:`state.init_producer`."""
+        transaction of the id first.
+
+        ``expect`` = (producerId, epoch), the caller's last session (INIT_PRODUCER_ID ``producerId= epoch=``):
+        the id is re-initialized only when that is its current session (the caller is its latest owner), so
+        a zombie that re-initializes after its transaction cannot fence the instance that replaced it. The
+        guard is checked here under the id's lock against the persisted entry and, in a cluster, again by
+        the metadata FSM in Raft order on every TxnSync of this call (``TxnSync.expect``).
+
+        Raises the errors of :func:`state.check_guarded_init` (nothing bumped, nothing aborted) and of
+        :func:`state.init_producer`."""
         self.check_ready(tid)
         async with self._lock(tid):
             self.check_ready(tid)
             entry = self.entries.get(tid)
+            if expect is not None:
+                st.check_guarded_init(entry, tid, *expect)
             if entry is not None and st.needs_abort_before_init(entry):
                 entry = st.abort_for_reinit(entry, self._now())
-                await self._persist(entry)
+                await self._persist(entry, expect=expect)
                 entry = await self._finish(entry)
             assert self.store is not None
             next_pid, counter = self.store.new_producer_id(tid) if entry is None else ("", 0)
             new = st.init_producer(entry, tid, new_producer_id=next_pid, now_ms=self._now())
-            await self._persist(new, next_producer_id=counter if entry is None else None)
+            await self._persist(new, next_producer_id=counter if entry is None else None, expect=expect)
             self._published.pop(tid, None)
             return new
 

@@ -147,6 +147,24 @@ def needs_abort_before_init(entry: TxnEntry | None) -> bool:
     return entry is not None and entry.state in (OPEN, PREPARE_ABORT)
 
 
+def check_guarded_init(entry: TxnEntry | None, transactional_id: str, producer_id: str, epoch: int) -> TxnEntry:
+    """The guard of INIT_PRODUCER_ID ``producerId=<P> epoch=<E>`` (KIP-360 style): the caller names the
+    session it last held, and only the id's latest owner may bump it. Nothing changes when it fails.
+
+    Returns the entry (the caller then re-initializes as a plain INIT_PRODUCER_ID does).
+
+    Raises:
+        BrokerError: ``producer_fenced`` (no session for the id, another producer id, or an epoch older than
+            the current one: a zombie, e.g. an instance paused while a newer one took the id over),
+            ``invalid_epoch`` (an epoch this coordinator never handed out).
+    """
+    if entry is None:
+        raise BrokerError.of("producer_fenced", transactional_id=transactional_id, producer=producer_id, got=epoch,
+                             reason="the transactional id has no session to continue")
+    _fenced(entry, producer_id, epoch)
+    return entry
+
+
 def init_producer(entry: TxnEntry | None, transactional_id: str, *, new_producer_id: str, now_ms: int) -> TxnEntry:
     """INIT_PRODUCER_ID: a new session (epoch 1 with ``new_producer_id``) or the next epoch of the same id.
 

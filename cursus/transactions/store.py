@@ -51,13 +51,18 @@ class TxnStore(Protocol):
         """Every partition that ever took a transactional record."""
         ...
 
-    async def persist(self, entry: TxnEntry, *, touched: list[TopicPartition], next_producer_id: int | None) -> None:
+    async def persist(self, entry: TxnEntry, *, touched: list[TopicPartition], next_producer_id: int | None,
+                      expect: tuple[str, int] | None = None) -> None:
         """Durably store ``entry`` (and the partitions it newly touches, the producer-id counter).
+
+        ``expect`` = (producerId, epoch): store only while the id's stored session is exactly that one (the
+        guard of INIT_PRODUCER_ID ``producerId= epoch=``). The journal has a single writer that checked it
+        under the id's lock; the Raft store lets the FSM check it again in log order.
 
         Raises:
             BrokerError: ``transaction_sync_failed`` (retryable; ``outcome=unknown`` when it may have been
                 stored), ``transaction_manager_not_available`` (closed), ``NOT_COORDINATOR`` (cluster: this
-                broker no longer owns the shard).
+                broker no longer owns the shard), ``producer_fenced`` (``expect`` no longer holds).
         """
         ...
 
@@ -100,7 +105,8 @@ class JournalStore:
             raise BrokerError.of("transaction_manager_not_available", reason="coordinator closed")
         return self.journal
 
-    async def persist(self, entry: TxnEntry, *, touched: list[TopicPartition], next_producer_id: int | None) -> None:
+    async def persist(self, entry: TxnEntry, *, touched: list[TopicPartition], next_producer_id: int | None,
+                      expect: tuple[str, int] | None = None) -> None:
         journal = self._require()
         if next_producer_id is not None:
             journal.state.next_producer_id = max(journal.state.next_producer_id, next_producer_id)
@@ -195,7 +201,8 @@ class RaftTxnStore:
     def touched(self) -> set[TopicPartition]:
         return set(self._state().txn_touched)
 
-    async def persist(self, entry: TxnEntry, *, touched: list[TopicPartition], next_producer_id: int | None) -> None:
+    async def persist(self, entry: TxnEntry, *, touched: list[TopicPartition], next_producer_id: int | None,
+                      expect: tuple[str, int] | None = None) -> None:
         from cursus.metadata.commands import TxnSync
 
         if self._closed:
@@ -209,7 +216,8 @@ class RaftTxnStore:
         applied = state.txn.get(shard)
         counter = max(next_producer_id or 1, applied.next_producer_id if applied is not None else 1)
         new_touched = tuple(sorted(tp for tp in touched if tp not in state.txn_touched))
-        command = TxnSync(uuid.uuid4().hex, self.broker_id, shard, owner.epoch, (entry,), counter, new_touched)
+        command = TxnSync(uuid.uuid4().hex, self.broker_id, shard, owner.epoch, (entry,), counter, new_touched,
+                          expect)
         self.pending.add(command.request_id)
         try:
             await self._submit(command)
@@ -217,7 +225,7 @@ class RaftTxnStore:
             code = exc.error.code
             if code == "NOT_COORDINATOR":
                 raise self._not_coordinator(exc.error.fields.get("owner")) from None
-            if code in FENCE_CODES:  # the FSM's group fence of the staged offsets: nothing stored
+            if code in FENCE_CODES or code == "producer_fenced":  # the FSM's fences: nothing stored
                 raise
             unknown = exc.error.fields.get("outcome") == "unknown"
             log.warning("transactions: TxnSync for %s failed: %s%s", tid, code, " (outcome unknown)" if unknown else "")

@@ -203,3 +203,31 @@ def test_prepare_commit_checks_the_offsets_group_fence_in_raft_order() -> None:
     moved, _ = apply(prepared, cmd(prepared, members(generation=2, revision=2)))
     again, _ = apply(moved, _sync(moved, entry=prepared.txn_entry("t1"), rid="p2"))
     assert again.txn_entry("t1").state == "prepare_commit"
+
+
+def test_guarded_init_expect_is_checked_in_raft_order() -> None:
+    """TxnSync.expect (INIT_PRODUCER_ID producerId= epoch=): applied only while the id still holds exactly
+    that session; encoded only when set (older commands keep their bytes)."""
+    import dataclasses
+
+    state = _cluster(*BROKERS)
+    shard = transaction_shard("t1", SHARDS)
+    pid = str(SHARDS + shard)
+    plain = _sync(state, entry=TxnEntry("t1", pid, 1, "committed"), rid="r1")
+    assert "expect" not in json.loads(encode(plain))
+    state, _ = apply(state, plain)
+    guarded = dataclasses.replace(_sync(state, entry=TxnEntry("t1", pid, 2), rid="r2"), expect=(pid, 1))
+    assert decode(encode(guarded)) == guarded
+    # another instance bumped the id first (plain re-init to epoch 2, then its transaction)
+    state, _ = apply(state, _sync(state, entry=TxnEntry("t1", pid, 2, "committed"), rid="r3"))
+    assert _code(state, guarded) == "producer_fenced"
+    assert _code(state, dataclasses.replace(guarded, expect=("other", 2))) == "producer_fenced"
+    assert _code(state, dataclasses.replace(guarded, entries=(TxnEntry("t-new", pid, 1),), expect=(pid, 1))) \
+        in ("producer_fenced", "invalid_cluster_request")
+    ok = dataclasses.replace(guarded, entries=(TxnEntry("t1", pid, 3),), expect=(pid, 2))
+    new, result = apply(state, ok)
+    assert result.changed and new.txn[shard].entries["t1"].epoch == 3
+    doc = json.loads(encode(ok))
+    doc["expect"] = [pid]
+    with pytest.raises(ValueError):
+        decode(json.dumps(doc).encode())

@@ -143,3 +143,17 @@ class Coordinator(RuleBasedStateMachine):
 
 TestCoordinator = Coordinator.TestCase
 TestCoordinator.settings = settings(max_examples=200, stateful_step_count=40, deadline=None)
+
+
+def test_guarded_init_only_for_the_current_session() -> None:
+    from cursus.transactions.state import check_guarded_init
+
+    entry = st.TxnEntry("t", "7", 3, "committed")
+    assert check_guarded_init(entry, "t", "7", 3) is entry
+    for pid, epoch, code in (("7", 2, "producer_fenced"), ("8", 3, "producer_fenced"), ("7", 4, "invalid_epoch")):
+        with pytest.raises(BrokerError) as info:
+            check_guarded_init(entry, "t", pid, epoch)
+        assert info.value.error.code == code
+    with pytest.raises(BrokerError) as info:
+        check_guarded_init(None, "t", "7", 1)
+    assert info.value.error.code == "producer_fenced"
