@@ -107,6 +107,8 @@ class TransactionCoordinator:
         self.ready = False
         self.expired_total = 0
         self.coordinator_epoch = STANDALONE_COORDINATOR_EPOCH
+        #: wall ms before which the timeout timer does not fire again (set when a timeout abort failed)
+        self._expire_retry_ms = 0
 
     # ------------------------------------------------------------------------------------ lifecycle
 
@@ -134,12 +136,14 @@ class TransactionCoordinator:
         started = time.monotonic()
         if self.cluster:
             self.store = RaftTxnStore(broker.broker_id, broker.metadata.submit, lambda: broker.metadata.state,
-                                      broker.broker_address)
+                                      broker.broker_address,
+                                      max_state_bytes=int(broker.config.transaction_state_max_bytes))
             self.ready = True
             self.on_metadata(broker.metadata.state, broker.metadata.state)
             return
         store = await JournalStore.open(broker.log_dir.path, broker.run_blocking,
-                                        compact_min_superseded=broker.config.transaction_journal_compact_records)
+                                        compact_min_superseded=broker.config.transaction_journal_compact_records,
+                                        max_state_bytes=int(broker.config.transaction_state_max_bytes))
         self.store = store
         assert store.journal is not None
         jstate = store.journal.state
@@ -334,7 +338,10 @@ class TransactionCoordinator:
                 committed = self._committed_waiter((tp[0], dup[0]), dup[1]) if led_here else _done()
             else:
                 if tp not in entry.partitions:
-                    await self._persist(st.add_partition(entry, tp), touched=[tp])
+                    grown = st.add_partition(entry, tp)
+                    assert self.store is not None
+                    self.store.check_fits(grown, touched=[tp])  # transaction_too_large: nothing changed
+                    await self._persist(grown, touched=[tp])
                 entry = st.check_publish(self.entries.get(tid), tid, producer_id, epoch)
                 record = data_record(tp[0], tp[1], transactional_id=tid, producer_id=producer_id,
                                      producer_epoch=epoch, seq_num=seq_num, key=key, payload=payload,
@@ -362,6 +369,8 @@ class TransactionCoordinator:
             entry = self.entries.get(tid)
             new = st.stage_offsets(entry, tid, producer_id, epoch, group=group, member=member,
                                    generation=generation, topic=topic, offsets=offsets, now_ms=self._now())
+            assert self.store is not None
+            self.store.check_fits(new, touched=[])  # transaction_too_large: nothing staged
             await self.broker.coordinator.validate_commit(group, topic, member, generation, offsets)
             await self._persist(new)
             return new
@@ -937,6 +946,8 @@ class TransactionCoordinator:
         tombstone_at = st.next_tombstone_ms(self.entries.values(), self._expiration_ms)
         if tombstone_at is not None:
             deadline = tombstone_at if deadline is None else min(deadline, tombstone_at)
+        if deadline is not None:  # after a failed timeout abort: retry later, not in a tight loop
+            deadline = max(deadline, self._expire_retry_ms)
         if self._timer is not None:
             self._timer.cancel()
             self._timer = None
@@ -967,6 +978,7 @@ class TransactionCoordinator:
                     await self._finish(expired)
                 except BrokerError as exc:
                     log.warning("transactions: aborting %s after its timeout: %s (retrying)", tid, exc.error.code)
+                    self._expire_retry_ms = self._now() + max(1, int(self.broker.config.replica_fetch_backoff_ms))
                     if self.entries.get(tid) is expired:
                         self._resume_later(tid)
         for tid, entry in list(self.entries.items()):

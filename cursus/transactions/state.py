@@ -303,6 +303,20 @@ def end(entry: TxnEntry | None, transactional_id: str, producer_id: str, epoch: 
     raise BrokerError.of("transaction_not_open", transactional_id=transactional_id, state=state, epoch=epoch)
 
 
+#: ``messages`` in :func:`largest_form`: more records than one transaction can append.
+_MESSAGES_BOUND = 10**15
+
+
+def largest_form(entry: TxnEntry) -> TxnEntry:
+    """``entry`` in the largest encoding any of its later transitions can take (the longest state name,
+    a message count of any size, 13-digit timestamps, the same partitions and offsets): a transaction
+    whose largest form fits its store's limit can always be prepared, decided and aborted (only
+    TXN_PUBLISH to a new partition and SEND_OFFSETS_TO_TXN grow it)."""
+    return dataclasses.replace(entry, state=PREPARE_COMMIT, messages=_MESSAGES_BOUND,
+                               deadline_ms=max(entry.deadline_ms, 10**13 - 1),
+                               updated_ms=max(entry.updated_ms, 10**13 - 1))
+
+
 def expire(entry: TxnEntry, now_ms: int) -> TxnEntry | None:
     """Timeout: an open transaction past its deadline becomes ``prepare_abort`` (else None)."""
     if entry.state == OPEN and entry.deadline_ms and now_ms >= entry.deadline_ms:

@@ -159,3 +159,44 @@ def test_abort_after_failures_is_idempotent_and_clear(broker_factory, topic_name
         txn.send(topic_name, b"second", partition=0)
         assert txn.commit() == "committed"
     assert _committed_values(address, topic_name) == [b"committed", b"second"]
+
+
+def test_a_transaction_too_large_is_refused_up_front_and_still_commits(broker_factory, topic_name):
+    """transaction_state_max_bytes (in a cluster also the 64 KiB TxnSync cap): the TXN_PUBLISH to a new
+    partition or the SEND_OFFSETS_TO_TXN that would outgrow it is refused (transaction_too_large, nothing
+    appended or staged); the transaction stays open and its commit (a larger encoding) still succeeds."""
+    from tests.integration.txnsupport import read_all
+
+    broker = broker_factory(settings={"transaction_state_max_bytes": 1024}).start()
+    partitions = 40
+    with connect(broker) as conn:
+        create_topic(conn, topic_name, partitions=partitions)
+        s = Session(conn, f"{topic_name}-tx")
+        s.init()
+        s.begin()
+        accepted = 0
+        for p in range(partitions):
+            s.seq += 1
+            frame = conn.command(f"TXN_PUBLISH {s.ids} topic={topic_name} partition={p} seqNum={s.seq} message=m{p}")
+            if frame.status.name != "OK":
+                err = error_of(frame)
+                assert err.code == "transaction_too_large" and not err.retryable, err
+                assert int(err.fields["limit"]) == 1024
+                break
+            accepted += 1
+        assert 3 < accepted < partitions
+        refused = accepted
+        assert read_all(conn, topic_name, refused, isolation="read_uncommitted") == []  # nothing appended
+        s.publish(topic_name, "again", partition=0)  # a partition it already has: no growth, accepted
+        assert s.status()["state"] == "open" and s.status()["participants"] == str(accepted)
+        # offsets that would outgrow it: refused, nothing staged
+        joined = ok_fields(conn.command(f"JOIN_GROUP topic={topic_name} group={topic_name}-g member=w"))
+        offsets = ",".join(f"P{p}:0" for p in range(partitions))
+        frame = conn.command(f"SEND_OFFSETS_TO_TXN {s.ids} topic={topic_name} group={topic_name}-g "
+                             f"member={joined['member']} generation={joined['generation']} offsets={offsets}")
+        assert error_of(frame).code == "transaction_too_large"
+        assert s.status()["offsets"] == "0"
+        done = s.end("commit")
+        assert done["state"] == "committed" and done["messages"] == str(accepted + 1)
+        assert [r.payload for r in read_all(conn, topic_name, 0)] == [b"m0", b"again"]
+        assert [r.payload for r in read_all(conn, topic_name, accepted - 1)] == [f"m{accepted - 1}".encode()]
