@@ -44,6 +44,7 @@ import contextlib
 import logging
 import os
 import time
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from cursus.metadata.state import transaction_shard
@@ -433,14 +434,18 @@ class TransactionCoordinator:
         pending = [tp for tp in st.marker_partitions(entry)
                    if self.cluster or self.index_for(tp).needs_marker(entry.producer_id)]
         try:
-            await self._write_markers(pending, entry.transactional_id, entry.producer_id, entry.epoch,
-                                      commit=commit)
+            remote = await self._write_markers(pending, entry.transactional_id, entry.producer_id, entry.epoch,
+                                               commit=commit)
         except BrokerError as exc:
             code = "transaction_commit_failed" if commit else "transaction_abort_marker_failed"
             raise BrokerError.of(code, transactional_id=entry.transactional_id, epoch=entry.epoch,
                                  reason=exc.error.code, outcome="unknown") from None
         _crash_point("after_markers", entry.transactional_id)
-        final = st.complete(entry, self._now())
+        # the message count from the partitions' logs (remote leaders answer it with their marker), so
+        # records published through a previous coordinator count too; the persisted count is a floor
+        logged = sum(remote[tp] if tp in remote else self._session_records(tp, entry.producer_id, entry.epoch)
+                     for tp in st.marker_partitions(entry))
+        final = st.complete(st.count_messages(entry, max(0, logged - entry.messages)), self._now())
         await self._persist(final)
         self._resolve(final)
         if commit:
@@ -459,8 +464,19 @@ class TransactionCoordinator:
             if index is not None and txn is not None and txn.producer_epoch == entry.epoch:
                 index.finalize(entry.producer_id)
 
+    def _session_records(self, tp: TopicPartition, producer_id: str, epoch: int) -> int:
+        """How many data records of the session ``(producer_id, epoch)`` the index of ``tp`` (led here)
+        holds unresolved (0 without an index or an unresolved transaction of that session)."""
+        index = self.indexes.get(tp)
+        txn = index.unresolved(producer_id) if index is not None else None
+        if txn is None or txn.producer_epoch != epoch:
+            return 0
+        return sum(end - start for start, end in txn.ranges)
+
     async def _write_markers(self, partitions: list[TopicPartition], tid: str, producer_id: str, epoch: int, *,
-                             commit: bool) -> None:
+                             commit: bool) -> dict[TopicPartition, int]:
+        """Append the markers (in parallel) and wait until each is committed. Returns, for the partitions
+        led by other brokers, how many data records of the session each leader holds (its answer)."""
         coordinator_epoch = self.store.coordinator_epoch(tid) if self.store is not None else 0
         waits = []
         for tp in partitions:
@@ -474,9 +490,13 @@ class TransactionCoordinator:
                 await committed
                 _crash_point("after_first_marker", tid)
         results = await asyncio.gather(*waits, return_exceptions=True)
-        for result in results:
+        remote: dict[TopicPartition, int] = {}
+        for tp, result in zip(partitions, results, strict=True):
             if isinstance(result, BaseException):
                 raise result
+            if isinstance(result, _RemoteAppend):
+                remote[tp] = result.records
+        return remote
 
     # ---------------------------------------------------------------------------- participants
 
@@ -500,8 +520,8 @@ class TransactionCoordinator:
                                                        coordinator_epoch=coordinator_epoch))
         if not wait:
             return 0, call, True
-        end, appended = await call
-        return end, _done(), appended
+        done = await call
+        return done.end, _done(), done.appended
 
     def _committed_waiter(self, tp: TopicPartition, end: int) -> Any:
         """An awaitable that completes once ``tp``'s records below ``end``, appended here as its leader, are
@@ -614,7 +634,7 @@ class TransactionCoordinator:
                 await asyncio.wait_for(event.wait(), max(0.0, deadline - loop.time()))
 
     async def _send_remote(self, leader: str, tp: TopicPartition, record: bytes, *, kind: str, tid: str,
-                           producer_id: str, epoch: int, coordinator_epoch: int) -> tuple[int, bool]:
+                           producer_id: str, epoch: int, coordinator_epoch: int) -> _RemoteAppend:
         from cursus.internal.client import InternalRpcError
         from cursus.internal.v1 import replication_pb2 as pb
 
@@ -636,7 +656,7 @@ class TransactionCoordinator:
         if response.HasField("error") and response.error.code:
             fields = dict(response.error.fields)
             raise BrokerError.of(response.error.code, response.error.message, **fields)
-        return int(response.end_offset), not response.duplicate
+        return _RemoteAppend(int(response.end_offset), not response.duplicate, int(response.records))
 
     async def serve_txn_record(self, coordinator_id: str, request: pb.TxnRecordRequest) -> pb.TxnRecordResponse:
         """``Replication.AppendTxnRecord`` on the partition leader: :meth:`append_local`, then wait until
@@ -656,6 +676,8 @@ class TransactionCoordinator:
                                           tid=request.transactional_id, producer_id=request.producer_id,
                                           epoch=request.producer_epoch, coordinator_epoch=request.coordinator_epoch,
                                           seq_num=info.seq_num if info.marker is None else 0)
+            records = 0 if request.kind == "data" else self._session_records(tp, request.producer_id,
+                                                                             request.producer_epoch)
             await self._committed_waiter(tp, end)
             if request.kind != "data" and end:
                 _crash_point("leader_after_marker", request.transactional_id)
@@ -664,7 +686,7 @@ class TransactionCoordinator:
                                                        fields={k: str(v) for k, v in exc.error.fields.items()}))
         except Exception as exc:  # a malformed record
             return pb.TxnRecordResponse(error=pb.Error(code="invalid_cluster_request", message=type(exc).__name__))
-        return pb.TxnRecordResponse(end_offset=end, duplicate=not appended)
+        return pb.TxnRecordResponse(end_offset=end, duplicate=not appended, records=records)
 
     async def _materialize(self, entry: TxnEntry) -> None:
         if entry.group is None:
@@ -1015,6 +1037,16 @@ class TransactionCoordinator:
         now = self._now()
         ages = [now - (e.deadline_ms - self._timeout_ms) for e in self.entries.values() if e.state == st.OPEN]
         return max(0.0, max(ages) / 1000.0) if ages else 0.0
+
+
+@dataclass(frozen=True, slots=True)
+class _RemoteAppend:
+    """A partition leader's answer to ``AppendTxnRecord``: the end offset (0: no marker needed), whether it
+    appended now, and for a marker the session's data records it holds."""
+
+    end: int
+    appended: bool
+    records: int = 0
 
 
 def _log_failure(task: asyncio.Future[None]) -> None:

@@ -556,3 +556,23 @@ def test_zombie_is_fenced_by_the_replicated_epoch_after_an_owner_failover(
 
 def _epoch(conn: RoutingConnection, tid: str) -> int:
     return int(ok_fields(conn.command(f"TXN_STATUS transactional_id={tid}"))["epoch"])
+
+
+def test_message_count_survives_an_owner_failover(cluster: Cluster, conn: RoutingConnection) -> None:
+    """END_TXN messages=N counts the records published through the previous shard owner: the count comes
+    from the partition leaders' logs at marker time (it used to be the new owner's in-memory count, which
+    only knew the records up to the last persisted transition)."""
+    out = _topic(conn, 2)
+    s = Session(conn, _name("txcount-"))  # type: ignore[arg-type]
+    s.init()
+    s.begin()
+    for i in range(5):
+        s.publish(out, f"c{i}", partition=i % 2)
+    with _owner_killed(cluster, s.tid):
+        s.seq += 1  # one more through the new owner (retried while it is not reachable yet)
+        wait_for(lambda: s.conn.command(f"TXN_PUBLISH {s.ids} topic={out} partition=0 seqNum={s.seq} message=c5"
+                                        ).status.name == "OK", 30, "a publish through the new owner")
+        done = _end_until_done(s, "commit")
+        assert done["state"] == "committed" and done["messages"] == "6", done
+        assert s.status()["messages"] == "6"
+        _eventually(conn, out, [[b"c0", b"c2", b"c4", b"c5"], [b"c1", b"c3"]])
