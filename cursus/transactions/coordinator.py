@@ -140,7 +140,13 @@ class TransactionCoordinator:
                                       broker.broker_address,
                                       max_state_bytes=int(broker.config.transaction_state_max_bytes))
             self.ready = True
-            self.on_metadata(broker.metadata.state, broker.metadata.state)
+            state = broker.metadata.state
+            self.on_metadata(state, state)
+            # committed offsets a crash may have left unmaterialized: from the latest applied entry of each
+            # id only (the replayed TxnSync commands that it supersedes are never acted on; see observe)
+            for entry in self._applied_entries().values():
+                if entry.state == st.COMMITTED and entry.group is not None and broker._owns_group(entry.group):
+                    self._spawn(self._materialize_eventually(entry))
             return
         store = await JournalStore.open(broker.log_dir.path, broker.run_blocking,
                                         compact_min_superseded=broker.config.transaction_journal_compact_records,
@@ -918,6 +924,11 @@ class TransactionCoordinator:
                         index.finalize(pid)
             return
         if not isinstance(command, TxnSync):
+            return
+        if self.store is None or self._closed:
+            # startup replay (snapshot, Raft journal) runs before open(): a replayed TxnSync may be
+            # superseded by a later one (the id re-initialized, its group deleted and re-created), so nothing
+            # is done for it here; open() works from the latest applied entries
             return
         shard_state = state.txn.get(command.shard)
         if shard_state is None or shard_state.last_request != command.request_id:
