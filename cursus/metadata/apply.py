@@ -57,6 +57,7 @@ from cursus.metadata.state import (
 )
 from cursus.metadata.topics import TopicDefinition, apply_create, is_internal_topic
 from cursus.transactions.state import PREPARE_COMMIT as TXN_PREPARE_COMMIT
+from cursus.transactions.state import guard_admits as txn_guard_admits
 from cursus.wire.errors import BrokerError
 
 
@@ -363,8 +364,7 @@ def _txn_sync(state: MetadataState, command: TxnSync) -> tuple[MetadataState, Ap
         if transaction_shard(tid, shards) != command.shard:
             raise BrokerError.of("invalid_cluster_request", shard=command.shard, reason="id_of_another_shard")
         previous = entries.get(tid)
-        if command.expect is not None and (previous is None
-                                           or (previous.producer_id, previous.epoch) != command.expect):
+        if command.expect is not None and not txn_guard_admits(previous, *command.expect):
             # guarded INIT_PRODUCER_ID: the caller is no longer the id's latest owner (in Raft order)
             raise BrokerError.of("producer_fenced", transactional_id=tid, producer=command.expect[0],
                                  got=command.expect[1], current=previous.epoch if previous is not None else 0,

@@ -294,6 +294,8 @@ class TransactionCoordinator:
             self.check_ready(tid)
             entry = self.entries.get(tid)
             if expect is not None:
+                if entry is not None and st.guarded_retry(entry, *expect):
+                    return entry  # the same init retried (its reply was lost): its bump, not another one
                 st.check_guarded_init(entry, tid, *expect)
             if entry is not None and st.needs_abort_before_init(entry):
                 entry = st.abort_for_reinit(entry, self._now())
@@ -301,7 +303,8 @@ class TransactionCoordinator:
                 entry = await self._finish(entry)
             assert self.store is not None
             next_pid, counter = self.store.new_producer_id(tid) if entry is None else ("", 0)
-            new = st.init_producer(entry, tid, new_producer_id=next_pid, now_ms=self._now())
+            new = st.init_producer(entry, tid, new_producer_id=next_pid, now_ms=self._now(),
+                                   reinit_from=expect[1] if expect is not None else 0)
             await self._persist(new, next_producer_id=counter if entry is None else None, expect=expect)
             self._published.pop(tid, None)
             return new
@@ -1071,7 +1074,7 @@ def _log_failure(task: asyncio.Future[None]) -> None:
 def _substance(entry: TxnEntry) -> tuple[Any, ...]:
     """What a transition changes (the message count is bookkeeping between transitions)."""
     return (entry.producer_id, entry.epoch, entry.state, entry.partitions, entry.group, entry.member,
-            entry.generation, entry.offsets, entry.deadline_ms)
+            entry.generation, entry.offsets, entry.deadline_ms, entry.reinit_from)
 
 
 async def _noop() -> None:

@@ -52,6 +52,8 @@ class TxnEntry:
         offsets: staged offsets ``(topic, partition, next_offset)``, sorted.
         deadline_ms: wall-clock ms after which an open transaction is aborted (0 when not open).
         updated_ms: wall-clock ms of the last transition.
+        reinit_from: the epoch a guarded INIT_PRODUCER_ID bumped to this one (0: a plain init, or a later
+            transition), so a retry of that init whose reply was lost is recognised (:func:`guarded_retry`).
     """
 
     transactional_id: str
@@ -66,14 +68,19 @@ class TxnEntry:
     offsets: tuple[tuple[str, int, int], ...] = ()
     deadline_ms: int = 0
     updated_ms: int = 0
+    reinit_from: int = 0
 
     def to_json(self) -> dict[str, Any]:
-        """JSON-ready dict (the journal record's ``entry``)."""
-        return {"transactional_id": self.transactional_id, "producer_id": self.producer_id, "epoch": self.epoch,
-                "state": self.state, "partitions": [list(tp) for tp in self.partitions], "messages": self.messages,
-                "group": self.group, "member": self.member, "generation": self.generation,
-                "offsets": [list(o) for o in self.offsets], "deadline_ms": self.deadline_ms,
-                "updated_ms": self.updated_ms}
+        """JSON-ready dict (the journal record's ``entry``; ``reinit_from`` only when set, so entries
+        without it keep their old encoding)."""
+        doc = {"transactional_id": self.transactional_id, "producer_id": self.producer_id, "epoch": self.epoch,
+               "state": self.state, "partitions": [list(tp) for tp in self.partitions], "messages": self.messages,
+               "group": self.group, "member": self.member, "generation": self.generation,
+               "offsets": [list(o) for o in self.offsets], "deadline_ms": self.deadline_ms,
+               "updated_ms": self.updated_ms}
+        if self.reinit_from:
+            doc["reinit_from"] = self.reinit_from
+        return doc
 
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> TxnEntry:
@@ -90,7 +97,8 @@ class TxnEntry:
             messages=int(data["messages"]), group=data["group"], member=data["member"],
             generation=None if data["generation"] is None else int(data["generation"]),
             offsets=tuple((str(t), int(p), int(o)) for t, p, o in data["offsets"]),
-            deadline_ms=int(data["deadline_ms"]), updated_ms=int(data["updated_ms"]))
+            deadline_ms=int(data["deadline_ms"]), updated_ms=int(data["updated_ms"]),
+            reinit_from=int(data.get("reinit_from", 0)))
 
     @property
     def offset_partitions(self) -> tuple[TopicPartition, ...]:
@@ -165,7 +173,24 @@ def check_guarded_init(entry: TxnEntry | None, transactional_id: str, producer_i
     return entry
 
 
-def init_producer(entry: TxnEntry | None, transactional_id: str, *, new_producer_id: str, now_ms: int) -> TxnEntry:
+def guarded_retry(entry: TxnEntry | None, producer_id: str, epoch: int) -> bool:
+    """Is a guarded INIT_PRODUCER_ID ``(producer_id, epoch)`` the retry of the one that made ``entry``
+    (its reply lost)? Only while nothing happened since: the entry is that init's ``empty`` epoch + 1 and
+    was bumped by a guarded init from ``epoch`` (a plain re-init clears ``reinit_from``, so a zombie
+    holding that epoch is never taken for the owner)."""
+    return (entry is not None and entry.producer_id == producer_id and entry.state == EMPTY
+            and entry.epoch == epoch + 1 and entry.reinit_from == epoch)
+
+
+def guard_admits(entry: TxnEntry | None, producer_id: str, epoch: int) -> bool:
+    """The stored ``entry`` lets a guarded INIT_PRODUCER_ID ``(producer_id, epoch)`` persist: it is that
+    session, or that init's own bump (:func:`guarded_retry`)."""
+    return entry is not None and ((entry.producer_id, entry.epoch) == (producer_id, epoch)
+                                  or guarded_retry(entry, producer_id, epoch))
+
+
+def init_producer(entry: TxnEntry | None, transactional_id: str, *, new_producer_id: str, now_ms: int,
+                  reinit_from: int = 0) -> TxnEntry:
     """INIT_PRODUCER_ID: a new session (epoch 1 with ``new_producer_id``) or the next epoch of the same id.
 
     The caller aborts an open transaction first (:func:`needs_abort_before_init`).
@@ -182,7 +207,8 @@ def init_producer(entry: TxnEntry | None, transactional_id: str, *, new_producer
     if entry.state in (OPEN, PREPARE_ABORT):
         raise BrokerError.of("transaction_not_open", transactional_id=transactional_id, state=entry.state,
                              reason="abort the open transaction first")
-    return TxnEntry(transactional_id, entry.producer_id, entry.epoch + 1, EMPTY, updated_ms=now_ms)
+    return TxnEntry(transactional_id, entry.producer_id, entry.epoch + 1, EMPTY, updated_ms=now_ms,
+                    reinit_from=reinit_from)
 
 
 def begin(entry: TxnEntry | None, transactional_id: str, producer_id: str, epoch: int, *, now_ms: int,
@@ -203,7 +229,7 @@ def begin(entry: TxnEntry | None, transactional_id: str, producer_id: str, epoch
     if entry.state in PREPARED:
         raise BrokerError.of("transaction_not_open", transactional_id=transactional_id, state=entry.state,
                              epoch=epoch)
-    return dataclasses.replace(entry, state=OPEN, deadline_ms=now_ms + timeout_ms, updated_ms=now_ms)
+    return dataclasses.replace(entry, state=OPEN, deadline_ms=now_ms + timeout_ms, updated_ms=now_ms, reinit_from=0)
 
 
 def check_publish(entry: TxnEntry | None, transactional_id: str, producer_id: str, epoch: int) -> TxnEntry:

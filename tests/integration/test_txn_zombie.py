@@ -67,9 +67,11 @@ def test_guarded_init_on_the_wire(shared_broker, topic_name):
             == "missing_producer_id"
         assert error_of(conn.command(f"INIT_PRODUCER_ID transactional_id={tid} producerId={pid}")).code \
             == "invalid_epoch"
-        # the latest owner's guarded re-init bumps
+        # the latest owner's guarded re-init bumps; retried (a lost reply) it answers the same bump
         fields = ok_fields(conn.command(f"INIT_PRODUCER_ID transactional_id={tid} producerId={pid} epoch={b.epoch}"))
         assert (fields["producerId"], fields["epoch"]) == (pid, str(b.epoch + 1))
+        again = ok_fields(conn.command(f"INIT_PRODUCER_ID transactional_id={tid} producerId={pid} epoch={b.epoch}"))
+        assert again["epoch"] == fields["epoch"]
         # a guarded re-init of the current owner's open transaction aborts it (like the plain form)
         b.producer_id, b.epoch = fields["producerId"], int(fields["epoch"])
         b.begin()

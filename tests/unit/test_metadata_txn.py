@@ -231,3 +231,19 @@ def test_guarded_init_expect_is_checked_in_raft_order() -> None:
     doc["expect"] = [pid]
     with pytest.raises(ValueError):
         decode(json.dumps(doc).encode())
+
+
+def test_guarded_init_retry_is_admitted_by_the_fsm() -> None:
+    """An owner whose view trails the log (its guarded bump's outcome unknown, applied meanwhile) retries
+    the same bump: the FSM admits it (the same epoch again), but not once another instance re-initialized."""
+    import dataclasses
+
+    state = _cluster(*BROKERS)
+    pid = str(SHARDS + transaction_shard("t1", SHARDS))
+    state, _ = apply(state, _sync(state, entry=TxnEntry("t1", pid, 1, "committed"), rid="r1"))
+    bump = dataclasses.replace(_sync(state, entry=TxnEntry("t1", pid, 2, reinit_from=1), rid="r2"), expect=(pid, 1))
+    state, _ = apply(state, bump)
+    retried, result = apply(state, dataclasses.replace(bump, request_id="r3"))
+    assert result.changed and retried.txn_entry("t1") == TxnEntry("t1", pid, 2, reinit_from=1)
+    state, _ = apply(state, _sync(state, entry=TxnEntry("t1", pid, 3), rid="r4"))  # plain re-init elsewhere
+    assert _code(state, dataclasses.replace(bump, request_id="r5")) == "producer_fenced"
