@@ -274,7 +274,19 @@ def _txn_id_param() -> Any:
 
 @dataclass(frozen=True)
 class InitProducerIdArgs(Args):
-    """INIT_PRODUCER_ID transactional_id= / TXN_STATUS transactional_id=."""
+    """INIT_PRODUCER_ID transactional_id= [producerId= epoch=]: with the caller's last session, the id is
+    re-initialized only when that session is still its current one (else ``producer_fenced``)."""
+
+    transactional_id: str = _txn_id_param()
+    producer_id: str | None = param("producerId", aliases=("producer_id",),
+                                    doc="with epoch: the caller's last session (guarded re-init)")
+    epoch: int | None = param(kind="int", minimum=1, invalid="invalid_epoch",
+                              doc="with producerId: the caller's last epoch")
+
+
+@dataclass(frozen=True)
+class TxnStatusArgs(Args):
+    """TXN_STATUS transactional_id=."""
 
     transactional_id: str = _txn_id_param()
 
@@ -508,7 +520,7 @@ ARGS: Mapping[Command, type[Args]] = {
     Command.TXN_PUBLISH: TxnPublishArgs,
     Command.SEND_OFFSETS_TO_TXN: SendOffsetsArgs,
     Command.END_TXN: EndTxnArgs,
-    Command.TXN_STATUS: InitProducerIdArgs,
+    Command.TXN_STATUS: TxnStatusArgs,
     Command.APPEND_STREAM: AppendStreamArgs,
     Command.TXN_APPEND_STREAM: TxnAppendStreamArgs,
     Command.READ_STREAM: ReadStreamArgs,

@@ -147,6 +147,7 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("producer_state_ttl_ms", _I, 1_800_000, "ms", "Idle time after which an idempotent producer's sequence state expires.", 1),
     Setting("transaction_timeout_ms", _I, 60_000, "ms", "An open transaction not ended within this long after BEGIN_TXN is aborted by the coordinator (durable prepare_abort, abort markers).", 1),
     Setting("transactional_id_expiration_ms", _I, 604_800_000, "ms", "A finished transaction keeps its participants and offsets this long; then only a compact epoch tombstone of its id remains (re-initialization still gets the next epoch).", 1),
+    Setting("transaction_state_max_bytes", _I, 60 * 1024, "bytes", "Largest encoded coordinator state of one transactional id (its participant partitions and staged offsets, in its largest later form): a TXN_PUBLISH to a new partition or a SEND_OFFSETS_TO_TXN that would exceed it is refused with transaction_too_large before anything changes. In a cluster it is also capped by the Raft command limit (64 KiB per TxnSync).", 1024),
     Setting("transaction_journal_compact_records", _I, 256, "records", "Compact __transaction_state.journal (rewrite the latest record per transactional id) once this many records are superseded.", 1),
     Setting("min_insync_replicas", _I, 0, "replicas", "Broker default minimum ISR for acks=all. 0: 2 in a cluster, 1 standalone.", 0),
     Setting("default_replication_factor", _I, 3, "replicas", "Replication factor for topics created without one (capped at the active brokers standalone, which records 1).", 1),

@@ -16,7 +16,8 @@ replies in; :class:`TransactionalProducer` and :class:`AsyncTransactionalProduce
 
 Rules (spec "Transaction Coordinator"): :meth:`~TransactionalProducer.begin` initializes the session on
 first use and re-initializes (next epoch) after a completed transaction, because one epoch runs one
-transaction; an END_TXN whose outcome is unknown (connection lost, timeout) is retried with the *same*
+transaction (that automatic re-init is *guarded*: it names the finished session, so a zombie instance
+gets ``ProducerFencedError`` instead of fencing the instance that replaced it); an END_TXN whose outcome is unknown (connection lost, timeout) is retried with the *same*
 epoch on the next :meth:`commit` / :meth:`abort` call (idempotent on the broker). ``ProducerFencedError``
 (another instance re-initialized the id) is terminal: the producer refuses further calls. TXN_PUBLISH
 carries a per-topic ``seqNum`` from 1, so retries never duplicate a record.
@@ -74,9 +75,20 @@ class TransactionSession:
             raise ProducerFencedError("producer_fenced",
                                       f"transactional id {self.transactional_id} was fenced by a newer producer")
 
-    def init_request(self) -> dict[str, str]:
+    def init_request(self, guarded: bool = False) -> dict[str, str]:
+        """INIT_PRODUCER_ID fields. ``guarded`` (the automatic re-init after a finished epoch) names this
+        session's last (producerId, epoch): the broker bumps it only while that is still the id's current
+        session, so this instance, when it is a zombie (another instance took the id over), gets
+        ``producer_fenced`` instead of fencing the newer one. The plain form (first / explicit init) always
+        bumps (spec)."""
         self.check_usable()
+        if guarded and self.producer_id and self.epoch:
+            return self._session()
         return {"transactional_id": self.transactional_id}
+
+    def needs_guarded_init(self) -> bool:
+        """The next init continues this instance's own session (a finished epoch), so it is guarded."""
+        return self.state == "done" and bool(self.producer_id)
 
     def on_init(self, reply: Mapping[str, str]) -> None:
         pid = reply.get("producerId") or reply.get("producer_id") or ""
@@ -149,17 +161,38 @@ class TransactionSession:
                 "generation": str(generation), "offsets": spec}
 
     def end_request(self, result: str) -> dict[str, str]:
-        """END_TXN fields; an uncertain earlier END_TXN must be retried with its own result."""
+        """END_TXN fields; an uncertain earlier END_TXN must be retried with its own result.
+
+        ``abort`` is also sent for an epoch whose transaction already ended (``done``: e.g. a failed
+        commit the broker aborted; the broker answers ``aborted`` idempotently, or
+        ``transaction_already_committed``) or that holds nothing known to be open (``ready``: a BEGIN_TXN
+        whose outcome was unknown may have opened one). ``commit`` needs an open transaction."""
         self.check_usable()
         if result not in RESULTS:
             raise ValueError(f"result must be commit or abort, got {result!r}")
         if self.state == "ending" and self.ending != result:
             raise ValidationError("transaction_outcome_unknown",
                                   f"the uncertain END_TXN result={self.ending} must be retried first")
-        if self.state not in ("open", "ending"):
+        allowed = ("open", "ending", "done", "ready") if result == "abort" else ("open", "ending")
+        if self.state not in allowed:
             raise ValidationError("transaction_not_open", f"no open transaction (state {self.state})")
         self.state, self.ending = "ending", result
         return {**self._session(), "result": result}
+
+    def nothing_to_abort(self) -> bool:
+        """abort() without a session: nothing was ever begun, so there is nothing to abort."""
+        return self.state == "none"
+
+    def on_abort_error(self, exc: BaseException) -> str | None:
+        """An abort's ``transaction_not_open`` for an epoch that never began a transaction (broker state
+        ``empty``) means there is nothing to abort: the session goes back to ``ready`` and abort() answers
+        ``empty``. None: the error stands (after :meth:`on_error`)."""
+        if isinstance(exc, CursusError) and exc.code == "transaction_not_open" \
+                and exc.fields.get("state") == "empty":
+            self.state, self.ending = "ready", None
+            return "empty"
+        self.on_error(exc)
+        return None
 
     def on_end(self, reply: Mapping[str, str]) -> str:
         self.state, self.ending = "done", None
@@ -221,25 +254,35 @@ class TransactionalProducer:
         return self._coordinator
 
     def _call(self, command: Command, fields: dict[str, str]) -> dict[str, str]:
+        try:
+            return self._call_raw(command, fields)
+        except Exception as exc:
+            self.session.on_error(exc)
+            raise
+
+    def _call_raw(self, command: Command, fields: dict[str, str]) -> dict[str, str]:
+        """One call to the coordinator (the session is not told about a failure)."""
         if self._client.closed:
             raise ClientClosedError("transactional producer is closed")
         try:
             return ok_fields(self._client.call(command, fields, address=self._address(), retry_safe=True))
         except Exception as exc:
             self._coordinator = _coordinator_after(exc, self._coordinator)
-            self.session.on_error(exc)
             raise
 
     def init(self) -> tuple[str, int]:
-        """INIT_PRODUCER_ID: a new epoch (aborts this id's open transaction on the broker, fences older
-        instances). Returns (producer id, epoch)."""
+        """INIT_PRODUCER_ID (plain form): a new epoch (aborts this id's open transaction on the broker,
+        fences older instances, whatever their epoch). Returns (producer id, epoch)."""
         self.session.on_init(self._call(Command.INIT_PRODUCER_ID, self.session.init_request()))
         return self.session.producer_id, self.session.epoch
 
     def begin(self) -> None:
-        """Start a transaction (initializing or re-initializing the session when needed)."""
+        """Start a transaction: initializes the session on first use; after a finished epoch re-initializes
+        it in the guarded form (this session's last producerId/epoch), so a zombie instance gets
+        ``ProducerFencedError`` instead of fencing the instance that took the id over."""
         if self.session.needs_init():
-            self.init()
+            guarded = self.session.needs_guarded_init()
+            self.session.on_init(self._call(Command.INIT_PRODUCER_ID, self.session.init_request(guarded)))
         self._call(Command.BEGIN_TXN, self.session.begin_request())
         self.session.on_begin()
 
@@ -284,8 +327,25 @@ class TransactionalProducer:
         return self.session.on_end(self._call(Command.END_TXN, self.session.end_request("commit")))
 
     def abort(self) -> str:
-        """END_TXN result=abort. Returns ``aborted``."""
-        return self.session.on_end(self._call(Command.END_TXN, self.session.end_request("abort")))
+        """END_TXN result=abort for this epoch; safe to call after any failure. Returns ``aborted`` (also
+        when the broker had aborted it already: a timeout, a failed commit, an earlier abort) or ``empty``
+        (the epoch never began a transaction: nothing to abort).
+
+        Raises:
+            ConflictError: ``transaction_already_committed`` (the commit went through),
+                ``transaction_not_abortable`` (a commit is prepared: retry :meth:`commit`).
+            ValidationError: ``transaction_outcome_unknown`` (an uncertain commit must be retried first).
+            ProducerFencedError: another instance re-initialized the id.
+        """
+        if self.session.nothing_to_abort():
+            return "empty"
+        try:
+            reply = self._call_raw(Command.END_TXN, self.session.end_request("abort"))
+        except Exception as exc:
+            if self.session.on_abort_error(exc) is not None:
+                return "empty"
+            raise
+        return self.session.on_end(reply)
 
     def status(self) -> dict[str, str]:
         """TXN_STATUS fields (state, messages, participants, offsets, ...)."""
@@ -325,6 +385,13 @@ class AsyncTransactionalProducer:
         return self._coordinator
 
     async def _call(self, command: Command, fields: dict[str, str]) -> dict[str, str]:
+        try:
+            return await self._call_raw(command, fields)
+        except Exception as exc:
+            self.session.on_error(exc)
+            raise
+
+    async def _call_raw(self, command: Command, fields: dict[str, str]) -> dict[str, str]:
         if self._client.closed:
             raise ClientClosedError("transactional producer is closed")
         try:
@@ -332,16 +399,18 @@ class AsyncTransactionalProducer:
                                                      retry_safe=True))
         except Exception as exc:
             self._coordinator = _coordinator_after(exc, self._coordinator)
-            self.session.on_error(exc)
             raise
 
     async def init(self) -> tuple[str, int]:
+        """:meth:`TransactionalProducer.init` (asyncio; plain form)."""
         self.session.on_init(await self._call(Command.INIT_PRODUCER_ID, self.session.init_request()))
         return self.session.producer_id, self.session.epoch
 
     async def begin(self) -> None:
+        """:meth:`TransactionalProducer.begin` (asyncio; guarded re-init after a finished epoch)."""
         if self.session.needs_init():
-            await self.init()
+            guarded = self.session.needs_guarded_init()
+            self.session.on_init(await self._call(Command.INIT_PRODUCER_ID, self.session.init_request(guarded)))
         await self._call(Command.BEGIN_TXN, self.session.begin_request())
         self.session.on_begin()
 
@@ -368,7 +437,16 @@ class AsyncTransactionalProducer:
         return self.session.on_end(await self._call(Command.END_TXN, self.session.end_request("commit")))
 
     async def abort(self) -> str:
-        return self.session.on_end(await self._call(Command.END_TXN, self.session.end_request("abort")))
+        """:meth:`TransactionalProducer.abort` (asyncio): ``aborted`` or ``empty``."""
+        if self.session.nothing_to_abort():
+            return "empty"
+        try:
+            reply = await self._call_raw(Command.END_TXN, self.session.end_request("abort"))
+        except Exception as exc:
+            if self.session.on_abort_error(exc) is not None:
+                return "empty"
+            raise
+        return self.session.on_end(reply)
 
     async def status(self) -> dict[str, str]:
         return await self._call(Command.TXN_STATUS, {"transactional_id": self.transactional_id})

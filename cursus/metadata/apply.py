@@ -57,6 +57,7 @@ from cursus.metadata.state import (
 )
 from cursus.metadata.topics import TopicDefinition, apply_create, is_internal_topic
 from cursus.transactions.state import PREPARE_COMMIT as TXN_PREPARE_COMMIT
+from cursus.transactions.state import guard_admits as txn_guard_admits
 from cursus.wire.errors import BrokerError
 
 
@@ -342,7 +343,7 @@ def _txn_sync(state: MetadataState, command: TxnSync) -> tuple[MetadataState, Ap
 
     Raises:
         BrokerError: ``invalid_cluster_request`` (standalone, a bad shard, an id of another shard, an
-            epoch moving back), ``NOT_COORDINATOR`` (``origin`` does not own the shard at that epoch;
+            epoch moving back), ``producer_fenced`` (``expect`` does not hold), ``NOT_COORDINATOR`` (``origin`` does not own the shard at that epoch;
             ``owner=`` names who does); the state is unchanged.
     """
     if not state.cluster:
@@ -363,6 +364,11 @@ def _txn_sync(state: MetadataState, command: TxnSync) -> tuple[MetadataState, Ap
         if transaction_shard(tid, shards) != command.shard:
             raise BrokerError.of("invalid_cluster_request", shard=command.shard, reason="id_of_another_shard")
         previous = entries.get(tid)
+        if command.expect is not None and not txn_guard_admits(previous, *command.expect):
+            # guarded INIT_PRODUCER_ID: the caller is no longer the id's latest owner (in Raft order)
+            raise BrokerError.of("producer_fenced", transactional_id=tid, producer=command.expect[0],
+                                 got=command.expect[1], current=previous.epoch if previous is not None else 0,
+                                 reason="the session was re-initialized by another instance")
         if previous is not None and (entry.epoch < previous.epoch or entry.producer_id != previous.producer_id):
             raise BrokerError.of("invalid_cluster_request", shard=command.shard,
                                  reason="producer_session_moves_back", epoch=entry.epoch, current=previous.epoch)

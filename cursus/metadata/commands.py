@@ -204,7 +204,9 @@ class TxnSync:
     Applied only when ``origin`` owns ``shard`` at ``shard_epoch`` in the state it is applied to (else
     ``NOT_COORDINATOR owner=``: a previous owner is fenced), every entry's id maps to ``shard`` and no
     entry's producer epoch moves back. ``next_producer_id`` raises the shard's counter; ``touched`` adds
-    partitions that take transactional records.
+    partitions that take transactional records. ``expect`` = (producerId, epoch), when set: every entry's id
+    must hold exactly that session in the state it is applied to (else ``producer_fenced``): the guard of
+    INIT_PRODUCER_ID ``producerId= epoch=`` checked in Raft order. Encoded only when set.
     """
 
     request_id: str
@@ -214,6 +216,7 @@ class TxnSync:
     entries: tuple[TxnEntry, ...]
     next_producer_id: int = 1
     touched: tuple[tuple[str, int], ...] = ()
+    expect: tuple[str, int] | None = None
 
 
 Command = (CreateTopic | PutTopic | AlterTopicConfig | DeleteTopic | TruncateTopic | RegisterBroker | BrokerHeartbeat
@@ -269,9 +272,13 @@ def _body(command: Command) -> dict[str, Any]:
         return {"group": command.group, "origin": command.origin, "sequence": command.sequence,
                 "records": list(command.records)}
     if isinstance(command, TxnSync):
-        return {"origin": command.origin, "shard": command.shard, "shard_epoch": command.shard_epoch,
-                "entries": [e.to_json() for e in command.entries], "next_producer_id": command.next_producer_id,
-                "touched": [list(tp) for tp in command.touched]}
+        body: dict[str, Any] = {
+            "origin": command.origin, "shard": command.shard, "shard_epoch": command.shard_epoch,
+            "entries": [e.to_json() for e in command.entries], "next_producer_id": command.next_producer_id,
+            "touched": [list(tp) for tp in command.touched]}
+        if command.expect is not None:
+            body["expect"] = list(command.expect)
+        return body
     return {"broker": command.broker.to_dict()}
 
 
@@ -316,6 +323,8 @@ _FIELDS = {
     "group_records": {"group", "origin", "sequence", "records"},
     "txn_sync": {"origin", "shard", "shard_epoch", "entries", "next_producer_id", "touched"},
 }
+#: Fields a command may carry in addition to :data:`_FIELDS` (encoded only when set).
+_OPTIONAL_FIELDS: dict[str, set[str]] = {"txn_sync": {"expect"}}
 
 
 def _hwm_entry(row: Any) -> HwmEntry:
@@ -337,7 +346,8 @@ def decode(data: bytes) -> Command:
     if not isinstance(doc, dict) or doc.get("v") != COMMAND_VERSION:
         raise ValueError("bad metadata command version")
     kind = doc.get("type")
-    if kind not in _TYPES or set(doc) != _FIELDS[kind] | {"v", "type", "request_id"}:
+    if kind not in _TYPES or set(doc) - _OPTIONAL_FIELDS.get(kind, set()) != _FIELDS[kind] | {"v", "type",
+                                                                                             "request_id"}:
         raise ValueError(f"bad metadata command fields for {kind!r}")
     request_id = _str(doc["request_id"])
     try:
@@ -392,9 +402,15 @@ def decode(data: bytes) -> Command:
                 if not isinstance(row, list) or len(row) != 2:
                     raise ValueError("a touched partition is [topic, partition]")
                 touched.append((_str(row[0]), _int(row[1])))
+            expect = None
+            if "expect" in doc:
+                raw = doc["expect"]
+                if not isinstance(raw, list) or len(raw) != 2:
+                    raise ValueError("expect is [producer_id, epoch]")
+                expect = (_str(raw[0]), _int(raw[1]))
             return TxnSync(request_id, _str(doc["origin"]), _int(doc["shard"]), _int(doc["shard_epoch"]),
                            tuple(TxnEntry.from_json(e) for e in doc["entries"]), _int(doc["next_producer_id"]),
-                           tuple(touched))
+                           tuple(touched), expect)
         if not isinstance(doc["broker"], dict):
             raise ValueError("broker must be an object")
         broker = BrokerInfo.from_dict(doc["broker"])

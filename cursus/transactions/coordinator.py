@@ -44,6 +44,7 @@ import contextlib
 import logging
 import os
 import time
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from cursus.metadata.state import transaction_shard
@@ -107,6 +108,8 @@ class TransactionCoordinator:
         self.ready = False
         self.expired_total = 0
         self.coordinator_epoch = STANDALONE_COORDINATOR_EPOCH
+        #: wall ms before which the timeout timer does not fire again (set when a timeout abort failed)
+        self._expire_retry_ms = 0
 
     # ------------------------------------------------------------------------------------ lifecycle
 
@@ -134,12 +137,20 @@ class TransactionCoordinator:
         started = time.monotonic()
         if self.cluster:
             self.store = RaftTxnStore(broker.broker_id, broker.metadata.submit, lambda: broker.metadata.state,
-                                      broker.broker_address)
+                                      broker.broker_address,
+                                      max_state_bytes=int(broker.config.transaction_state_max_bytes))
             self.ready = True
-            self.on_metadata(broker.metadata.state, broker.metadata.state)
+            state = broker.metadata.state
+            self.on_metadata(state, state)
+            # committed offsets a crash may have left unmaterialized: from the latest applied entry of each
+            # id only (the replayed TxnSync commands that it supersedes are never acted on; see observe)
+            for entry in self._applied_entries().values():
+                if entry.state == st.COMMITTED and entry.group is not None and broker._owns_group(entry.group):
+                    self._spawn(self._materialize_eventually(entry))
             return
         store = await JournalStore.open(broker.log_dir.path, broker.run_blocking,
-                                        compact_min_superseded=broker.config.transaction_journal_compact_records)
+                                        compact_min_superseded=broker.config.transaction_journal_compact_records,
+                                        max_state_bytes=int(broker.config.transaction_state_max_bytes))
         self.store = store
         assert store.journal is not None
         jstate = store.journal.state
@@ -251,34 +262,50 @@ class TransactionCoordinator:
     # ---------------------------------------------------------------------------------- journal glue
 
     async def _persist(self, entry: TxnEntry, *, touched: list[TopicPartition] | None = None,
-                       next_producer_id: int | None = None) -> None:
+                       next_producer_id: int | None = None, expect: tuple[str, int] | None = None) -> None:
         """Persist ``entry`` through the store (fsynced journal / applied TxnSync), then publish it.
+        ``expect``: the (producerId, epoch) the stored entry must still have (guarded INIT_PRODUCER_ID).
         Raises ``transaction_sync_failed`` (retryable; nothing of that write is published; ``outcome=
         unknown`` when it may have been stored), ``transaction_manager_not_available`` (closed),
-        ``NOT_COORDINATOR`` (cluster: the shard moved)."""
+        ``NOT_COORDINATOR`` (cluster: the shard moved), ``producer_fenced`` (cluster: ``expect`` no longer
+        holds in Raft order)."""
         store = self.store
         if store is None:
             raise BrokerError.of("transaction_manager_not_available", reason="coordinator closed")
-        await store.persist(entry, touched=touched or [], next_producer_id=next_producer_id)
+        await store.persist(entry, touched=touched or [], next_producer_id=next_producer_id, expect=expect)
         self.entries[entry.transactional_id] = entry
 
     # ------------------------------------------------------------------------------------- commands
 
-    async def init_producer(self, tid: str) -> TxnEntry:
+    async def init_producer(self, tid: str, expect: tuple[str, int] | None = None) -> TxnEntry:
         """INIT_PRODUCER_ID: a new (producerId, epoch 1) or the same producerId with epoch + 1; aborts an open
-        transaction of the id first. Raises the errors of :func:`state.init_producer`."""
+        transaction of the id first.
+
+        ``expect`` = (producerId, epoch), the caller's last session (INIT_PRODUCER_ID ``producerId= epoch=``):
+        the id is re-initialized only when that is its current session (the caller is its latest owner), so
+        a zombie that re-initializes after its transaction cannot fence the instance that replaced it. The
+        guard is checked here under the id's lock against the persisted entry and, in a cluster, again by
+        the metadata FSM in Raft order on every TxnSync of this call (``TxnSync.expect``).
+
+        Raises the errors of :func:`state.check_guarded_init` (nothing bumped, nothing aborted) and of
+        :func:`state.init_producer`."""
         self.check_ready(tid)
         async with self._lock(tid):
             self.check_ready(tid)
             entry = self.entries.get(tid)
+            if expect is not None:
+                if entry is not None and st.guarded_retry(entry, *expect):
+                    return entry  # the same init retried (its reply was lost): its bump, not another one
+                st.check_guarded_init(entry, tid, *expect)
             if entry is not None and st.needs_abort_before_init(entry):
                 entry = st.abort_for_reinit(entry, self._now())
-                await self._persist(entry)
+                await self._persist(entry, expect=expect)
                 entry = await self._finish(entry)
             assert self.store is not None
             next_pid, counter = self.store.new_producer_id(tid) if entry is None else ("", 0)
-            new = st.init_producer(entry, tid, new_producer_id=next_pid, now_ms=self._now())
-            await self._persist(new, next_producer_id=counter if entry is None else None)
+            new = st.init_producer(entry, tid, new_producer_id=next_pid, now_ms=self._now(),
+                                   reinit_from=expect[1] if expect is not None else 0)
+            await self._persist(new, next_producer_id=counter if entry is None else None, expect=expect)
             self._published.pop(tid, None)
             return new
 
@@ -321,7 +348,10 @@ class TransactionCoordinator:
                 committed = self._committed_waiter((tp[0], dup[0]), dup[1]) if led_here else _done()
             else:
                 if tp not in entry.partitions:
-                    await self._persist(st.add_partition(entry, tp), touched=[tp])
+                    grown = st.add_partition(entry, tp)
+                    assert self.store is not None
+                    self.store.check_fits(grown, touched=[tp])  # transaction_too_large: nothing changed
+                    await self._persist(grown, touched=[tp])
                 entry = st.check_publish(self.entries.get(tid), tid, producer_id, epoch)
                 record = data_record(tp[0], tp[1], transactional_id=tid, producer_id=producer_id,
                                      producer_epoch=epoch, seq_num=seq_num, key=key, payload=payload,
@@ -349,6 +379,8 @@ class TransactionCoordinator:
             entry = self.entries.get(tid)
             new = st.stage_offsets(entry, tid, producer_id, epoch, group=group, member=member,
                                    generation=generation, topic=topic, offsets=offsets, now_ms=self._now())
+            assert self.store is not None
+            self.store.check_fits(new, touched=[])  # transaction_too_large: nothing staged
             await self.broker.coordinator.validate_commit(group, topic, member, generation, offsets)
             await self._persist(new)
             return new
@@ -411,14 +443,18 @@ class TransactionCoordinator:
         pending = [tp for tp in st.marker_partitions(entry)
                    if self.cluster or self.index_for(tp).needs_marker(entry.producer_id)]
         try:
-            await self._write_markers(pending, entry.transactional_id, entry.producer_id, entry.epoch,
-                                      commit=commit)
+            remote = await self._write_markers(pending, entry.transactional_id, entry.producer_id, entry.epoch,
+                                               commit=commit)
         except BrokerError as exc:
             code = "transaction_commit_failed" if commit else "transaction_abort_marker_failed"
             raise BrokerError.of(code, transactional_id=entry.transactional_id, epoch=entry.epoch,
                                  reason=exc.error.code, outcome="unknown") from None
         _crash_point("after_markers", entry.transactional_id)
-        final = st.complete(entry, self._now())
+        # the message count from the partitions' logs (remote leaders answer it with their marker), so
+        # records published through a previous coordinator count too; the persisted count is a floor
+        logged = sum(remote[tp] if tp in remote else self._session_records(tp, entry.producer_id, entry.epoch)
+                     for tp in st.marker_partitions(entry))
+        final = st.complete(st.count_messages(entry, max(0, logged - entry.messages)), self._now())
         await self._persist(final)
         self._resolve(final)
         if commit:
@@ -437,8 +473,19 @@ class TransactionCoordinator:
             if index is not None and txn is not None and txn.producer_epoch == entry.epoch:
                 index.finalize(entry.producer_id)
 
+    def _session_records(self, tp: TopicPartition, producer_id: str, epoch: int) -> int:
+        """How many data records of the session ``(producer_id, epoch)`` the index of ``tp`` (led here)
+        holds unresolved (0 without an index or an unresolved transaction of that session)."""
+        index = self.indexes.get(tp)
+        txn = index.unresolved(producer_id) if index is not None else None
+        if txn is None or txn.producer_epoch != epoch:
+            return 0
+        return sum(end - start for start, end in txn.ranges)
+
     async def _write_markers(self, partitions: list[TopicPartition], tid: str, producer_id: str, epoch: int, *,
-                             commit: bool) -> None:
+                             commit: bool) -> dict[TopicPartition, int]:
+        """Append the markers (in parallel) and wait until each is committed. Returns, for the partitions
+        led by other brokers, how many data records of the session each leader holds (its answer)."""
         coordinator_epoch = self.store.coordinator_epoch(tid) if self.store is not None else 0
         waits = []
         for tp in partitions:
@@ -452,9 +499,13 @@ class TransactionCoordinator:
                 await committed
                 _crash_point("after_first_marker", tid)
         results = await asyncio.gather(*waits, return_exceptions=True)
-        for result in results:
+        remote: dict[TopicPartition, int] = {}
+        for tp, result in zip(partitions, results, strict=True):
             if isinstance(result, BaseException):
                 raise result
+            if isinstance(result, _RemoteAppend):
+                remote[tp] = result.records
+        return remote
 
     # ---------------------------------------------------------------------------- participants
 
@@ -478,8 +529,8 @@ class TransactionCoordinator:
                                                        coordinator_epoch=coordinator_epoch))
         if not wait:
             return 0, call, True
-        end, appended = await call
-        return end, _done(), appended
+        done = await call
+        return done.end, _done(), done.appended
 
     def _committed_waiter(self, tp: TopicPartition, end: int) -> Any:
         """An awaitable that completes once ``tp``'s records below ``end``, appended here as its leader, are
@@ -592,7 +643,7 @@ class TransactionCoordinator:
                 await asyncio.wait_for(event.wait(), max(0.0, deadline - loop.time()))
 
     async def _send_remote(self, leader: str, tp: TopicPartition, record: bytes, *, kind: str, tid: str,
-                           producer_id: str, epoch: int, coordinator_epoch: int) -> tuple[int, bool]:
+                           producer_id: str, epoch: int, coordinator_epoch: int) -> _RemoteAppend:
         from cursus.internal.client import InternalRpcError
         from cursus.internal.v1 import replication_pb2 as pb
 
@@ -614,7 +665,7 @@ class TransactionCoordinator:
         if response.HasField("error") and response.error.code:
             fields = dict(response.error.fields)
             raise BrokerError.of(response.error.code, response.error.message, **fields)
-        return int(response.end_offset), not response.duplicate
+        return _RemoteAppend(int(response.end_offset), not response.duplicate, int(response.records))
 
     async def serve_txn_record(self, coordinator_id: str, request: pb.TxnRecordRequest) -> pb.TxnRecordResponse:
         """``Replication.AppendTxnRecord`` on the partition leader: :meth:`append_local`, then wait until
@@ -634,6 +685,8 @@ class TransactionCoordinator:
                                           tid=request.transactional_id, producer_id=request.producer_id,
                                           epoch=request.producer_epoch, coordinator_epoch=request.coordinator_epoch,
                                           seq_num=info.seq_num if info.marker is None else 0)
+            records = 0 if request.kind == "data" else self._session_records(tp, request.producer_id,
+                                                                             request.producer_epoch)
             await self._committed_waiter(tp, end)
             if request.kind != "data" and end:
                 _crash_point("leader_after_marker", request.transactional_id)
@@ -642,7 +695,7 @@ class TransactionCoordinator:
                                                        fields={k: str(v) for k, v in exc.error.fields.items()}))
         except Exception as exc:  # a malformed record
             return pb.TxnRecordResponse(error=pb.Error(code="invalid_cluster_request", message=type(exc).__name__))
-        return pb.TxnRecordResponse(end_offset=end, duplicate=not appended)
+        return pb.TxnRecordResponse(end_offset=end, duplicate=not appended, records=records)
 
     async def _materialize(self, entry: TxnEntry) -> None:
         if entry.group is None:
@@ -875,6 +928,11 @@ class TransactionCoordinator:
             return
         if not isinstance(command, TxnSync):
             return
+        if self.store is None or self._closed:
+            # startup replay (snapshot, Raft journal) runs before open(): a replayed TxnSync may be
+            # superseded by a later one (the id re-initialized, its group deleted and re-created), so nothing
+            # is done for it here; open() works from the latest applied entries
+            return
         shard_state = state.txn.get(command.shard)
         if shard_state is None or shard_state.last_request != command.request_id:
             return  # refused
@@ -924,6 +982,8 @@ class TransactionCoordinator:
         tombstone_at = st.next_tombstone_ms(self.entries.values(), self._expiration_ms)
         if tombstone_at is not None:
             deadline = tombstone_at if deadline is None else min(deadline, tombstone_at)
+        if deadline is not None:  # after a failed timeout abort: retry later, not in a tight loop
+            deadline = max(deadline, self._expire_retry_ms)
         if self._timer is not None:
             self._timer.cancel()
             self._timer = None
@@ -954,6 +1014,7 @@ class TransactionCoordinator:
                     await self._finish(expired)
                 except BrokerError as exc:
                     log.warning("transactions: aborting %s after its timeout: %s (retrying)", tid, exc.error.code)
+                    self._expire_retry_ms = self._now() + max(1, int(self.broker.config.replica_fetch_backoff_ms))
                     if self.entries.get(tid) is expired:
                         self._resume_later(tid)
         for tid, entry in list(self.entries.items()):
@@ -992,6 +1053,16 @@ class TransactionCoordinator:
         return max(0.0, max(ages) / 1000.0) if ages else 0.0
 
 
+@dataclass(frozen=True, slots=True)
+class _RemoteAppend:
+    """A partition leader's answer to ``AppendTxnRecord``: the end offset (0: no marker needed), whether it
+    appended now, and for a marker the session's data records it holds."""
+
+    end: int
+    appended: bool
+    records: int = 0
+
+
 def _log_failure(task: asyncio.Future[None]) -> None:
     with contextlib.suppress(asyncio.CancelledError):
         exc = task.exception()
@@ -1003,7 +1074,7 @@ def _log_failure(task: asyncio.Future[None]) -> None:
 def _substance(entry: TxnEntry) -> tuple[Any, ...]:
     """What a transition changes (the message count is bookkeeping between transitions)."""
     return (entry.producer_id, entry.epoch, entry.state, entry.partitions, entry.group, entry.member,
-            entry.generation, entry.offsets, entry.deadline_ms)
+            entry.generation, entry.offsets, entry.deadline_ms, entry.reinit_from)
 
 
 async def _noop() -> None:

@@ -52,6 +52,8 @@ class TxnEntry:
         offsets: staged offsets ``(topic, partition, next_offset)``, sorted.
         deadline_ms: wall-clock ms after which an open transaction is aborted (0 when not open).
         updated_ms: wall-clock ms of the last transition.
+        reinit_from: the epoch a guarded INIT_PRODUCER_ID bumped to this one (0: a plain init, or a later
+            transition), so a retry of that init whose reply was lost is recognised (:func:`guarded_retry`).
     """
 
     transactional_id: str
@@ -66,14 +68,19 @@ class TxnEntry:
     offsets: tuple[tuple[str, int, int], ...] = ()
     deadline_ms: int = 0
     updated_ms: int = 0
+    reinit_from: int = 0
 
     def to_json(self) -> dict[str, Any]:
-        """JSON-ready dict (the journal record's ``entry``)."""
-        return {"transactional_id": self.transactional_id, "producer_id": self.producer_id, "epoch": self.epoch,
-                "state": self.state, "partitions": [list(tp) for tp in self.partitions], "messages": self.messages,
-                "group": self.group, "member": self.member, "generation": self.generation,
-                "offsets": [list(o) for o in self.offsets], "deadline_ms": self.deadline_ms,
-                "updated_ms": self.updated_ms}
+        """JSON-ready dict (the journal record's ``entry``; ``reinit_from`` only when set, so entries
+        without it keep their old encoding)."""
+        doc = {"transactional_id": self.transactional_id, "producer_id": self.producer_id, "epoch": self.epoch,
+               "state": self.state, "partitions": [list(tp) for tp in self.partitions], "messages": self.messages,
+               "group": self.group, "member": self.member, "generation": self.generation,
+               "offsets": [list(o) for o in self.offsets], "deadline_ms": self.deadline_ms,
+               "updated_ms": self.updated_ms}
+        if self.reinit_from:
+            doc["reinit_from"] = self.reinit_from
+        return doc
 
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> TxnEntry:
@@ -90,7 +97,8 @@ class TxnEntry:
             messages=int(data["messages"]), group=data["group"], member=data["member"],
             generation=None if data["generation"] is None else int(data["generation"]),
             offsets=tuple((str(t), int(p), int(o)) for t, p, o in data["offsets"]),
-            deadline_ms=int(data["deadline_ms"]), updated_ms=int(data["updated_ms"]))
+            deadline_ms=int(data["deadline_ms"]), updated_ms=int(data["updated_ms"]),
+            reinit_from=int(data.get("reinit_from", 0)))
 
     @property
     def offset_partitions(self) -> tuple[TopicPartition, ...]:
@@ -147,7 +155,42 @@ def needs_abort_before_init(entry: TxnEntry | None) -> bool:
     return entry is not None and entry.state in (OPEN, PREPARE_ABORT)
 
 
-def init_producer(entry: TxnEntry | None, transactional_id: str, *, new_producer_id: str, now_ms: int) -> TxnEntry:
+def check_guarded_init(entry: TxnEntry | None, transactional_id: str, producer_id: str, epoch: int) -> TxnEntry:
+    """The guard of INIT_PRODUCER_ID ``producerId=<P> epoch=<E>`` (KIP-360 style): the caller names the
+    session it last held, and only the id's latest owner may bump it. Nothing changes when it fails.
+
+    Returns the entry (the caller then re-initializes as a plain INIT_PRODUCER_ID does).
+
+    Raises:
+        BrokerError: ``producer_fenced`` (no session for the id, another producer id, or an epoch older than
+            the current one: a zombie, e.g. an instance paused while a newer one took the id over),
+            ``invalid_epoch`` (an epoch this coordinator never handed out).
+    """
+    if entry is None:
+        raise BrokerError.of("producer_fenced", transactional_id=transactional_id, producer=producer_id, got=epoch,
+                             reason="the transactional id has no session to continue")
+    _fenced(entry, producer_id, epoch)
+    return entry
+
+
+def guarded_retry(entry: TxnEntry | None, producer_id: str, epoch: int) -> bool:
+    """Is a guarded INIT_PRODUCER_ID ``(producer_id, epoch)`` the retry of the one that made ``entry``
+    (its reply lost)? Only while nothing happened since: the entry is that init's ``empty`` epoch + 1 and
+    was bumped by a guarded init from ``epoch`` (a plain re-init clears ``reinit_from``, so a zombie
+    holding that epoch is never taken for the owner)."""
+    return (entry is not None and entry.producer_id == producer_id and entry.state == EMPTY
+            and entry.epoch == epoch + 1 and entry.reinit_from == epoch)
+
+
+def guard_admits(entry: TxnEntry | None, producer_id: str, epoch: int) -> bool:
+    """The stored ``entry`` lets a guarded INIT_PRODUCER_ID ``(producer_id, epoch)`` persist: it is that
+    session, or that init's own bump (:func:`guarded_retry`)."""
+    return entry is not None and ((entry.producer_id, entry.epoch) == (producer_id, epoch)
+                                  or guarded_retry(entry, producer_id, epoch))
+
+
+def init_producer(entry: TxnEntry | None, transactional_id: str, *, new_producer_id: str, now_ms: int,
+                  reinit_from: int = 0) -> TxnEntry:
     """INIT_PRODUCER_ID: a new session (epoch 1 with ``new_producer_id``) or the next epoch of the same id.
 
     The caller aborts an open transaction first (:func:`needs_abort_before_init`).
@@ -164,7 +207,8 @@ def init_producer(entry: TxnEntry | None, transactional_id: str, *, new_producer
     if entry.state in (OPEN, PREPARE_ABORT):
         raise BrokerError.of("transaction_not_open", transactional_id=transactional_id, state=entry.state,
                              reason="abort the open transaction first")
-    return TxnEntry(transactional_id, entry.producer_id, entry.epoch + 1, EMPTY, updated_ms=now_ms)
+    return TxnEntry(transactional_id, entry.producer_id, entry.epoch + 1, EMPTY, updated_ms=now_ms,
+                    reinit_from=reinit_from)
 
 
 def begin(entry: TxnEntry | None, transactional_id: str, producer_id: str, epoch: int, *, now_ms: int,
@@ -185,7 +229,7 @@ def begin(entry: TxnEntry | None, transactional_id: str, producer_id: str, epoch
     if entry.state in PREPARED:
         raise BrokerError.of("transaction_not_open", transactional_id=transactional_id, state=entry.state,
                              epoch=epoch)
-    return dataclasses.replace(entry, state=OPEN, deadline_ms=now_ms + timeout_ms, updated_ms=now_ms)
+    return dataclasses.replace(entry, state=OPEN, deadline_ms=now_ms + timeout_ms, updated_ms=now_ms, reinit_from=0)
 
 
 def check_publish(entry: TxnEntry | None, transactional_id: str, producer_id: str, epoch: int) -> TxnEntry:
@@ -283,6 +327,20 @@ def end(entry: TxnEntry | None, transactional_id: str, producer_id: str, epoch: 
         if state == COMMITTED:
             raise BrokerError.of("transaction_already_committed", transactional_id=transactional_id, epoch=epoch)
     raise BrokerError.of("transaction_not_open", transactional_id=transactional_id, state=state, epoch=epoch)
+
+
+#: ``messages`` in :func:`largest_form`: more records than one transaction can append.
+_MESSAGES_BOUND = 10**15
+
+
+def largest_form(entry: TxnEntry) -> TxnEntry:
+    """``entry`` in the largest encoding any of its later transitions can take (the longest state name,
+    a message count of any size, 13-digit timestamps, the same partitions and offsets): a transaction
+    whose largest form fits its store's limit can always be prepared, decided and aborted (only
+    TXN_PUBLISH to a new partition and SEND_OFFSETS_TO_TXN grow it)."""
+    return dataclasses.replace(entry, state=PREPARE_COMMIT, messages=_MESSAGES_BOUND,
+                               deadline_ms=max(entry.deadline_ms, 10**13 - 1),
+                               updated_ms=max(entry.updated_ms, 10**13 - 1))
 
 
 def expire(entry: TxnEntry, now_ms: int) -> TxnEntry | None:

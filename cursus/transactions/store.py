@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import asyncio
 import functools
+import json
 import logging
 import uuid
 from collections.abc import Awaitable, Callable
@@ -25,13 +26,15 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from cursus.transactions.journal import TxnJournal
-from cursus.transactions.state import TopicPartition, TxnEntry
+from cursus.transactions.state import TopicPartition, TxnEntry, largest_form
 from cursus.wire.errors import BrokerError
 
 log = logging.getLogger("cursus.transactions")
 
 #: Refusals of the metadata FSM's group fence (a commit's staged offsets), answered as they are.
 FENCE_CODES = frozenset({"group_not_found", "GEN_MISMATCH", "member_not_found", "NOT_OWNER"})
+#: Headroom below the Raft command limit a TxnSync keeps (the origin's id length, encoding drift).
+_COMMAND_SLACK_BYTES = 256
 #: ``run_blocking(fn) -> awaitable``: the broker's worker thread.
 RunBlocking = Callable[[Callable[[], Any]], Awaitable[Any]]
 
@@ -51,14 +54,26 @@ class TxnStore(Protocol):
         """Every partition that ever took a transactional record."""
         ...
 
-    async def persist(self, entry: TxnEntry, *, touched: list[TopicPartition], next_producer_id: int | None) -> None:
+    async def persist(self, entry: TxnEntry, *, touched: list[TopicPartition], next_producer_id: int | None,
+                      expect: tuple[str, int] | None = None) -> None:
         """Durably store ``entry`` (and the partitions it newly touches, the producer-id counter).
+
+        ``expect`` = (producerId, epoch): store only while the id's stored session is exactly that one (the
+        guard of INIT_PRODUCER_ID ``producerId= epoch=``). The journal has a single writer that checked it
+        under the id's lock; the Raft store lets the FSM check it again in log order.
 
         Raises:
             BrokerError: ``transaction_sync_failed`` (retryable; ``outcome=unknown`` when it may have been
                 stored), ``transaction_manager_not_available`` (closed), ``NOT_COORDINATOR`` (cluster: this
-                broker no longer owns the shard).
+                broker no longer owns the shard), ``producer_fenced`` (``expect`` no longer holds).
         """
+        ...
+
+    def check_fits(self, entry: TxnEntry, *, touched: list[TopicPartition]) -> None:
+        """Raise ``transaction_too_large`` unless ``entry`` (about to be persisted with ``touched``) and
+        every later form of it (:func:`state.largest_form`) stay within this store's limit, so a
+        transition that grows a transaction is refused up front and a later prepare, decision or abort
+        can never fail for its size."""
         ...
 
     async def close(self) -> None:
@@ -66,11 +81,24 @@ class TxnStore(Protocol):
         ...
 
 
+def _too_large(entry: TxnEntry, size: int, limit: int) -> BrokerError:
+    return BrokerError.of("transaction_too_large", transactional_id=entry.transactional_id, size=size, limit=limit,
+                          partitions=len(entry.partitions), offsets=len(entry.offsets),
+                          reason="the transaction's coordinator state would exceed its limit; commit or abort it"
+                                 " and spread the work over smaller transactions")
+
+
+def _state_bytes(entry: TxnEntry) -> int:
+    return len(json.dumps(largest_form(entry).to_json(), separators=(",", ":")).encode())
+
+
 class JournalStore:
     """:class:`TxnStore` over the fsynced standalone journal. Create with :meth:`open`."""
 
-    def __init__(self, journal: TxnJournal, run_blocking: RunBlocking) -> None:
+    def __init__(self, journal: TxnJournal, run_blocking: RunBlocking, *, max_state_bytes: int = 60 * 1024) -> None:
         self.journal: TxnJournal | None = journal
+        #: ``transaction_state_max_bytes`` (the journal's own record limit is far larger)
+        self.max_state_bytes = max_state_bytes
         self._run_blocking = run_blocking
         self._lock = asyncio.Lock()
         self._pending: list[tuple[list[dict[str, Any]], asyncio.Future[None]]] = []
@@ -78,10 +106,16 @@ class JournalStore:
         self._reserved = journal.state.next_producer_id
 
     @classmethod
-    async def open(cls, log_dir: Path, run_blocking: RunBlocking, *, compact_min_superseded: int) -> JournalStore:
+    async def open(cls, log_dir: Path, run_blocking: RunBlocking, *, compact_min_superseded: int,
+                   max_state_bytes: int = 60 * 1024) -> JournalStore:
         """Replay the journal (off the loop). Raises JournalCorruptError / OSError (startup must stop)."""
         journal = await run_blocking(lambda: TxnJournal.open(log_dir, compact_min_superseded=compact_min_superseded))
-        return cls(journal, run_blocking)
+        return cls(journal, run_blocking, max_state_bytes=max_state_bytes)
+
+    def check_fits(self, entry: TxnEntry, *, touched: list[TopicPartition]) -> None:
+        size = _state_bytes(entry)
+        if size > self.max_state_bytes:
+            raise _too_large(entry, size, self.max_state_bytes)
 
     def new_producer_id(self, transactional_id: str) -> tuple[str, int]:
         journal = self._require()
@@ -100,7 +134,8 @@ class JournalStore:
             raise BrokerError.of("transaction_manager_not_available", reason="coordinator closed")
         return self.journal
 
-    async def persist(self, entry: TxnEntry, *, touched: list[TopicPartition], next_producer_id: int | None) -> None:
+    async def persist(self, entry: TxnEntry, *, touched: list[TopicPartition], next_producer_id: int | None,
+                      expect: tuple[str, int] | None = None) -> None:
         journal = self._require()
         if next_producer_id is not None:
             journal.state.next_producer_id = max(journal.state.next_producer_id, next_producer_id)
@@ -161,8 +196,10 @@ class RaftTxnStore:
     """
 
     def __init__(self, broker_id: str, submit: Callable[[Any], Awaitable[Any]], state: Callable[[], Any],
-                 address_of: Callable[[str | None], str]) -> None:
+                 address_of: Callable[[str | None], str], *, max_state_bytes: int = 60 * 1024) -> None:
         self.broker_id = broker_id
+        #: ``transaction_state_max_bytes``; the TxnSync carrying the state must also fit a Raft command
+        self.max_state_bytes = max_state_bytes
         self._submit = submit
         self._state = state
         self._address_of = address_of
@@ -195,7 +232,26 @@ class RaftTxnStore:
     def touched(self) -> set[TopicPartition]:
         return set(self._state().txn_touched)
 
-    async def persist(self, entry: TxnEntry, *, touched: list[TopicPartition], next_producer_id: int | None) -> None:
+    def check_fits(self, entry: TxnEntry, *, touched: list[TopicPartition]) -> None:
+        from cursus.cluster.raft.commands import MAX_COMMAND_BYTES
+        from cursus.metadata.commands import TxnSync, encode
+
+        size = _state_bytes(entry)
+        if size > self.max_state_bytes:
+            raise _too_large(entry, size, self.max_state_bytes)
+        # the largest TxnSync that will ever carry it: this one's touched partitions, a guarded init's
+        # expect, the longest ids (request ids are 32 hex digits, counters below 2**63)
+        state = self._state()
+        shard = self._shard(entry.transactional_id)
+        owner = state.txn_shards.get(shard)
+        probe = TxnSync("f" * 32, self.broker_id, shard, 2**62 if owner is None else max(owner.epoch, 2**62),
+                        (largest_form(entry),), 2**62, tuple(sorted(touched)), (entry.producer_id, 2**31))
+        command_size = len(encode(probe))
+        if command_size > MAX_COMMAND_BYTES - _COMMAND_SLACK_BYTES:
+            raise _too_large(entry, command_size, MAX_COMMAND_BYTES - _COMMAND_SLACK_BYTES)
+
+    async def persist(self, entry: TxnEntry, *, touched: list[TopicPartition], next_producer_id: int | None,
+                      expect: tuple[str, int] | None = None) -> None:
         from cursus.metadata.commands import TxnSync
 
         if self._closed:
@@ -209,7 +265,8 @@ class RaftTxnStore:
         applied = state.txn.get(shard)
         counter = max(next_producer_id or 1, applied.next_producer_id if applied is not None else 1)
         new_touched = tuple(sorted(tp for tp in touched if tp not in state.txn_touched))
-        command = TxnSync(uuid.uuid4().hex, self.broker_id, shard, owner.epoch, (entry,), counter, new_touched)
+        command = TxnSync(uuid.uuid4().hex, self.broker_id, shard, owner.epoch, (entry,), counter, new_touched,
+                          expect)
         self.pending.add(command.request_id)
         try:
             await self._submit(command)
@@ -217,7 +274,7 @@ class RaftTxnStore:
             code = exc.error.code
             if code == "NOT_COORDINATOR":
                 raise self._not_coordinator(exc.error.fields.get("owner")) from None
-            if code in FENCE_CODES:  # the FSM's group fence of the staged offsets: nothing stored
+            if code in FENCE_CODES or code == "producer_fenced":  # the FSM's fences: nothing stored
                 raise
             unknown = exc.error.fields.get("outcome") == "unknown"
             log.warning("transactions: TxnSync for %s failed: %s%s", tid, code, " (outcome unknown)" if unknown else "")

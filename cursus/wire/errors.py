@@ -242,6 +242,8 @@ _REGISTRY_TABLE: tuple[tuple[ErrorClass, bool, tuple[str, ...]], ...] = (
             "invalid_max_bytes", "invalid_field",
             # our broker: TXN_APPEND_STREAM on an aggregate-replay topic
             "transactional_append_unsupported",
+            # our broker: a transaction whose coordinator state would exceed transaction_state_max_bytes
+            "transaction_too_large",
             # our broker: event-store arguments (cursus.broker.args)
             "invalid_limit", "invalid_expected_last_sequence", "invalid_from_sequence", "invalid_to_sequence",
             "invalid_max_records", "missing_event_id", "missing_match_id", "missing_from_sequence",

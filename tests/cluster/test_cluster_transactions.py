@@ -8,11 +8,14 @@ open (the new owner aborts it at its deadline; the zombie is fenced after re-ini
 after durable prepare_commit (the new owner finishes the commit: output and offsets, one copy); a
 partition leader dies between markers (its marker committed, its answer lost: the END_TXN retry completes,
 the new leader's rebuilt index exposes the partition exactly once); a partition=-1 TXN_PUBLISH on a
-round_robin topic retried through the new owner after the owner's kill -9 lands once.
+round_robin topic retried through the new owner after the owner's kill -9 lands once; a zombie SDK
+instance is fenced by the replicated epoch on a new shard owner (guarded re-init) while the instance that
+replaced it keeps committing.
 """
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import time
 from collections.abc import Iterator
@@ -124,6 +127,26 @@ def _restart_dead(cluster: Cluster) -> None:
             broker.start(timeout_s=60)
 
 
+@contextlib.contextmanager
+def _restarting_dead(cluster: Cluster) -> Iterator[None]:
+    """Restart every broker that died inside the block (kill -9, a crash point), even when it fails."""
+    try:
+        yield
+    finally:
+        _restart_dead(cluster)
+
+
+@contextlib.contextmanager
+def _owner_killed(cluster: Cluster, tid: str) -> Iterator[BrokerProcess]:
+    """kill -9 the coordinator shard owner of ``tid`` and wait until another broker owns the shard; yields
+    the killed broker; every dead broker is restarted on the way out."""
+    owner = _owner(cluster, tid)
+    owner.kill()
+    with _restarting_dead(cluster):
+        wait_for(lambda: _owner(cluster, tid) is not owner, 20, "a new shard owner")
+        yield owner
+
+
 def _end_until_done(s: Session, result: str, deadline_s: float = 30.0) -> dict[str, str]:
     """END_TXN, retried (same epoch) while the answer is a retryable failure or the connection drops."""
     deadline = time.monotonic() + deadline_s
@@ -210,10 +233,7 @@ def test_owner_killed_with_an_open_transaction_aborts_at_timeout_and_fences_the_
     s.publish(out, "lost0", partition=0)
     s.publish(out, "lost1", partition=1)
     s.send_offsets(inp, group, member, generation, {0: 4})
-    owner = _owner(cluster, s.tid)
-    owner.kill()
-    try:
-        wait_for(lambda: _owner(cluster, s.tid) is not owner, 20, "a new shard owner")
+    with _owner_killed(cluster, s.tid) as owner:
         status = wait_for(lambda: s.status()["state"] == "aborted" and s.status(), TIMEOUT_MS / 1000 + 20,
                           "the open transaction aborted by the new owner at its deadline")
         assert status["epoch"] == "1"
@@ -228,8 +248,6 @@ def test_owner_killed_with_an_open_transaction_aborts_at_timeout_and_fences_the_
         s.publish(out, "fresh", partition=0)
         assert s.end("commit")["state"] == "committed"
         _eventually(conn, out, [[b"fresh"], []])
-    finally:
-        _restart_dead(cluster)
     # ownership moves back to the restarted broker, which loads the shard from the metadata
     wait_for(lambda: _owner(cluster, s.tid) is owner, 20, "the shard back on its ring owner")
     assert wait_for(lambda: s.status()["state"] == "committed", 20, "status on the returned owner")
@@ -269,10 +287,7 @@ def test_keyless_publish_retried_on_a_new_owner_lands_once(cluster: Cluster, con
     s.begin()
     first = {seq: int(s.publish(name, f"r{seq}", seq=seq)["partition"]) for seq in (1, 2, 3)}
     assert first == {seq: partition_for_txn_record(s.producer_id, name, seq, 3) for seq in (1, 2, 3)}
-    owner = _owner(cluster, s.tid)
-    owner.kill()
-    try:
-        wait_for(lambda: _owner(cluster, s.tid) is not owner, 20, "a new shard owner")
+    with _owner_killed(cluster, s.tid):
         for seq in (3, 2, 1):  # the retries, in an order a fresh round-robin counter would place elsewhere
             assert int(_publish_until_done(s, name, f"r{seq}", seq)["partition"]) == first[seq]
         assert _end_until_done(s, "commit")["state"] == "committed"
@@ -281,8 +296,6 @@ def test_keyless_publish_retried_on_a_new_owner_lands_once(cluster: Cluster, con
         for p in range(3):  # no second copy, not even an aborted/hidden one
             raw = read_all(conn, name, p, isolation="read_uncommitted")  # type: ignore[arg-type]
             assert [r.payload for r in raw if r.payload != TXN_CONTROL_MARKER_PAYLOAD] == expected[p]
-    finally:
-        _restart_dead(cluster)
 
 
 def test_owner_crash_after_prepare_commit_is_finished_by_the_new_owner(
@@ -297,15 +310,13 @@ def test_owner_crash_after_prepare_commit_is_finished_by_the_new_owner(
     s.publish(out, "c1", partition=1)
     s.send_offsets(inp, group, member, generation, {0: 3})
     owner = _owner(cluster, s.tid)
-    try:
+    with _restarting_dead(cluster):
         done = _end_until_done(s, "commit")  # the owner exits right after prepare_commit
         assert done["state"] == "committed"
         assert owner.proc is not None and owner.proc.poll() is not None  # it did crash
         assert _owner(cluster, s.tid) is not owner
         _eventually(conn, out, [[b"c0"], [b"c1"]])
         wait_for(lambda: _offset(conn, inp, group) == 3, 15, "the offsets committed with the output")
-    finally:
-        _restart_dead(cluster)
     assert _visible(conn, out, 0) == [b"c0"] and _visible(conn, out, 1) == [b"c1"]
 
 
@@ -318,14 +329,12 @@ def test_partition_leader_crash_between_markers(cluster: Cluster, conn: RoutingC
     for p in range(3):
         s.publish(out, f"m{p}", partition=p)
     alive = {b.log_dir.name for b in cluster.brokers if b.proc is not None and b.proc.poll() is None}
-    try:
+    with _restarting_dead(cluster):
         done = _end_until_done(s, "commit")
         assert done["state"] == "committed"
         dead = {b.log_dir.name for b in cluster.brokers if b.proc is not None and b.proc.poll() is not None}
         assert dead == {MARKER_VICTIM} and dead <= alive  # a partition leader died after committing its marker
         _eventually(conn, out, [[f"m{p}".encode()] for p in range(3)])
-    finally:
-        _restart_dead(cluster)
     for p in range(3):
         assert _visible(conn, out, p) == [f"m{p}".encode()]
 
@@ -346,7 +355,7 @@ def test_lso_holds_on_a_follower_turned_leader(cluster: Cluster, conn: RoutingCo
     frame = conn.command(f"PUBLISH topic={out} partition=0 producerId=plain acks=all message=after")
     assert frame.status.name == "OK", render(frame)
     leader.kill()
-    try:
+    with _restarting_dead(cluster):
         wait_for(lambda: _leader_port(conn, out, 0) != leader.port, 20, "a new leader")
         # the new leader rebuilt its index from the log: the open transaction pins the LSO, so neither its
         # record nor the plain record after it is read_committed; read_uncommitted sees both
@@ -357,8 +366,6 @@ def test_lso_holds_on_a_follower_turned_leader(cluster: Cluster, conn: RoutingCo
         s.publish(out, "open1", partition=0)  # the same session goes on with the new leader
         assert s.end("commit")["state"] == "committed"
         _eventually(conn, out, [[b"open0", b"after", b"open1"]])
-    finally:
-        _restart_dead(cluster)
 
 
 def test_sdk_consume_transform_produce_on_the_cluster(cluster: Cluster, conn: RoutingConnection) -> None:
@@ -487,7 +494,6 @@ def test_sdk_producer_follows_a_new_shard_owner(cluster: Cluster, conn: RoutingC
     same producer object finds the new owner (FIND_COORDINATOR) and keeps committing (break-it finding:
     every call after a kill -9 of the owner failed with broker_unavailable for the old address)."""
     from cursus.client import TransactionalProducer
-    from cursus.client.errors import CursusError
 
     bootstrap = [f"{h}:{p}" for h, p in (b.address for b in cluster.brokers)]
     sink = _topic(conn, 1)
@@ -496,21 +502,77 @@ def test_sdk_producer_follows_a_new_shard_owner(cluster: Cluster, conn: RoutingC
         txn.begin()
         txn.send(sink, "before")
         assert txn.commit() == "committed"
-        owner = _owner(cluster, tid)
-        owner.kill()
-        try:
-            wait_for(lambda: _owner(cluster, tid) is not owner, 20, "a new shard owner")
-            deadline, began = time.monotonic() + 30, False
-            while not began:
-                try:
-                    txn.begin()
-                    began = True
-                except CursusError as exc:
-                    assert exc.retryable or exc.code == "broker_unavailable", exc
-                    assert time.monotonic() < deadline, f"never reached the new owner: {exc}"
-                    time.sleep(0.2)
+        with _owner_killed(cluster, tid):
+            _begin_on_new_owner(txn)
             txn.send(sink, "after")
             assert txn.commit() == "committed"
-        finally:
-            _restart_dead(cluster)
     _eventually(conn, sink, [[b"before", b"after"]])
+
+
+def _begin_on_new_owner(txn, deadline_s: float = 30.0) -> None:
+    """``txn.begin()``, retried while the new shard owner is not reachable yet (retryable errors only)."""
+    from cursus.client.errors import CursusError
+
+    deadline = time.monotonic() + deadline_s
+    while True:
+        try:
+            txn.begin()
+            return
+        except CursusError as exc:
+            if not (exc.retryable or exc.code == "broker_unavailable"):
+                raise
+            assert time.monotonic() < deadline, f"never reached the new owner: {exc}"
+            time.sleep(0.2)
+
+
+def test_zombie_is_fenced_by_the_replicated_epoch_after_an_owner_failover(
+        cluster: Cluster, conn: RoutingConnection) -> None:
+    """Zombie fencing the right way round on three brokers: the zombie (an instance paused after its
+    commit) re-initializes in the guarded form after the new instance took the id over and the shard moved
+    to another broker (kill -9 of the owner); the new owner evaluates the guard against the replicated
+    epoch: the zombie is fenced, the new instance keeps committing."""
+    from cursus.client import ProducerFencedError, TransactionalProducer
+
+    bootstrap = [f"{h}:{p}" for h, p in (b.address for b in cluster.brokers)]
+    sink = _topic(conn, 1)
+    tid = _name("zombie-")
+    with TransactionalProducer(bootstrap, tid) as zombie, TransactionalProducer(bootstrap, tid) as fresh:
+        zombie.begin()
+        zombie.send(sink, "z1", partition=0)
+        assert zombie.commit() == "committed"
+        fresh.begin()  # plain first init: fences the zombie's session
+        fresh.send(sink, "f1", partition=0)
+        assert fresh.commit() == "committed"
+        with _owner_killed(cluster, tid):
+            with pytest.raises(ProducerFencedError):
+                _begin_on_new_owner(zombie)
+            for i in (2, 3):
+                _begin_on_new_owner(fresh)
+                fresh.send(sink, f"f{i}", partition=0)
+                assert fresh.commit() == "committed"
+            assert _epoch(conn, tid) == fresh.session.epoch
+    _eventually(conn, sink, [[b"z1", b"f1", b"f2", b"f3"]])
+
+
+def _epoch(conn: RoutingConnection, tid: str) -> int:
+    return int(ok_fields(conn.command(f"TXN_STATUS transactional_id={tid}"))["epoch"])
+
+
+def test_message_count_survives_an_owner_failover(cluster: Cluster, conn: RoutingConnection) -> None:
+    """END_TXN messages=N counts the records published through the previous shard owner: the count comes
+    from the partition leaders' logs at marker time (it used to be the new owner's in-memory count, which
+    only knew the records up to the last persisted transition)."""
+    out = _topic(conn, 2)
+    s = Session(conn, _name("txcount-"))  # type: ignore[arg-type]
+    s.init()
+    s.begin()
+    for i in range(5):
+        s.publish(out, f"c{i}", partition=i % 2)
+    with _owner_killed(cluster, s.tid):
+        s.seq += 1  # one more through the new owner (retried while it is not reachable yet)
+        wait_for(lambda: s.conn.command(f"TXN_PUBLISH {s.ids} topic={out} partition=0 seqNum={s.seq} message=c5"
+                                        ).status.name == "OK", 30, "a publish through the new owner")
+        done = _end_until_done(s, "commit")
+        assert done["state"] == "committed" and done["messages"] == "6", done
+        assert s.status()["messages"] == "6"
+        _eventually(conn, out, [[b"c0", b"c2", b"c4", b"c5"], [b"c1", b"c3"]])

@@ -42,3 +42,24 @@ def test_errors_fold_in():
     s.on_error(ProducerFencedError("producer_fenced", ""))
     with pytest.raises(ProducerFencedError):
         s.begin_request()
+
+
+def test_reinit_after_a_finished_epoch_is_guarded_and_abort_is_idempotent():
+    s = TransactionSession("t")
+    assert not s.needs_guarded_init() and s.init_request(guarded=True) == {"transactional_id": "t"}
+    assert s.nothing_to_abort()
+    s.on_init({"producerId": "7", "epoch": "2"})
+    assert s.end_request("abort")["epoch"] == "2"  # ready: a BEGIN_TXN of unknown outcome may have opened one
+    empty = ValidationError("transaction_not_open", fields={"state": "empty"})
+    assert s.on_abort_error(empty) == "empty" and s.state == "ready"
+    s.begin_request()
+    s.on_begin()
+    s.end_request("commit")
+    s.on_error(ConflictError("transaction_aborted"))  # the broker aborted it
+    assert s.state == "done" and s.needs_guarded_init()
+    assert s.init_request(guarded=True) == {"transactional_id": "t", "producerId": "7", "epoch": "2"}
+    assert s.init_request() == {"transactional_id": "t"}
+    assert s.end_request("abort")["result"] == "abort"  # done: abort is re-sent, the broker answers aborted
+    assert s.on_end({"state": "aborted"}) == "aborted"
+    with pytest.raises(ValidationError):
+        s.end_request("commit")

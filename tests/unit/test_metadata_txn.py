@@ -203,3 +203,47 @@ def test_prepare_commit_checks_the_offsets_group_fence_in_raft_order() -> None:
     moved, _ = apply(prepared, cmd(prepared, members(generation=2, revision=2)))
     again, _ = apply(moved, _sync(moved, entry=prepared.txn_entry("t1"), rid="p2"))
     assert again.txn_entry("t1").state == "prepare_commit"
+
+
+def test_guarded_init_expect_is_checked_in_raft_order() -> None:
+    """TxnSync.expect (INIT_PRODUCER_ID producerId= epoch=): applied only while the id still holds exactly
+    that session; encoded only when set (older commands keep their bytes)."""
+    import dataclasses
+
+    state = _cluster(*BROKERS)
+    shard = transaction_shard("t1", SHARDS)
+    pid = str(SHARDS + shard)
+    plain = _sync(state, entry=TxnEntry("t1", pid, 1, "committed"), rid="r1")
+    assert "expect" not in json.loads(encode(plain))
+    state, _ = apply(state, plain)
+    guarded = dataclasses.replace(_sync(state, entry=TxnEntry("t1", pid, 2), rid="r2"), expect=(pid, 1))
+    assert decode(encode(guarded)) == guarded
+    # another instance bumped the id first (plain re-init to epoch 2, then its transaction)
+    state, _ = apply(state, _sync(state, entry=TxnEntry("t1", pid, 2, "committed"), rid="r3"))
+    assert _code(state, guarded) == "producer_fenced"
+    assert _code(state, dataclasses.replace(guarded, expect=("other", 2))) == "producer_fenced"
+    assert _code(state, dataclasses.replace(guarded, entries=(TxnEntry("t-new", pid, 1),), expect=(pid, 1))) \
+        in ("producer_fenced", "invalid_cluster_request")
+    ok = dataclasses.replace(guarded, entries=(TxnEntry("t1", pid, 3),), expect=(pid, 2))
+    new, result = apply(state, ok)
+    assert result.changed and new.txn[shard].entries["t1"].epoch == 3
+    doc = json.loads(encode(ok))
+    doc["expect"] = [pid]
+    with pytest.raises(ValueError):
+        decode(json.dumps(doc).encode())
+
+
+def test_guarded_init_retry_is_admitted_by_the_fsm() -> None:
+    """An owner whose view trails the log (its guarded bump's outcome unknown, applied meanwhile) retries
+    the same bump: the FSM admits it (the same epoch again), but not once another instance re-initialized."""
+    import dataclasses
+
+    state = _cluster(*BROKERS)
+    pid = str(SHARDS + transaction_shard("t1", SHARDS))
+    state, _ = apply(state, _sync(state, entry=TxnEntry("t1", pid, 1, "committed"), rid="r1"))
+    bump = dataclasses.replace(_sync(state, entry=TxnEntry("t1", pid, 2, reinit_from=1), rid="r2"), expect=(pid, 1))
+    state, _ = apply(state, bump)
+    retried, result = apply(state, dataclasses.replace(bump, request_id="r3"))
+    assert result.changed and retried.txn_entry("t1") == TxnEntry("t1", pid, 2, reinit_from=1)
+    state, _ = apply(state, _sync(state, entry=TxnEntry("t1", pid, 3), rid="r4"))  # plain re-init elsewhere
+    assert _code(state, dataclasses.replace(bump, request_id="r5")) == "producer_fenced"

@@ -143,3 +143,33 @@ class Coordinator(RuleBasedStateMachine):
 
 TestCoordinator = Coordinator.TestCase
 TestCoordinator.settings = settings(max_examples=200, stateful_step_count=40, deadline=None)
+
+
+def test_guarded_init_only_for_the_current_session() -> None:
+    from cursus.transactions.state import check_guarded_init
+
+    entry = st.TxnEntry("t", "7", 3, "committed")
+    assert check_guarded_init(entry, "t", "7", 3) is entry
+    for pid, epoch, code in (("7", 2, "producer_fenced"), ("8", 3, "producer_fenced"), ("7", 4, "invalid_epoch")):
+        with pytest.raises(BrokerError) as info:
+            check_guarded_init(entry, "t", pid, epoch)
+        assert info.value.error.code == code
+    with pytest.raises(BrokerError) as info:
+        check_guarded_init(None, "t", "7", 1)
+    assert info.value.error.code == "producer_fenced"
+
+
+def test_a_guarded_init_retried_after_a_lost_reply_gets_its_own_bump() -> None:
+    entry = st.TxnEntry("t", "7", 3, "committed")
+    bumped = st.init_producer(entry, "t", new_producer_id="", now_ms=5, reinit_from=3)
+    assert (bumped.epoch, bumped.reinit_from) == (4, 3)
+    assert st.guarded_retry(bumped, "7", 3) and st.guard_admits(bumped, "7", 3) and st.guard_admits(bumped, "7", 4)
+    assert st.TxnEntry.from_json(bumped.to_json()) == bumped
+    assert "reinit_from" not in entry.to_json()  # old encoding kept
+    # a plain re-init (another instance) clears it: the holder of epoch 3 is then a zombie
+    plain = st.init_producer(entry, "t", new_producer_id="", now_ms=5)
+    assert not st.guarded_retry(plain, "7", 3) and not st.guard_admits(plain, "7", 3)
+    # once the epoch began a transaction the retry window is over
+    opened = st.begin(bumped, "t", "7", 4, now_ms=6, timeout_ms=100)
+    assert opened.reinit_from == 0 and not st.guarded_retry(opened, "7", 3)
+    assert not st.guarded_retry(bumped, "8", 3) and not st.guarded_retry(bumped, "7", 2)

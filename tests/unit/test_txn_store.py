@@ -84,3 +84,45 @@ def test_a_non_owner_is_redirected_to_the_owner() -> None:
         asyncio.run(store.persist(TxnEntry("t1", "5", 1), touched=[], next_producer_id=None))
     err = info.value.error
     assert err.code == "NOT_COORDINATOR" and err.fields["host"] == f"host-{owner}" and fsm.submitted == []
+
+
+def test_a_transaction_too_large_for_one_txn_sync_is_refused_before_it_grows() -> None:
+    """Item: a TxnSync is one Raft command (64 KiB). Growing a transaction (a new participant partition,
+    staged offsets) is refused up front (``transaction_too_large``) when its largest later form would not
+    fit, so prepare_commit, the decision and an abort of any accepted transaction always fit."""
+    import dataclasses
+
+    from cursus.cluster.raft.commands import MAX_COMMAND_BYTES
+    from cursus.metadata.commands import encode
+    from cursus.transactions import state as st
+
+    fsm = Fsm()
+    tid = "big-" + "x" * 240
+    store = _store(fsm, tid)
+    store.max_state_bytes = 10**9  # only the Raft limit applies
+    pid, counter = store.new_producer_id(tid)
+    entry = st.begin(TxnEntry(tid, pid, 1), tid, pid, 1, now_ms=1, timeout_ms=60000)
+    topic = "t" * 249
+    accepted = 0
+    with pytest.raises(BrokerError) as refused:
+        for p in range(10_000):
+            grown = st.add_partition(entry, (topic, p))
+            store.check_fits(grown, touched=[(topic, p)])
+            entry = grown
+            accepted += 1
+    assert refused.value.error.code == "transaction_too_large" and 100 < accepted < 1000
+    shard = transaction_shard(tid, SHARDS)
+    owner = fsm.state.txn_shards[shard]
+    # every later form of the accepted entry fits one command, with the largest counters and message counts
+    entry = dataclasses.replace(entry, messages=10**12)
+    for later in (st.end(entry, tid, pid, 1, "commit", now_ms=2), st.end(entry, tid, pid, 1, "abort", now_ms=2),
+                  st.complete(st.end(entry, tid, pid, 1, "commit", now_ms=2), 3), st.expire(entry, 10**12)):
+        assert later is not None
+        command = TxnSync("f" * 32, store.broker_id, shard, owner.epoch, (later,), 2**62, ((topic, 9999),),
+                          (pid, 2**31))
+        assert len(encode(command)) <= MAX_COMMAND_BYTES
+    # the configured limit applies first (both stores)
+    store.max_state_bytes = 2048
+    with pytest.raises(BrokerError) as small:
+        store.check_fits(entry, touched=[])
+    assert small.value.error.code == "transaction_too_large" and small.value.error.fields["limit"] == "2048"

@@ -18,6 +18,7 @@ from cursus.broker.args import (
     TxnAppendStreamArgs,
     TxnPublishArgs,
     TxnSessionArgs,
+    TxnStatusArgs,
 )
 from cursus.broker.core import Broker
 from cursus.broker.handlers.produce import target_topic
@@ -102,9 +103,20 @@ def _session(entry: TxnEntry) -> tuple[tuple[str, object], ...]:
 
 
 async def handle_init_producer_id(broker: Broker, req: Request, args: InitProducerIdArgs) -> bytes:
-    """INIT_PRODUCER_ID transactional_id= -> ``OK transactional_id= producerId= epoch=``."""
+    """INIT_PRODUCER_ID transactional_id= [producerId= epoch=] -> ``OK transactional_id= producerId= epoch=``.
+
+    Without producerId/epoch (spec): re-initialization bumps the epoch and fences older sessions. With
+    both (the caller's last session; docs/transactions.md "Zombie fencing"): the bump happens only when that
+    is the id's current session, else ``producer_fenced`` and nothing changes. One without the other is
+    ``missing_producer_id`` / ``invalid_epoch``."""
+    if (args.producer_id is None) != (args.epoch is None):
+        if args.producer_id is None:
+            raise BrokerError.of("missing_producer_id", command="INIT_PRODUCER_ID",
+                                 reason="epoch= needs producerId=")
+        raise BrokerError.of("invalid_epoch", command="INIT_PRODUCER_ID", reason="producerId= needs epoch=")
     coordinator = _coordinator(broker, "INIT_PRODUCER_ID", args.transactional_id)
-    entry = await coordinator.init_producer(args.transactional_id)
+    expect = (args.producer_id, args.epoch) if args.producer_id is not None and args.epoch is not None else None
+    entry = await coordinator.init_producer(args.transactional_id, expect)
     return ok_text(*_session(entry))
 
 
@@ -174,7 +186,7 @@ async def handle_end_txn(broker: Broker, req: Request, args: EndTxnArgs) -> byte
                    ("messages", entry.messages), ("offsets", len(entry.offsets)))
 
 
-async def handle_txn_status(broker: Broker, req: Request, args: InitProducerIdArgs) -> bytes:
+async def handle_txn_status(broker: Broker, req: Request, args: TxnStatusArgs) -> bytes:
     """TXN_STATUS -> ``OK transactional_id= mode=exactly_once state= messages= participants= offsets=
     producerId= epoch=``."""
     entry = _coordinator(broker, "TXN_STATUS", args.transactional_id).status(args.transactional_id)

@@ -138,11 +138,13 @@ class TxnRecordRequest(_message.Message):
     def __init__(self, coordinator_id: _Optional[str] = ..., topic: _Optional[str] = ..., partition: _Optional[int] = ..., record: _Optional[bytes] = ..., coordinator_epoch: _Optional[int] = ..., transactional_id: _Optional[str] = ..., producer_id: _Optional[str] = ..., producer_epoch: _Optional[int] = ..., kind: _Optional[str] = ..., timeout_ms: _Optional[int] = ...) -> None: ...
 
 class TxnRecordResponse(_message.Message):
-    __slots__ = ("error", "end_offset", "duplicate")
+    __slots__ = ("error", "end_offset", "duplicate", "records")
     ERROR_FIELD_NUMBER: _ClassVar[int]
     END_OFFSET_FIELD_NUMBER: _ClassVar[int]
     DUPLICATE_FIELD_NUMBER: _ClassVar[int]
+    RECORDS_FIELD_NUMBER: _ClassVar[int]
     error: Error
     end_offset: int
     duplicate: bool
-    def __init__(self, error: _Optional[_Union[Error, _Mapping]] = ..., end_offset: _Optional[int] = ..., duplicate: _Optional[bool] = ...) -> None: ...
+    records: int
+    def __init__(self, error: _Optional[_Union[Error, _Mapping]] = ..., end_offset: _Optional[int] = ..., duplicate: _Optional[bool] = ..., records: _Optional[int] = ...) -> None: ...
