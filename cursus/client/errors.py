@@ -39,6 +39,7 @@ __all__ = [
     "ConflictError",
     "CursusError",
     "DeliveryFailedError",
+    "DeliveryTimeoutError",
     "DeliveryUnknownError",
     "FencingError",
     "InternalError",
@@ -289,6 +290,15 @@ class DeliveryUnknownError(AvailabilityError):
 
     def __init__(self, message: str = "", *, fields: Mapping[str, str] | None = None) -> None:
         super().__init__("delivery_unknown", message, retryable=False, fields=fields)
+
+
+class DeliveryTimeoutError(AvailabilityError, TimeoutError):
+    """A record accepted by a producer's ``send`` was never written: its ``delivery_timeout_s`` (counted
+    from ``send``) passed while it waited to be sent (code ``delivery_timeout``, retryable: the broker never
+    saw it, so sending it again cannot duplicate it)."""
+
+    def __init__(self, message: str = "", *, fields: Mapping[str, str] | None = None) -> None:
+        super().__init__("delivery_timeout", message, retryable=True, fields=fields)
 
 
 class BufferFullError(AvailabilityError):
