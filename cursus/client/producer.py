@@ -32,6 +32,16 @@ Both drive the same sans-IO :class:`ProducerCore`, which owns every decision:
   ``DeliveryUnknownError``, non-idempotent producers never retry error replies, and never resend a batch
   once a later batch of its partition was written (that would reorder the partition). Retries use exponential
   backoff with jitter and end at ``delivery_timeout_s``.
+* **Delivery deadline** (Kafka's ``delivery.timeout.ms``): every record's ``delivery_timeout_s`` starts when
+  ``send`` accepts it. A batch's deadline is its oldest record's; a record still queued at its deadline
+  fails with ``DeliveryTimeoutError`` (never written). Idle senders wake for the next deadline.
+* **Topic lifecycle** (spec "DELETE", "TRUNCATE"): after a truncate or a delete + re-create the broker has
+  forgotten the producer. Learned from ``idempotency_gap expected=1`` (for a batch after sequence 1),
+  ``topic_not_found`` on PUBLISH, or METADATA (``lifecycle_epoch`` changed, ``revision`` lower), the
+  partitions' pending batches fail instead of being resent into the new generation, and each partition
+  then moves to the next producer epoch at sequence 1 (the producer stays usable).
+* **Wake-ups**: the sender threads of each leader wait on their own condition, so a batch becoming due
+  wakes a sender that can send it.
 * **Results**: ``send`` returns a future per record resolving to :class:`RecordMetadata` (offset None for
   acks=0) or failing with a :class:`~cursus.client.errors.CursusError`. ``flush``/``close`` wait for every
   record and raise :class:`~cursus.client.errors.DeliveryFailedError` if any failed since the last flush.
@@ -574,7 +584,8 @@ class ProducerCore:
             now: monotonic time in seconds.
 
         Returns:
-            (resolutions to apply, a new leader address the batch was redirected to or None).
+            (resolutions to apply, the new leader the partition was redirected to or None; the caller
+            makes sure it has senders, also when the batch itself failed).
         """
         pstate = batch.state
         self._land(pstate)
@@ -649,7 +660,9 @@ class ProducerCore:
             self._settle(pstate)
         else:
             pstate.uncertain = False  # only a failing partition's settling needs it
-        return resolutions, None
+        # The partition moved even though this batch failed: its next batches (queued, or in flight and
+        # redirected later) go to the new leader, which needs senders (issue 11: they stalled there).
+        return resolutions, redirect
 
     def expire(self, now: float) -> list[Resolution]:
         """Fail every queued (not yet sealed) record whose delivery deadline (``send`` time plus
@@ -953,7 +966,8 @@ class Producer(_ProducerSettings):
             default 5). 1 waits for each reply before the next batch leaves.
         buffer_records: records accepted and not yet delivered at most; ``send`` blocks beyond it.
         max_block_s: how long ``send`` blocks on a full buffer before ``BufferFullError``, seconds.
-        delivery_timeout_s: time from sealing a batch to giving up its retries, seconds.
+        delivery_timeout_s: time from ``send`` to giving up on a record (its retries, or its wait in the
+            queue: ``DeliveryTimeoutError``), seconds.
         request_timeout_s: reply timeout of one PUBLISH, seconds.
         producer_id, producer_epoch: producer identity; default a random ``py-<hex>`` id and the creation
             time in milliseconds as epoch. A higher epoch for the same id fences older sessions.
@@ -972,7 +986,7 @@ class Producer(_ProducerSettings):
 
     def _setup(self) -> None:
         self._lock = threading.Lock()
-        #: Waiters for completions (flush, produce, a full buffer); senders wait on ``_ready``.
+        #: Waiters for completions (flush, produce, a full buffer); senders wait on ``_ready_for(address)``.
         self._cond = threading.Condition(self._lock)
         #: Sender threads of one leader wait on its condition for a batch to become due: notified once per
         #: due batch, not per record, and only that leader's senders (a notify() meant for one leader's

@@ -17,7 +17,7 @@ from cursus.client.errors import (
 )
 from cursus.client.producer import _idle_wait
 from cursus.wire import decode_batch, make_error
-from tests.unit.test_client_producer_core import A, _core, _send
+from tests.unit.test_client_producer_core import A, B, _core, _send
 
 
 def _metadata(*, revision: int = 1, lifecycle_epoch: int = 0, partitions: int = 3):
@@ -151,3 +151,18 @@ def test_metadata_of_a_truncated_or_recreated_topic_restarts_sequences() -> None
     assert core.partitions[("t", 1)].epoch == 8 and core.partitions[("t", 1)].next_seq == 1
     core.set_metadata(_metadata(revision=1), 3.0)  # deleted and re-created: the revision starts again
     assert core.partitions[("t", 0)].epoch == 9
+
+
+def test_a_redirected_batch_that_fails_still_reports_the_new_leader() -> None:
+    """Root cause 2 of issue 11: a NOT_LEADER redirect moved the partition to a new leader, but when the
+    batch itself could not be retried (here: non-idempotent, a later batch already written) the move was
+    not reported, no sender was started for the new leader and the partition's next batches never left."""
+    core = _core(batch_size=1, linger_ms=0)
+    sender = object()
+    _send(core, b"a", partition=0, now=0.0)
+    first, _ = core.poll(A, 0.0, sender)
+    _send(core, b"b", partition=0, now=0.0)
+    core.poll(A, 0.0, sender, room=4)  # written behind the first
+    redirect = error_from_typed(make_error("NOT_LEADER", leader="broker-b:9000"))
+    resolutions, moved = core.failed(first, redirect, written=True, now=0.1)
+    assert len(resolutions) == 1 and moved == B and core.leader_of("t", 0) == B
