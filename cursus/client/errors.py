@@ -39,6 +39,7 @@ __all__ = [
     "ConflictError",
     "CursusError",
     "DeliveryFailedError",
+    "DeliveryTimeoutError",
     "DeliveryUnknownError",
     "FencingError",
     "InternalError",
@@ -296,6 +297,15 @@ class DeliveryUnknownError(AvailabilityError, _ClientSideError):
     applied it (code ``delivery_unknown``, not retryable, since a blind retry could duplicate it)."""
 
     client_code = "delivery_unknown"
+
+
+class DeliveryTimeoutError(AvailabilityError, TimeoutError):
+    """A record accepted by a producer's ``send`` was never written: its ``delivery_timeout_s`` (counted
+    from ``send``) passed while it waited to be sent (code ``delivery_timeout``, retryable: the broker never
+    saw it, so sending it again cannot duplicate it)."""
+
+    def __init__(self, message: str = "", *, fields: Mapping[str, str] | None = None) -> None:
+        super().__init__("delivery_timeout", message, retryable=True, fields=fields)
 
 
 class BufferFullError(AvailabilityError, _ClientSideError):

@@ -32,6 +32,16 @@ Both drive the same sans-IO :class:`ProducerCore`, which owns every decision:
   ``DeliveryUnknownError``, non-idempotent producers never retry error replies, and never resend a batch
   once a later batch of its partition was written (that would reorder the partition). Retries use exponential
   backoff with jitter and end at ``delivery_timeout_s``.
+* **Delivery deadline** (Kafka's ``delivery.timeout.ms``): every record's ``delivery_timeout_s`` starts when
+  ``send`` accepts it. A batch's deadline is its oldest record's; a record still queued at its deadline
+  fails with ``DeliveryTimeoutError`` (never written). Idle senders wake for the next deadline.
+* **Topic lifecycle** (spec "DELETE", "TRUNCATE"): after a truncate or a delete + re-create the broker has
+  forgotten the producer. Learned from ``idempotency_gap expected=1`` (for a batch after sequence 1),
+  ``topic_not_found`` on PUBLISH, or METADATA (``lifecycle_epoch`` changed, ``revision`` lower), the
+  partitions' pending batches fail instead of being resent into the new generation, and each partition
+  then moves to the next producer epoch at sequence 1 (the producer stays usable).
+* **Wake-ups**: the sender threads of each leader wait on their own condition, so a batch becoming due
+  wakes a sender that can send it.
 * **Results**: ``send`` returns a future per record resolving to :class:`RecordMetadata` (offset None for
   acks=0) or failing with a :class:`~cursus.client.errors.CursusError`. ``flush``/``close`` wait for every
   record and raise :class:`~cursus.client.errors.DeliveryFailedError` if any failed since the last flush.
@@ -74,11 +84,13 @@ from cursus.client.errors import (
     ClientClosedError,
     CursusError,
     DeliveryFailedError,
+    DeliveryTimeoutError,
     DeliveryUnknownError,
     NotFoundError,
     ProtocolViolationError,
     RequestTimeoutError,
     RoutingError,
+    TopicNotFoundError,
     ValidationError,
     error_from_ack,
     error_from_frame,
@@ -173,9 +185,12 @@ class ProducerConfig:
 class _Pending:
     """One record accepted by ``send`` and not yet delivered."""
 
-    __slots__ = ("value", "key_field", "timestamp", "future", "size")
+    __slots__ = ("value", "key_field", "timestamp", "future", "size", "deadline")
 
     def __init__(self, value: bytes, key_field: bytes | None, timestamp: int | None, future: Any) -> None:
+        #: Monotonic seconds after which the record fails (``send`` time plus ``delivery_timeout_s``, set
+        #: by :meth:`ProducerCore.append`).
+        self.deadline = 0.0
         self.value = value
         self.key_field = key_field
         self.timestamp = int(time.time() * 1000) if timestamp is None else timestamp  # CreateTime, as Kafka
@@ -187,7 +202,8 @@ class _PartitionState:
     """Queue, in-flight and sequence state of one partition."""
 
     __slots__ = ("topic", "partition", "queue", "queued_bytes", "first_enqueued", "in_flight", "sender",
-                 "retries", "next_seq", "sent_end", "acked_end", "failing", "uncertain", "encoder", "leader", "epoch")
+                 "retries", "next_seq", "sent_end", "acked_end", "failing", "uncertain", "restart", "encoder", "leader",
+                 "epoch")
 
     def __init__(self, topic: str, partition: int, leader: Address, encoder: RecordEncoder, epoch: int) -> None:
         self.topic = topic
@@ -209,6 +225,10 @@ class _PartitionState:
         self.failing = False
         #: Some failed batch may have been appended (its outcome is unknown).
         self.uncertain = False
+        #: The broker no longer knows this producer's sequences here (the topic was deleted, re-created or
+        #: truncated): batches still in flight fail rather than being resent, and once none is left the
+        #: partition moves to the next producer epoch at sequence 1.
+        self.restart = False
         self.encoder = encoder
         self.leader = leader
         #: The producer epoch this partition's batches carry: the producer's, plus one per sequence reset.
@@ -281,21 +301,59 @@ class ProducerCore:
         self.failed_count = 0
         self.flushing = 0
         self.closing = False
+        #: Monotonic seconds by which some queued record's delivery deadline passes (a lower bound:
+        #: :meth:`expire` recomputes it); ``inf`` when nothing is queued.
+        self.next_expiry = float("inf")
         self._rotation = itertools.count()
 
     # ----------------------------------------------------------------------------------------- metadata
 
-    def set_metadata(self, metadata: TopicMetadata, now: float) -> None:
-        """Install (or refresh) a topic's metadata; existing partitions move to their new leaders."""
+    def set_metadata(self, metadata: TopicMetadata, now: float) -> list[Resolution]:
+        """Install (or refresh) a topic's metadata; existing partitions move to their new leaders. Returns
+        the failures to resolve (outside any lock) when the topic turns out truncated or re-created (its
+        ``lifecycle_epoch`` changed or its ``revision`` went down): see :meth:`restart_topic`."""
+        resolutions: list[Resolution] = []
         state = self.topics.get(metadata.topic)
         if state is None:
             self.topics[metadata.topic] = _TopicState(metadata, now)
         else:
+            old = state.metadata
             state.metadata = metadata
             state.refreshed_at = now
+            if metadata.lifecycle_epoch != old.lifecycle_epoch or metadata.revision < old.revision:
+                # truncated (lifecycle epoch) or deleted and re-created (the revision starts again at 1)
+                resolutions = self.restart_topic(metadata.topic, TopicNotFoundError(
+                    "topic_not_found", f"topic {metadata.topic} was truncated or re-created while the batch "
+                    "was pending (not resent into the new topic)", fields={"topic": metadata.topic}))
         for (topic, partition), pstate in self.partitions.items():
             if topic == metadata.topic:
                 self._move(pstate, metadata.leader_address(partition) or self.default_leader)
+        return resolutions
+
+    def restart_topic(self, topic: str, error: BaseException,
+                      skip: _PartitionState | None = None) -> list[Resolution]:
+        """The topic was deleted, re-created or truncated: the broker forgot this producer's sequences on
+        every partition of it. Batches waiting for a retry fail with ``error`` (``DeliveryUnknownError`` if
+        an attempt may have been appended): they belong to the old incarnation. Idle partitions move to
+        the next producer epoch at sequence 1 now, busy ones once their batches in flight are back (those
+        fail instead of being resent; see ``_PartitionState.restart``). Queued records (never sent, no
+        sequence yet) stay queued for the topic as it is now. ``skip``: a partition the caller restarts
+        itself."""
+        resolutions: list[Resolution] = []
+        for (name, _), pstate in self.partitions.items():
+            if name == topic and pstate is not skip:
+                pstate.restart = True
+                resolutions.extend(self._drop_retries(pstate, error))
+                self._settle(pstate)
+        return resolutions
+
+    def _drop_retries(self, pstate: _PartitionState, error: BaseException) -> list[Resolution]:
+        resolutions: list[Resolution] = []
+        for retry in pstate.retries:
+            resolutions.extend(self._fail_pendings(retry.pendings, _unknown(retry, error) if retry.uncertain
+                                                   else error))
+        pstate.retries.clear()
+        return resolutions
 
     def needs_refresh(self, topic: str, now: float) -> bool:
         """True when the topic's metadata is older than the refresh interval (rate limit)."""
@@ -363,6 +421,9 @@ class ProducerCore:
         was_empty = not pstate.queue
         if was_empty:
             pstate.first_enqueued = now
+        pending.deadline = deadline = now + self.config.delivery_timeout_s
+        if deadline < self.next_expiry:
+            self.next_expiry = deadline
         pstate.queue.append(pending)
         pstate.queued_bytes += pending.size
         self.buffered += 1
@@ -374,7 +435,7 @@ class ProducerCore:
         (``sender``), or None when the partition already has a batch in flight (or waiting for a retry),
         nothing is queued, or the producer stopped."""
         pstate = self.partitions.get((topic, partition))
-        if self.fatal is not None or pstate is None or pstate.busy or not pstate.queue:
+        if self.fatal is not None or pstate is None or pstate.busy or pstate.restart or not pstate.queue:
             return None
         return self._seal(pstate, now, sender)
 
@@ -404,7 +465,7 @@ class ProducerCore:
         cfg = self.config
         for i in range(count):
             pstate = states[(start + i) % count]
-            if pstate.failing:
+            if pstate.failing or pstate.restart:
                 continue  # settles when its last reply is in
             if pstate.in_flight and (sender is None or pstate.sender is not sender
                                      or pstate.in_flight >= cfg.max_in_flight):
@@ -452,7 +513,8 @@ class ProducerCore:
         if topic_state.sticky % max(1, topic_state.metadata.partitions) == pstate.partition:
             topic_state.sticky += 1  # unkeyed records move on once the sticky partition's batch leaves
         # Records left behind keep their (old) first_enqueued: they are due as soon as this batch is done.
-        batch = ProducerBatch(pstate, taken, pstate.next_seq, now + cfg.delivery_timeout_s)
+        # Kafka's delivery.timeout.ms: the batch gives up when its oldest record's time is up
+        batch = ProducerBatch(pstate, taken, pstate.next_seq, taken[0].deadline)
         pstate.next_seq += len(taken)
         self._launch(pstate, sender, batch)
         return batch
@@ -500,15 +562,17 @@ class ProducerCore:
 
     def _settle(self, pstate: _PartitionState) -> None:
         """Once a partition whose batch failed for good has nothing in flight or to resend, its next batch
-        starts after the last acknowledged sequence, or, when a failed batch may have been appended, at
-        sequence 1 of the next producer epoch."""
-        if pstate.failing and not pstate.busy:
+        starts after the last acknowledged sequence, or, when a failed batch may have been appended or the
+        broker forgot the producer (``restart``), at sequence 1 of the next producer epoch."""
+        if (pstate.failing or pstate.restart) and not pstate.busy:
             pstate.failing = False
-            if pstate.uncertain and self.config.idempotent:
+            if pstate.restart or (pstate.uncertain and self.config.idempotent):
                 self._reset_sequence(pstate)  # the broker's last sequence is unknown: next epoch, sequence 1
+                pstate.acked_end = pstate.sent_end = 0
             else:
                 pstate.next_seq = pstate.acked_end + 1
             pstate.uncertain = False
+            pstate.restart = False
 
     def failed(self, batch: ProducerBatch, error: BaseException, *, written: bool,
                now: float) -> tuple[list[Resolution], Address | None]:
@@ -520,16 +584,28 @@ class ProducerCore:
             now: monotonic time in seconds.
 
         Returns:
-            (resolutions to apply, a new leader address the batch was redirected to or None).
+            (resolutions to apply, the new leader the partition was redirected to or None; the caller
+            makes sure it has senders, also when the batch itself failed).
         """
         pstate = batch.state
         self._land(pstate)
         cfg = self.config
         behind_a_retry = bool(pstate.retries) and pstate.retries[0].seq_start < batch.seq_start
         gap = isinstance(error, CursusError) and error.code in _BEHIND_A_FAILED_BATCH_CODES
+        if gap and cfg.idempotent and not behind_a_retry and not pstate.failing and _producer_forgotten(
+                error, batch):
+            # The broker expects a new session (sequence 1) although this producer already used the
+            # partition: the topic was deleted and re-created or truncated (or the producer's state
+            # expired). The batch was not appended; it and any later batch in flight fail, and the
+            # partition continues at the next producer epoch, sequence 1.
+            pstate.restart = True
         if isinstance(error, CursusError) and error.code in TERMINAL_PRODUCER_CODES and not (
-                gap and cfg.idempotent and (behind_a_retry or pstate.failing)):
+                gap and cfg.idempotent and (behind_a_retry or pstate.failing or pstate.restart)):
             return self._terminal(batch, error), None
+        resolutions: list[Resolution] = []
+        if isinstance(error, CursusError) and error.code in _TOPIC_GONE_CODES:
+            pstate.restart = True  # that incarnation of the topic is gone
+            resolutions = self.restart_topic(batch.topic, error, skip=pstate)
         redirect: Address | None = None
         delay = cfg.backoff.delay_s(batch.attempts)
         if gap:
@@ -556,20 +632,20 @@ class ProducerCore:
             retry = cfg.idempotent
         if not cfg.idempotent and pstate.sent_end > batch.seq_end:
             retry = False  # a later batch of the partition was written: resending this one would reorder
+        if pstate.restart:
+            retry = False  # never resend a batch of a dead topic incarnation into the new one
         if retry and not pstate.failing and now + delay < batch.deadline:
             batch.attempts += 1
             batch.not_before = now + delay
             pstate.retries.append(batch)
             pstate.retries.sort(key=_seq_start)
-            return [], redirect
+            return resolutions, redirect
         if batch.uncertain:
             pstate.uncertain = True
-            unknown = DeliveryUnknownError(
-                f"batch of {len(batch.pendings)} record(s) to {batch.topic}/{batch.partition} may or may not "
-                f"have been written; last error: {error}")
-            unknown.__cause__ = error
-            error = unknown
-        resolutions = self._fail_pendings(batch.pendings, error)
+            error = _unknown(batch, error)
+        resolutions.extend(self._fail_pendings(batch.pendings, error))
+        if pstate.restart:
+            resolutions.extend(self._drop_retries(pstate, error))
         if cfg.idempotent and pstate.next_seq > batch.seq_end + 1:
             # later batches of the partition exist: their sequences now have a gap, they fail with this one
             pstate.failing = True
@@ -580,11 +656,41 @@ class ProducerCore:
             pstate.next_seq = batch.seq_start  # never written: the next batch reuses the sequences
         elif batch.uncertain and cfg.idempotent:
             pstate.failing = True  # settling moves the partition to the next epoch (_reset_sequence)
-        if pstate.failing:
+        if pstate.failing or pstate.restart:
             self._settle(pstate)
         else:
             pstate.uncertain = False  # only a failing partition's settling needs it
-        return resolutions, None
+        # The partition moved even though this batch failed: its next batches (queued, or in flight and
+        # redirected later) go to the new leader, which needs senders (issue 11: they stalled there).
+        return resolutions, redirect
+
+    def expire(self, now: float) -> list[Resolution]:
+        """Fail every queued (not yet sealed) record whose delivery deadline (``send`` time plus
+        ``delivery_timeout_s``) has passed, with :class:`~cursus.client.errors.DeliveryTimeoutError` (never
+        written: no sequence was given to them), and recompute :attr:`next_expiry`. Senders call it when
+        ``now >= next_expiry``, also while idle, so no record waits beyond its deadline for a partition
+        that cannot send (busy, settling, no leader). Batches already sealed keep their own deadline."""
+        resolutions: list[Resolution] = []
+        soonest = float("inf")
+        for pstate in self.partitions.values():
+            queue = pstate.queue
+            if not queue:
+                continue
+            if queue[0].deadline <= now:
+                expired: list[_Pending] = []
+                while queue and queue[0].deadline <= now:
+                    pending = queue.popleft()
+                    pstate.queued_bytes -= pending.size
+                    expired.append(pending)
+                error = DeliveryTimeoutError(
+                    f"{len(expired)} record(s) for {pstate.topic}/{pstate.partition} were not sent within "
+                    f"delivery_timeout_s={self.config.delivery_timeout_s} (never written)",
+                    fields={"topic": pstate.topic, "partition": str(pstate.partition)})
+                resolutions.extend(self._fail_pendings(expired, error))
+            if queue and queue[0].deadline < soonest:
+                soonest = queue[0].deadline
+        self.next_expiry = soonest
+        return resolutions
 
     def _reset_sequence(self, pstate: _PartitionState) -> None:
         """After a batch whose outcome stays unknown (delivery timeout), the broker's last sequence for this
@@ -596,8 +702,9 @@ class ProducerCore:
         pstate.epoch += 1
         pstate.encoder = RecordEncoder(pstate.topic, pstate.partition, self.config.producer_id, pstate.epoch)
         pstate.next_seq = 1
-        log.info("producer %s: %s/%d moves to epoch %d at sequence 1 after a delivery with unknown outcome",
-                 self.config.producer_id, pstate.topic, pstate.partition, pstate.epoch)
+        log.info("producer %s: %s/%d moves to epoch %d at sequence 1 (%s)", self.config.producer_id, pstate.topic,
+                 pstate.partition, pstate.epoch,
+                 "topic truncated or re-created" if pstate.restart else "a delivery with unknown outcome")
 
     def _fail_pendings(self, pendings: Sequence[_Pending], error: BaseException) -> list[Resolution]:
         self.buffered -= len(pendings)
@@ -640,6 +747,22 @@ class ProducerCore:
 _OUTCOME_UNKNOWN_CODES = frozenset({"replication_unavailable", "storage_unavailable", "request_timeout"})
 #: What the broker answers a pipelined idempotent batch whose predecessor was not appended (retried after it).
 _BEHIND_A_FAILED_BATCH_CODES = frozenset({"idempotency_gap", "sequence_out_of_order"})
+#: PUBLISH replies saying the topic (this incarnation of it) no longer exists.
+_TOPIC_GONE_CODES = frozenset({"topic_not_found", "TOPIC_NOT_FOUND"})
+
+
+def _unknown(batch: ProducerBatch, error: BaseException) -> DeliveryUnknownError:
+    unknown = DeliveryUnknownError(
+        f"batch of {len(batch.pendings)} record(s) to {batch.topic}/{batch.partition} may or may not "
+        f"have been written; last error: {error}")
+    unknown.__cause__ = error
+    return unknown
+
+
+def _producer_forgotten(error: BaseException, batch: ProducerBatch) -> bool:
+    """An ``idempotency_gap`` asking for sequence 1 (a new session) for a batch after sequence 1: the
+    broker has no state for this producer on the partition (facts decision 13)."""
+    return isinstance(error, CursusError) and error.fields.get("expected") == "1" and batch.seq_start > 1
 
 
 def _seq_start(batch: ProducerBatch) -> int:
@@ -767,6 +890,14 @@ def _resolve_async(resolutions: Iterable[Resolution]) -> None:
                 future.set_result(value)
 
 
+def _idle_wait(wait: float | None, until_expiry: float) -> float | None:
+    """How long an idle sender sleeps: until a batch may be due (``wait``, None: nothing pending) or the
+    next record delivery deadline (``until_expiry``, ``inf``: none), whichever comes first."""
+    if until_expiry == float("inf"):
+        return wait
+    return until_expiry if wait is None or until_expiry < wait else wait
+
+
 def _metadata_options(options: ConnectionOptions) -> ConnectionOptions:
     """Options for best-effort metadata refreshes from sender threads: one quick attempt."""
     return options.with_(backoff=replace(options.backoff, attempts_max=0))
@@ -835,7 +966,8 @@ class Producer(_ProducerSettings):
             default 5). 1 waits for each reply before the next batch leaves.
         buffer_records: records accepted and not yet delivered at most; ``send`` blocks beyond it.
         max_block_s: how long ``send`` blocks on a full buffer before ``BufferFullError``, seconds.
-        delivery_timeout_s: time from sealing a batch to giving up its retries, seconds.
+        delivery_timeout_s: time from ``send`` to giving up on a record (its retries, or its wait in the
+            queue: ``DeliveryTimeoutError``), seconds.
         request_timeout_s: reply timeout of one PUBLISH, seconds.
         producer_id, producer_epoch: producer identity; default a random ``py-<hex>`` id and the creation
             time in milliseconds as epoch. A higher epoch for the same id fences older sessions.
@@ -854,10 +986,12 @@ class Producer(_ProducerSettings):
 
     def _setup(self) -> None:
         self._lock = threading.Lock()
-        #: Waiters for completions (flush, produce, a full buffer); senders wait on ``_ready``.
+        #: Waiters for completions (flush, produce, a full buffer); senders wait on ``_ready_for(address)``.
         self._cond = threading.Condition(self._lock)
-        #: Sender threads wait here for a batch to become due: notified once per due batch, not per record.
-        self._ready = threading.Condition(self._lock)
+        #: Sender threads of one leader wait on its condition for a batch to become due: notified once per
+        #: due batch, not per record, and only that leader's senders (a notify() meant for one leader's
+        #: senders must not wake another's and be lost).
+        self._ready_by_address: dict[Address, threading.Condition] = {}
         #: The connection ``produce`` delivers on from the calling thread (no hand-off to a sender).
         self._direct_lock = threading.Lock()
         self._direct_conn: Connection | None = None
@@ -917,8 +1051,20 @@ class Producer(_ProducerSettings):
                 return chosen, None
             batch = core.take(topic, chosen, now, _DIRECT) if take else None
             if due and batch is None:
-                self._ready.notify()
+                self._ready_for(core.leader_of(topic, chosen)).notify()
         return chosen, batch
+
+    def _ready_for(self, address: Address) -> threading.Condition:
+        """The condition ``address``'s sender threads wait on (call with the lock held)."""
+        ready = self._ready_by_address.get(address)
+        if ready is None:
+            ready = self._ready_by_address[address] = threading.Condition(self._lock)
+        return ready
+
+    def _wake_all(self) -> None:
+        """Wake every sender thread (call with the lock held)."""
+        for ready in self._ready_by_address.values():
+            ready.notify_all()
 
     def _wait_for_room(self) -> None:
         """Block (lock held) until the buffer has room; raises BufferFullError or the terminal error."""
@@ -960,7 +1106,7 @@ class Producer(_ProducerSettings):
             return future._result  # type: ignore[return-value]
         with self._lock:
             self._core.flushing += 1
-            self._ready.notify_all()
+            self._wake_all()
         try:
             return future.result(timeout_s)
         finally:
@@ -986,7 +1132,7 @@ class Producer(_ProducerSettings):
         with self._cond:
             core = self._core
             core.flushing += 1
-            self._ready.notify_all()
+            self._wake_all()
             try:
                 while core.buffered > 0:
                     remaining = None if deadline is None else deadline - time.monotonic()
@@ -1012,7 +1158,7 @@ class Producer(_ProducerSettings):
                 return
             self._core.closing = True
             self._cond.notify_all()
-            self._ready.notify_all()
+            self._wake_all()
         failure: BaseException | None = None
         try:
             self.flush(timeout_s)
@@ -1048,7 +1194,8 @@ class Producer(_ProducerSettings):
     def _load_metadata(self, topic: str) -> None:
         metadata = parse_metadata(ok_fields(self._client.call(Command.METADATA, {"topic": topic})), topic)
         with self._cond:
-            self._core.set_metadata(metadata, time.monotonic())
+            resolutions = self._core.set_metadata(metadata, time.monotonic())
+        _resolve_sync(resolutions)
 
     def _refresh_metadata(self, topic: str) -> None:
         with self._cond:
@@ -1061,10 +1208,13 @@ class Producer(_ProducerSettings):
         except CursusError:
             return
         with self._cond:
-            self._core.set_metadata(metadata, time.monotonic())
+            resolutions = self._core.set_metadata(metadata, time.monotonic())
             for address in self._core.addresses():
                 self._ensure_senders(address)
-            self._ready.notify_all()
+            self._wake_all()  # partitions may have moved to other leaders' senders
+            if resolutions:
+                self._cond.notify_all()
+        _resolve_sync(resolutions)
 
     def _ensure_senders(self, address: Address) -> None:
         """Start the sender threads for ``address`` (call with the lock held)."""
@@ -1082,13 +1232,24 @@ class Producer(_ProducerSettings):
     def _next_batch(self, address: Address, sender: object, room: int, block: bool) -> ProducerBatch | None:
         """The next batch for ``sender`` (``room`` more requests may be in flight on its connection);
         ``block``: wait until one is due (else None at once when none is)."""
-        with self._lock:
-            while not self._stopping:
-                batch, wait = self._core.poll(address, time.monotonic(), sender, room)
-                if batch is not None or not block:
-                    return batch
-                self._ready.wait(wait)
-            return None
+        core = self._core
+        while True:
+            with self._lock:
+                ready = self._ready_for(address)
+                while True:
+                    if self._stopping:
+                        return None
+                    now = time.monotonic()
+                    if now >= core.next_expiry:  # records past their delivery deadline, wherever queued
+                        expired = core.expire(now)
+                        if expired:
+                            self._cond.notify_all()
+                            break
+                    batch, wait = core.poll(address, now, sender, room)
+                    if batch is not None or not block:
+                        return batch
+                    ready.wait(_idle_wait(wait, core.next_expiry - now))
+            _resolve_sync(expired)  # outside the lock: done-callbacks may call send()
 
     def _sender(self, address: Address) -> None:
         """Sender thread: one connection to ``address`` with up to ``max_in_flight`` requests in flight;
@@ -1203,9 +1364,11 @@ class Producer(_ProducerSettings):
                 resolutions, redirect = core.failed(batch, error, written=written, now=time.monotonic())
                 if redirect is not None:
                     self._ensure_senders(redirect)
-                self._ready.notify_all()  # a retry is scheduled (or the producer stopped)
+                self._wake_all()  # a retry is scheduled (or the producer stopped)
             if batch.state.queue:
-                self._ready.notify()  # records queued behind the batch are due now
+                # records queued behind the batch are due now (for the partition's leader, which a
+                # redirect may just have changed)
+                self._ready_for(batch.state.leader).notify()
             self._cond.notify_all()
         _resolve_sync(resolutions)
         if _needs_refresh(error):
@@ -1215,7 +1378,7 @@ class Producer(_ProducerSettings):
         with self._cond:
             self._stopping = True
             self._cond.notify_all()
-            self._ready.notify_all()
+            self._wake_all()
             threads = [t for group in self._threads.values() for t in group]
             connections = list(self._connections)
         for conn in connections:  # unblock a sender stuck in a request
@@ -1287,7 +1450,7 @@ class AsyncProducer(_ProducerSettings):
             raise ClientClosedError("producer is closed")
         if topic not in core.topics:
             frame = await self._client.call(Command.METADATA, {"topic": topic})
-            core.set_metadata(parse_metadata(ok_fields(frame), topic), time.monotonic())
+            _resolve_async(core.set_metadata(parse_metadata(ok_fields(frame), topic), time.monotonic()))
         if core.fatal is not None:
             raise core.fatal
         if core.buffered >= self.config.buffer_records:
@@ -1405,9 +1568,10 @@ class AsyncProducer(_ProducerSettings):
         core.topics[topic].refreshed_at = time.monotonic()
         try:
             frame = await self._refresh_client.call(Command.METADATA, {"topic": topic})
-            core.set_metadata(parse_metadata(ok_fields(frame), topic), time.monotonic())
+            resolutions = core.set_metadata(parse_metadata(ok_fields(frame), topic), time.monotonic())
         except CursusError:
             return
+        _resolve_async(resolutions)
         for address in core.addresses():
             self._ensure_senders(address)
         self._wake().notify_all()
@@ -1422,7 +1586,13 @@ class AsyncProducer(_ProducerSettings):
         token = object()
         try:
             while not self._stopping or window:
-                batch, wait = core.poll(address, time.monotonic(), token, limit - len(window))
+                now = time.monotonic()
+                if now >= core.next_expiry:  # records past their delivery deadline, wherever queued
+                    expired = core.expire(now)
+                    if expired:
+                        _resolve_async(expired)
+                        self._wake().notify_all()
+                batch, wait = core.poll(address, now, token, limit - len(window))
                 if batch is not None:
                     payload = core.encode(batch)
                     written = False
@@ -1446,7 +1616,7 @@ class AsyncProducer(_ProducerSettings):
                         window.append((batch, request_id))
                     continue
                 if not window:
-                    await self._wake().wait(wait)
+                    await self._wake().wait(_idle_wait(wait, core.next_expiry - now))
                     continue
                 assert conn is not None
                 batch, request_id = window.popleft()
