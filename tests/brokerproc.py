@@ -38,6 +38,12 @@ class BrokerProcess:
     def address(self) -> tuple[str, int]:
         return "127.0.0.1", self.port
 
+    @property
+    def bootstrap(self) -> str:
+        """The client listener as an SDK bootstrap string, ``"host:port"``."""
+        host, port = self.address
+        return f"{host}:{port}"
+
     def command(self) -> list[str]:
         cmd = [sys.executable, "-m", "cursus.cli.broker", "--host", "127.0.0.1", "--port", str(self.port or 0),
                "--health-port", "0" if self.health else "-1", "--metrics-port", "-1",

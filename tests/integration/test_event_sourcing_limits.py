@@ -41,11 +41,6 @@ def conn(small_broker: BrokerProcess) -> Iterator[Connection]:
     c.close()
 
 
-def _address(broker: BrokerProcess) -> str:
-    host, port = broker.address
-    return f"{host}:{port}"
-
-
 def test_a_read_cut_by_the_event_limit_says_where_to_continue(conn: Connection, topic_name: str) -> None:
     t = topic_name
     create_topic(conn, t, 1, event_sourcing="true")
@@ -66,7 +61,7 @@ def test_the_sdk_reads_a_long_stream_whole_and_the_load_append_loop_works(small_
     t = topic_name
     create_topic(conn, t, 1, event_sourcing="true")
     big = "x" * 200  # three of these pass the byte limit: the reply is cut by bytes as well as by count
-    with EventStore(_address(small_broker), t) as store:
+    with EventStore(small_broker.bootstrap, t) as store:
         for v in range(1, 15):
             store.append("order", big if v % 3 == 0 else f"e{v}", expected_version=v)
         aggregate = store.read("order")
@@ -80,7 +75,7 @@ def test_the_sdk_reads_a_long_stream_whole_and_the_load_append_loop_works(small_
         assert store.read("order", from_version=12).version == 15
 
     async def run_async() -> None:
-        async with AsyncEventStore(_address(small_broker), t) as store:
+        async with AsyncEventStore(small_broker.bootstrap, t) as store:
             aggregate = await store.read("order")
             assert [e.version for e in aggregate.events] == list(range(6, 16)) and aggregate.version == 15
 
@@ -148,9 +143,9 @@ def test_retention_never_cuts_a_stream_silently(broker_factory: Callable[..., Br
             time.sleep(0.05)
         assert _earliest(conn, "plain") > 0 and _earliest(conn, "esr") > 0  # the retention task ran
         assert _earliest(conn, "es") == 0
-        with EventStore(_address(broker), "es") as store:
+        with EventStore(broker.bootstrap, "es") as store:
             assert [e.version for e in store.read("k").events] == list(range(1, 41))
-        with EventStore(_address(broker), "esr") as store:
+        with EventStore(broker.bootstrap, "esr") as store:
             with pytest.raises(CursusError) as gap:
                 store.read("k")
             assert gap.value.code == "stream_retention_gap" and gap.value.fields["missing_version"] == "1"
@@ -167,7 +162,7 @@ def test_a_timed_out_append_is_an_unknown_outcome_and_reads_keep_retrying(
     """APPEND_STREAM with no reply in time may have been applied: DeliveryUnknownError (not retryable), never
     a retryable timeout; a read (retry-safe) rides out the same pause."""
     broker = broker_factory().start()
-    with EventStore(_address(broker), "orders", timeout_s=0.3,
+    with EventStore(broker.bootstrap, "orders", timeout_s=0.3,
                     backoff=Backoff(initial_s=0.05, max_s=0.2, attempts_max=30)) as store:
         store.create_topic(partitions=1)
         store.append("o", "created", expected_version=1)

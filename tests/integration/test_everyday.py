@@ -29,13 +29,8 @@ from tests.integration.helpers import create_topic, publish_batch
 pytestmark = pytest.mark.timeout(90)
 
 
-def _address(broker) -> str:
-    host, port = broker.address
-    return f"{host}:{port}"
-
-
 def ctl(broker, *args: str, stdin: str | None = None) -> subprocess.CompletedProcess[str]:
-    env = {**os.environ, "CURSUS_BROKER": _address(broker)}
+    env = {**os.environ, "CURSUS_BROKER": broker.bootstrap}
     return subprocess.run([sys.executable, "-m", "cursus.cli.ctl", *args], input=stdin, capture_output=True,
                           text=True, env=env, timeout=60)
 
@@ -75,7 +70,7 @@ def test_key_is_a_static_key_and_option_prefixes_are_refused(shared_broker, topi
                  ["consume", topic_name, "--part", "0"], ["produce", topic_name, "--key", "a", "--key-sep", ":"]):
         refused = ctl(shared_broker, *argv, stdin="x:y\n")
         assert refused.returncode == 2, (argv, refused.stdout, refused.stderr)
-    with Admin(_address(shared_broker)) as admin:
+    with Admin(shared_broker.bootstrap) as admin:
         assert sum(o.latest for o in admin.list_offsets(topic_name)) == 2
 
 
@@ -99,11 +94,11 @@ def test_sigterm_leaves_the_group(shared_broker, topic_name, how):
     group = f"g-{topic_name}"
     with connect(shared_broker) as conn:
         create_topic(conn, topic_name, partitions=2)
-    env = {**os.environ, "CURSUS_BROKER": _address(shared_broker)}
+    env = {**os.environ, "CURSUS_BROKER": shared_broker.bootstrap}
     if how == "cursusctl":
         argv = [sys.executable, "-m", "cursus.cli.ctl", "consume", topic_name, "--group", group, "--follow"]
     else:
-        argv = [sys.executable, "-c", MEMBER_SCRIPT, topic_name, group, _address(shared_broker)]
+        argv = [sys.executable, "-c", MEMBER_SCRIPT, topic_name, group, shared_broker.bootstrap]
     proc = subprocess.Popen(argv, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
         wait_for(lambda: group_status(shared_broker, group).get("member_count") == 1, 20, "the member to join")
@@ -127,7 +122,7 @@ def test_sigterm_leaves_the_group(shared_broker, topic_name, how):
 
 
 def test_group_commit_refusals_raise_and_the_consumer_joins_eagerly(shared_broker, topic_name):
-    address = _address(shared_broker)
+    address = shared_broker.bootstrap
     with connect(shared_broker) as conn:
         create_topic(conn, topic_name, partitions=2)
         for p in range(2):
@@ -158,7 +153,7 @@ def test_an_oversized_record_fails_client_side_with_any_acks(shared_broker, topi
     summary = json.loads(produced.stdout.splitlines()[0])
     assert summary["records"] == 2 and summary["failed"] == 1
     assert "message_too_large" in produced.stderr
-    with Producer(_address(shared_broker), acks=0, max_record_bytes=1000) as producer:
+    with Producer(shared_broker.bootstrap, acks=0, max_record_bytes=1000) as producer:
         future = producer.send(topic_name, b"y" * 1000)
         with pytest.raises(DeliveryFailedError) as failed:
             producer.flush()
@@ -166,7 +161,7 @@ def test_an_oversized_record_fails_client_side_with_any_acks(shared_broker, topi
 
 
 def test_an_out_of_range_start_is_an_error(shared_broker, topic_name):
-    address = _address(shared_broker)
+    address = shared_broker.bootstrap
     with connect(shared_broker) as conn:
         create_topic(conn, topic_name, partitions=1)
         publish_batch(conn, topic_name, 0, [b"a", b"b"])
@@ -218,7 +213,7 @@ def test_topic_create_says_what_happened_and_if_not_exists_leaves_it(shared_brok
 
 
 def test_admin_lists_describes_and_measures_groups(shared_broker, topic_name):
-    address = _address(shared_broker)
+    address = shared_broker.bootstrap
     group = f"g-{topic_name}"
     with connect(shared_broker) as conn:
         create_topic(conn, topic_name, partitions=2)
@@ -245,7 +240,7 @@ def test_errors_say_what_to_do_next(shared_broker, topic_name):
     assert f"create it with: cursusctl topic create {topic_name}-nope" in missing.stderr
     with connect(shared_broker) as conn:
         create_topic(conn, topic_name, partitions=1)
-    with GroupConsumer(topic_name, f"g-{topic_name}", _address(shared_broker)) as consumer:
+    with GroupConsumer(topic_name, f"g-{topic_name}", shared_broker.bootstrap) as consumer:
         member = consumer.member_id
         blocked = ctl(shared_broker, "topic", "delete", topic_name)
     assert blocked.returncode == 1 and blocked.stderr.startswith("ERROR: topic_delete_blocked")
@@ -257,11 +252,11 @@ def test_records_carry_their_create_time_by_default(shared_broker, topic_name):
     assert ctl(shared_broker, "topic", "create", topic_name, "--partitions", "1").returncode == 0
     before = int(time.time() * 1000)
     assert ctl(shared_broker, "produce", topic_name, stdin="a\n").returncode == 0
-    with Producer(_address(shared_broker)) as producer:
+    with Producer(shared_broker.bootstrap) as producer:
         producer.send(topic_name, b"b")
         producer.send(topic_name, b"c", timestamp_ms=7)
     after = int(time.time() * 1000)
-    with Consumer(topic_name, _address(shared_broker)) as consumer:
+    with Consumer(topic_name, shared_broker.bootstrap) as consumer:
         stamps = [r.timestamp for r in consumer.records(until_end=True)]
     assert all(before <= t <= after for t in stamps[:2]) and stamps[2] == 7
 
@@ -269,11 +264,11 @@ def test_records_carry_their_create_time_by_default(shared_broker, topic_name):
 def test_metadata_without_a_topic_is_a_cluster_view(shared_broker, topic_name):
     assert ctl(shared_broker, "topic", "create", topic_name, "--partitions", "2").returncode == 0
     doc = json.loads(ctl(shared_broker, "--json", "metadata").stdout)
-    assert doc["brokers"] == [_address(shared_broker)]
+    assert doc["brokers"] == [shared_broker.bootstrap]
     mine = [t for t in doc["topics"] if t["topic"] == topic_name]
     assert len(mine) == 1 and mine[0]["partitions"] == 2
     plain = ctl(shared_broker, "metadata")
-    assert plain.returncode == 0 and f"brokers={_address(shared_broker)}" in plain.stdout
+    assert plain.returncode == 0 and f"brokers={shared_broker.bootstrap}" in plain.stdout
 
 
 def test_topic_create_and_delete_take_several_topics(shared_broker, topic_name):

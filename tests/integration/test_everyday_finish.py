@@ -37,11 +37,6 @@ from tests.integration.helpers import create_topic
 pytestmark = pytest.mark.timeout(90)
 
 
-def _address(broker) -> str:
-    host, port = broker.address
-    return f"{host}:{port}"
-
-
 def _create(broker, topic: str, partitions: int = 1) -> None:
     with connect(broker) as conn:
         create_topic(conn, topic, partitions=partitions)
@@ -66,8 +61,8 @@ def test_idle_timeout_default_is_ten_minutes():
 def test_sdk_reopens_connections_the_broker_closed_for_idleness(broker_factory, topic_name):
     broker = broker_factory(settings={"client_idle_timeout_ms": 300}).start()
     _create(broker, topic_name)
-    with Client(_address(broker)) as client, \
-            Producer(_address(broker), acks=1) as producer:
+    with Client(broker.bootstrap) as client, \
+            Producer(broker.bootstrap, acks=1) as producer:
         client.call(Command.LIST)
         producer.send(topic_name, b"before").result(timeout=10)
         _wait_closed_by_broker(broker)
@@ -76,7 +71,7 @@ def test_sdk_reopens_connections_the_broker_closed_for_idleness(broker_factory, 
         assert producer.send(topic_name, b"after").result(timeout=10).offset == 1
 
     async def run() -> None:
-        async with AsyncProducer(_address(broker), acks=1) as aproducer:
+        async with AsyncProducer(broker.bootstrap, acks=1) as aproducer:
             await (await aproducer.send(topic_name, b"async-before"))
             await asyncio.to_thread(_wait_closed_by_broker, broker)
             assert (await (await aproducer.send(topic_name, b"async-after"))).offset == 3
@@ -93,7 +88,7 @@ def test_idempotent_producer_restarts_sequence_after_unknown_outcome(broker_fact
     batch is lost) and restarted: the next record is accepted (new epoch, sequence 1), never refused as a gap."""
     broker = broker_factory().start()
     _create(broker, topic_name)
-    with Producer(_address(broker), idempotent=True, linger_ms=0, delivery_timeout_s=1.5,
+    with Producer(broker.bootstrap, idempotent=True, linger_ms=0, delivery_timeout_s=1.5,
                   request_timeout_s=0.3, timeout_s=0.3) as producer:
         first = producer.send(topic_name, b"r1").result(timeout=10)
         assert first.seq_num == 1
@@ -110,7 +105,7 @@ def test_idempotent_producer_restarts_sequence_after_unknown_outcome(broker_fact
         after = producer.send(topic_name, b"r3").result(timeout=20)
         assert (after.producer_epoch, after.seq_num) == (first.producer_epoch + 1, 1)
         assert producer.send(topic_name, b"r4").result(timeout=10).seq_num == 2
-    with Consumer(topic_name, _address(broker)) as consumer:
+    with Consumer(topic_name, broker.bootstrap) as consumer:
         values = [r.value for r in consumer.records(until_end=True)]
     assert values == [b"r1", b"r3", b"r4"]
 
@@ -119,7 +114,7 @@ def test_idempotent_producer_restarts_sequence_after_unknown_outcome(broker_fact
 
 
 def ctl(broker, *args: str, stdin=None) -> subprocess.CompletedProcess[str]:
-    env = {**os.environ, "CURSUS_BROKER": _address(broker)}
+    env = {**os.environ, "CURSUS_BROKER": broker.bootstrap}
     return subprocess.run([sys.executable, "-m", "cursus.cli.ctl", *args], stdin=stdin, capture_output=True,
                           text=True, env=env, timeout=60)
 
@@ -143,7 +138,7 @@ def test_topic_alter_covers_every_mutable_setting(shared_broker, topic_name):
     assert shrink.returncode != 0 and "partitions" in shrink.stderr
     missing = ctl(broker, "topic", "alter", f"{topic_name}-missing", "--retention-hours", "1")
     assert missing.returncode != 0 and "topic_not_found" in missing.stderr
-    with Admin(_address(broker)) as admin:
+    with Admin(broker.bootstrap) as admin:
         assert f"{topic_name}-missing" not in admin.list_topics()  # alter never creates
         assert admin.alter_topic(topic_name, retention_hours=0).retention_hours == 0
         with pytest.raises(TypeError):
@@ -172,7 +167,7 @@ def test_produce_progress_shows_total_and_percentage_when_the_size_is_known(shar
     piped = subprocess.run(
         [sys.executable, "-m", "cursus.cli.ctl", "--json", "produce", topic_name, "--progress", "lines"],
         input="a\nb\n", capture_output=True, text=True, timeout=60,
-        env={**os.environ, "CURSUS_BROKER": _address(broker)})
+        env={**os.environ, "CURSUS_BROKER": broker.bootstrap})
     assert piped.returncode == 0 and "2 records" in piped.stderr and "%" not in piped.stderr
     assert "input_size" not in json.loads(piped.stdout)
 
@@ -185,15 +180,15 @@ def test_group_offsets_use_the_partition_leaders_list_offsets(shared_broker, top
     group = f"g-{topic_name}"
     with connect(broker) as conn:
         create_topic(conn, topic_name, partitions=2)
-    with Producer(_address(broker), acks=1) as producer:
+    with Producer(broker.bootstrap, acks=1) as producer:
         for i in range(12):
             producer.send(topic_name, f"v{i}".encode(), partition=i % 2)
-    with GroupConsumer(topic_name, group, _address(broker), auto_commit=False) as consumer:
+    with GroupConsumer(topic_name, group, broker.bootstrap, auto_commit=False) as consumer:
         got = []
         while len(got) < 12:
             got.extend(consumer.poll(5))
         consumer.commit({0: 2, 1: 6})
-        with Admin(_address(broker)) as admin:
+        with Admin(broker.bootstrap) as admin:
             bounds = {b.partition: b for b in admin.list_offsets(topic_name)}
             rows = {o.partition: o for o in admin.group_offsets(group)}
             assert {p: (o.committed, o.log_end, o.lag) for p, o in rows.items()} == \
@@ -217,7 +212,7 @@ def test_tls_failures_are_specific_not_retried_and_logged_by_the_broker(broker_f
     other = make_pki(tmp_path / "other", name="other")
     broker = broker_factory(settings={"use_tls": "true", "tls_cert_path": pki.server_cert,
                                       "tls_key_path": pki.server_key, "tls_ca_path": pki.ca}).start()
-    address = _address(broker)
+    address = broker.bootstrap
     plain_broker = broker_factory("plain").start()
     mtls = make_ssl_context(str(pki.ca), str(pki.client_cert), str(pki.client_key))
     with Admin(address, ssl_context=mtls) as admin:
@@ -282,7 +277,7 @@ def _fill(broker, topics: dict[str, int], per_partition: int = 3) -> set[tuple[s
     with connect(broker) as conn:
         for topic, partitions in topics.items():
             create_topic(conn, topic, partitions=partitions)
-    with Producer(_address(broker), acks=1) as producer:
+    with Producer(broker.bootstrap, acks=1) as producer:
         for topic, partitions in topics.items():
             for p in range(partitions):
                 for i in range(per_partition):
@@ -307,7 +302,7 @@ def test_group_consumer_reads_a_topic_list(shared_broker, topic_name, mode):
     written = _fill(broker, {a: 2, b: 1})
     group = f"g-{topic_name}"
     assigned: list = []
-    with GroupConsumer([a, b], group, _address(broker), mode=mode, auto_commit=False,
+    with GroupConsumer([a, b], group, broker.bootstrap, mode=mode, auto_commit=False,
                        on_assigned=assigned.append, heartbeat_interval_s=0.5) as consumer:
         assert consumer.assignment() == [(a, 0), (a, 1), (b, 0)]
         assert assigned == [[(a, 0), (a, 1), (b, 0)]]
@@ -317,12 +312,12 @@ def test_group_consumer_reads_a_topic_list(shared_broker, topic_name, mode):
         assert consumer.commit() == {(a, 0): 3, (a, 1): 3, (b, 0): 3}  # one request per topic
         with pytest.raises(ConflictError):
             consumer.commit({(a, 0): 1})  # offset_regression, typed
-    with Admin(_address(broker)) as admin:
+    with Admin(broker.bootstrap) as admin:
         status = admin.describe_group(group)
         assert status["subscription"] == {"type": "topics", "topics": [a, b]}
         assert {(o.topic, o.partition): o.committed for o in admin.group_offsets(group)} == \
             {(a, 0): 3, (a, 1): 3, (b, 0): 3}
-    with GroupConsumer([a, b], group, _address(broker), auto_commit=False) as again:
+    with GroupConsumer([a, b], group, broker.bootstrap, auto_commit=False) as again:
         assert _drain(again, 1, timeout_s=1.0) == []  # resumes at the committed offsets
 
 
@@ -332,7 +327,7 @@ def test_group_consumer_pattern_follows_new_topics_and_async(shared_broker, topi
     first = _fill(broker, {f"{prefix}-1": 1})
     _fill(broker, {f"{topic_name}-other": 1})  # does not match
     group = f"g-{topic_name}"
-    with GroupConsumer(None, group, _address(broker), pattern=f"{prefix}-*", auto_commit=True,
+    with GroupConsumer(None, group, broker.bootstrap, pattern=f"{prefix}-*", auto_commit=True,
                        auto_commit_interval_s=0, heartbeat_interval_s=0.3) as consumer:
         got = _drain(consumer, len(first))
         assert {(r.topic, r.partition, r.value) for r in got} == first
@@ -340,13 +335,13 @@ def test_group_consumer_pattern_follows_new_topics_and_async(shared_broker, topi
         got = _drain(consumer, len(second))
         assert {(r.topic, r.partition, r.value) for r in got} == second
         assert consumer.assignment() == [(f"{prefix}-1", 0), (f"{prefix}-2", 0), (f"{prefix}-2", 1)]
-    with Admin(_address(broker)) as admin:
+    with Admin(broker.bootstrap) as admin:
         assert admin.describe_group(group)["subscription"] == {"type": "pattern", "pattern": f"{prefix}-*"}
         assert admin.group_lag(group) == 0  # everything read was committed on close
 
     async def read_async() -> set:
         third = _fill(broker, {f"{prefix}-3": 1})
-        async with AsyncGroupConsumer(None, group, _address(broker), pattern=f"{prefix}-*",
+        async with AsyncGroupConsumer(None, group, broker.bootstrap, pattern=f"{prefix}-*",
                                       auto_commit=False) as aconsumer:
             assert (f"{prefix}-3", 0) in await aconsumer.assignment()
             got: list = []

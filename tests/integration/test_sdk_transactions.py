@@ -11,7 +11,6 @@ import pytest
 from cursus.client import (
     Admin,
     AsyncTransactionalProducer,
-    Consumer,
     GroupConsumer,
     Producer,
     ProducerFencedError,
@@ -19,22 +18,13 @@ from cursus.client import (
     ValidationError,
 )
 from tests.integration.test_cursusctl import ctl
+from tests.integration.txnsupport import committed_values
 
 pytestmark = pytest.mark.timeout(120)
 
 
-def _address(broker) -> str:
-    host, port = broker.address
-    return f"{host}:{port}"
-
-
-def _committed_values(address: str, topic: str) -> list[bytes]:
-    with Consumer(topic, address, start="earliest", isolation_level="read_committed") as consumer:
-        return [r.value for r in consumer.records(until_end=True)]
-
-
 def test_consume_transform_produce_exactly_once(shared_broker, topic_name):
-    address = _address(shared_broker)
+    address = shared_broker.bootstrap
     source, sink, group = f"{topic_name}-in", f"{topic_name}-out", f"{topic_name}-g"
     with Admin(address) as admin:
         admin.create_topic(source, partitions=1)
@@ -61,11 +51,11 @@ def test_consume_transform_produce_exactly_once(shared_broker, topic_name):
     with Admin(address) as admin:
         offsets = {o.partition: o.committed for o in admin.group_offsets(group) if o.topic == source}
     assert offsets == {0: 6}
-    assert sorted(_committed_values(address, sink)) == [f"V{i}".encode() for i in range(6)]
+    assert sorted(committed_values(address, sink)) == [f"V{i}".encode() for i in range(6)]
 
 
 def test_abort_fencing_and_reinit(shared_broker, topic_name):
-    address = _address(shared_broker)
+    address = shared_broker.bootstrap
     with Admin(address) as admin:
         admin.create_topic(topic_name, partitions=1)
     with TransactionalProducer(address, f"{topic_name}-tx") as first, \
@@ -86,7 +76,7 @@ def test_abort_fencing_and_reinit(shared_broker, topic_name):
             first.commit()
         with pytest.raises(ProducerFencedError):
             first.begin()
-    assert _committed_values(address, topic_name) == [b"kept"]
+    assert committed_values(address, topic_name) == [b"kept"]
     shown = ctl(shared_broker, "--json", "txn", "status", f"{topic_name}-tx")
     assert shown.returncode == 0, shown.stderr
     doc = json.loads(shown.stdout)
@@ -96,7 +86,7 @@ def test_abort_fencing_and_reinit(shared_broker, topic_name):
 
 
 def test_async_transactional_producer(shared_broker, topic_name):
-    address = _address(shared_broker)
+    address = shared_broker.bootstrap
     with Admin(address) as admin:
         admin.create_topic(topic_name, partitions=2)
 
@@ -112,4 +102,4 @@ def test_async_transactional_producer(shared_broker, topic_name):
             assert (await txn.status())["state"] == "aborted"
 
     asyncio.run(run())
-    assert sorted(_committed_values(address, topic_name)) == [b"a", b"b"]
+    assert sorted(committed_values(address, topic_name)) == [b"a", b"b"]

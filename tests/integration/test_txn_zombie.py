@@ -15,25 +15,14 @@ import pytest
 from cursus.client import (
     Admin,
     ConflictError,
-    Consumer,
     ProducerFencedError,
     TransactionalProducer,
 )
 from tests.integration.conftest import connect
 from tests.integration.helpers import create_topic, error_of, ok_fields
-from tests.integration.txnsupport import Session
+from tests.integration.txnsupport import Session, committed_values
 
 pytestmark = pytest.mark.timeout(120)
-
-
-def _address(broker) -> str:
-    host, port = broker.address
-    return f"{host}:{port}"
-
-
-def _committed_values(address: str, topic: str) -> list[bytes]:
-    with Consumer(topic, address, start="earliest", isolation_level="read_committed") as consumer:
-        return [r.value for r in consumer.records(until_end=True)]
 
 
 def test_guarded_init_on_the_wire(shared_broker, topic_name):
@@ -78,12 +67,12 @@ def test_guarded_init_on_the_wire(shared_broker, topic_name):
         b.publish(topic_name, "b-open", partition=0)
         fields = ok_fields(conn.command(f"INIT_PRODUCER_ID transactional_id={tid} producerId={pid} epoch={b.epoch}"))
         assert fields["epoch"] == str(b.epoch + 1)
-    assert _committed_values(_address(shared_broker), topic_name) == [b"a1", b"b1"]
+    assert committed_values(shared_broker.bootstrap, topic_name) == [b"a1", b"b1"]
 
 
 def test_zombie_after_its_commit_cannot_fence_the_new_instance(shared_broker, topic_name):
     """Before the guard the zombie's automatic re-init got a higher epoch and fenced the new instance."""
-    address = _address(shared_broker)
+    address = shared_broker.bootstrap
     with Admin(address) as admin:
         admin.create_topic(topic_name, partitions=1)
     tid = f"{topic_name}-tx"
@@ -105,11 +94,11 @@ def test_zombie_after_its_commit_cannot_fence_the_new_instance(shared_broker, to
             fresh.begin()
             fresh.send(topic_name, f"f{i}".encode(), partition=0)
             assert fresh.commit() == "committed"
-    assert _committed_values(address, topic_name) == [b"z1", b"f1", b"f2", b"f3", b"f4"]
+    assert committed_values(address, topic_name) == [b"z1", b"f1", b"f2", b"f3", b"f4"]
 
 
 def test_zombie_with_an_open_transaction_is_fenced_and_stays_fenced(shared_broker, topic_name):
-    address = _address(shared_broker)
+    address = shared_broker.bootstrap
     with Admin(address) as admin:
         admin.create_topic(topic_name, partitions=1)
     tid = f"{topic_name}-tx"
@@ -126,12 +115,12 @@ def test_zombie_with_an_open_transaction_is_fenced_and_stays_fenced(shared_broke
         fresh.begin()
         fresh.send(topic_name, b"kept2", partition=0)
         assert fresh.commit() == "committed"
-    assert _committed_values(address, topic_name) == [b"kept", b"kept2"]
+    assert committed_values(address, topic_name) == [b"kept", b"kept2"]
 
 
 def test_abort_after_failures_is_idempotent_and_clear(broker_factory, topic_name):
     broker = broker_factory(settings={"transaction_timeout_ms": 300}).start()
-    address = _address(broker)
+    address = broker.bootstrap
     with Admin(address) as admin:
         admin.create_topic(topic_name, partitions=1)
     with TransactionalProducer(address, f"{topic_name}-tx") as txn:
@@ -160,7 +149,7 @@ def test_abort_after_failures_is_idempotent_and_clear(broker_factory, topic_name
         txn.begin()  # still usable
         txn.send(topic_name, b"second", partition=0)
         assert txn.commit() == "committed"
-    assert _committed_values(address, topic_name) == [b"committed", b"second"]
+    assert committed_values(address, topic_name) == [b"committed", b"second"]
 
 
 def test_a_transaction_too_large_is_refused_up_front_and_still_commits(broker_factory, topic_name):

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from cursus.client import Consumer
 from cursus.client.connection import Connection
 from cursus.wire import TXN_CONTROL_MARKER_PAYLOAD, Record, Status, decode_batch
 from tests.integration.helpers import error_of, ok_fields, render
@@ -94,3 +95,9 @@ def read_all(conn: Connection, topic: str, partition: int, *, isolation: str = "
 
 def payloads(records: list[Record]) -> list[bytes]:
     return [r.payload for r in records]
+
+
+def committed_values(bootstrap: str, topic: str) -> list[bytes]:
+    """Every committed value of ``topic`` (read_committed, from the earliest offset to the end), in offset order."""
+    with Consumer(topic, bootstrap, start="earliest", isolation_level="read_committed") as consumer:
+        return [r.value for r in consumer.records(until_end=True)]

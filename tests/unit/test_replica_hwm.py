@@ -16,6 +16,7 @@ from cursus.broker.replica import Replica
 from cursus.broker.replica_role import Role
 from cursus.wire.errors import BrokerError
 from tests.unit.test_replica_roles import Node, records, stored_chunks, until
+from tests.unit.test_replication_support import node_pool
 from tests.unit.test_storage_producer_state import batch
 
 
@@ -31,15 +32,8 @@ class Commits:
 
 @pytest_asyncio.fixture
 async def nodes(tmp_path: Path) -> AsyncIterator[Callable[[str], Node]]:
-    made: list[Node] = []
-
-    def make(broker_id: str) -> Node:
-        made.append(Node(tmp_path / broker_id, broker_id))
-        return made[-1]
-
-    yield make
-    for node in made:
-        await node.close()
+    async with node_pool(tmp_path, Node) as make:
+        yield make
 
 
 def _code(fut: asyncio.Future[None]) -> str:

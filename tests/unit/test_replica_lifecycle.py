@@ -16,20 +16,14 @@ from cursus.storage import PartitionLog
 from cursus.storage.chunk import encode_header
 from cursus.wire.errors import BrokerError
 from tests.unit.test_replica_roles import Node, records, until
+from tests.unit.test_replication_support import node_pool
 from tests.unit.test_storage_support import small_config
 
 
 @pytest_asyncio.fixture
 async def nodes(tmp_path: Path) -> AsyncIterator[Callable[[str], Node]]:
-    made: list[Node] = []
-
-    def make(broker_id: str) -> Node:
-        made.append(Node(tmp_path / broker_id, broker_id))
-        return made[-1]
-
-    yield make
-    for node in made:
-        await node.close()
+    async with node_pool(tmp_path, Node) as make:
+        yield make
 
 
 def _error(fut: asyncio.Future[None]) -> BrokerError:

@@ -16,6 +16,7 @@ from cursus.storage import Completion, GroupCommitWriter, PartitionLog
 from cursus.storage.chunk import HEADER_SIZE, decode_header, encode_header
 from cursus.storage.epochs import EpochEnd
 from cursus.wire.errors import BrokerError
+from tests.unit.test_replication_support import apply_completions, node_pool
 from tests.unit.test_storage_support import record_for, records_section, small_config
 
 OP, L, F, X, D = Role.OPENED, Role.LEADER, Role.FOLLOWER, Role.FENCED, Role.DELETED
@@ -88,19 +89,7 @@ class Node:
     def _notify(self, completions: list[Completion]) -> None:
         self.loop.call_soon_threadsafe(self._apply, completions)
 
-    @staticmethod
-    def _apply(completions: list[Completion]) -> None:
-        for c in completions:
-            if isinstance(c.token, Replica):
-                if c.error is not None:
-                    c.token.on_failure(c.error)
-                else:
-                    c.token.on_durable(c.durable_end_offset)
-            elif isinstance(c.token, asyncio.Future) and not c.token.done():
-                if c.error is not None:
-                    c.token.set_exception(c.error)
-                else:
-                    c.token.set_result(c.result)
+    _apply = staticmethod(apply_completions)
 
     async def close(self) -> None:
         await self.loop.run_in_executor(None, self.writer.close)
@@ -109,15 +98,8 @@ class Node:
 
 @pytest_asyncio.fixture
 async def nodes(tmp_path: Path) -> AsyncIterator[Callable[[str], Node]]:
-    made: list[Node] = []
-
-    def make(broker_id: str) -> Node:
-        made.append(Node(tmp_path / broker_id, broker_id))
-        return made[-1]
-
-    yield make
-    for node in made:
-        await node.close()
+    async with node_pool(tmp_path, Node) as make:
+        yield make
 
 
 async def until(condition: Callable[[], bool], timeout_s: float = 10.0) -> None:

@@ -23,6 +23,7 @@ from tests.unit.test_replication_support import (
     Node,
     fetch_request,
     make_service,
+    node_pool,
     part,
     publish,
     stored_chunks,
@@ -34,15 +35,8 @@ KEY = ("t", 0)
 
 @pytest_asyncio.fixture
 async def nodes(tmp_path: Path) -> AsyncIterator[Callable[[str], Node]]:
-    made: list[Node] = []
-
-    def make(broker_id: str) -> Node:
-        made.append(Node(tmp_path / broker_id, broker_id))
-        return made[-1]
-
-    yield make
-    for node in made:
-        await node.close()
+    async with node_pool(tmp_path, Node) as make:
+        yield make
 
 
 def lead(node: Node, metadata: Metadata, epoch: int = 1, replicas: tuple[str, ...] = ("a", "b", "c"),

@@ -8,6 +8,7 @@ follower's requests, exactly what the gRPC bidi stream does, minus gRPC.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
 from collections.abc import AsyncIterator, Callable
 from pathlib import Path
@@ -24,6 +25,37 @@ from cursus.storage import Completion, GroupCommitWriter, PartitionLog
 from tests.unit.test_storage_support import record_for, records_section, small_config
 
 Key = tuple[str, int]
+
+
+def apply_completions(completions: list[Completion]) -> None:
+    """The broker's completion glue, on the loop: a replica learns its durable end (or its failure), and a
+    future waiting on a write gets its result (or error)."""
+    for c in completions:
+        if isinstance(c.token, Replica):
+            if c.error is not None:
+                c.token.on_failure(c.error)
+            else:
+                c.token.on_durable(c.durable_end_offset)
+        elif isinstance(c.token, asyncio.Future) and not c.token.done():
+            if c.error is not None:
+                c.token.set_exception(c.error)
+            else:
+                c.token.set_result(c.result)
+
+
+@contextlib.asynccontextmanager
+async def node_pool(directory: Path, node_class: Callable[[Path, str], Any]) -> AsyncIterator[Callable[[str], Any]]:
+    """Yield ``make(broker_id)``, which builds ``node_class(directory / broker_id, broker_id)``; every node
+    made is closed (``await node.close()``) on exit."""
+    made: list[Any] = []
+
+    def make(broker_id: str) -> Any:
+        made.append(node_class(directory / broker_id, broker_id))
+        return made[-1]
+
+    yield make
+    for node in made:
+        await node.close()
 
 
 class Clock:
@@ -61,19 +93,7 @@ class Node:
             if isinstance(token, Replica):
                 self.loop.call_soon_threadsafe(token.on_written)
 
-    @staticmethod
-    def _apply(completions: list[Completion]) -> None:
-        for c in completions:
-            if isinstance(c.token, Replica):
-                if c.error is not None:
-                    c.token.on_failure(c.error)
-                else:
-                    c.token.on_durable(c.durable_end_offset)
-            elif isinstance(c.token, asyncio.Future) and not c.token.done():
-                if c.error is not None:
-                    c.token.set_exception(c.error)
-                else:
-                    c.token.set_result(c.result)
+    _apply = staticmethod(apply_completions)
 
     async def close(self) -> None:
         await self.loop.run_in_executor(None, self.writer.close)
