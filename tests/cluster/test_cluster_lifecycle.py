@@ -10,39 +10,34 @@ from __future__ import annotations
 import json
 from collections.abc import Iterator
 from contextlib import contextmanager
-from pathlib import Path
 
 import pytest
 
 from cursus.client.connection import Connection, ConnectionClosed
 from cursus.wire import Command, Status
 from tests.cluster.clustersupport import Cluster, wait_for
-from tests.cluster.replsupport import partition_state, read_partition, status, wait_isr
+from tests.cluster.replsupport import (
+    module_cluster,
+    partition_state,
+    read_partition,
+    restore_brokers,
+    status,
+    wait_isr,
+)
 from tests.cluster.test_cluster_groups import RoutingConnection
 from tests.integration.helpers import error_of, ok_fields, render
 
 pytestmark = pytest.mark.timeout(180)
 
 
-@pytest.fixture(scope="module")
-def cluster(tmp_path_factory: pytest.TempPathFactory, pki) -> Cluster:
-    # frequent snapshots: a restarted node restores from a snapshot taken after the lifecycle transition
-    c = Cluster(Path(tmp_path_factory.mktemp("lifecycle")), pki, raft_snapshot_min_entries=20,
-                raft_snapshot_interval_ms=200)
-    try:
-        c.start()
-        yield c
-    finally:
-        c.stop()
+# frequent snapshots: a restarted node restores from a snapshot taken after the lifecycle transition
+cluster = module_cluster("lifecycle", raft_snapshot_min_entries=20, raft_snapshot_interval_ms=200)
 
 
 @pytest.fixture(autouse=True)
 def all_brokers_running(cluster: Cluster):
     yield
-    for broker in cluster.brokers:
-        if broker.proc is None or broker.proc.poll() is not None:
-            broker.start(timeout_s=60)
-    wait_for(lambda: status(cluster.brokers[0])["inactive_brokers"] == 0, 30, "every broker active")
+    restore_brokers(cluster)
 
 
 @pytest.fixture

@@ -25,32 +25,21 @@ from tests.cluster.replsupport import (
     AcksAllWriter,
     check_history,
     leader_proc,
+    module_cluster,
     partition_state,
     read_partition,
-    status,
+    restore_brokers,
     wait_isr,
 )
 from tests.integration.helpers import consume, create_topic, error_of, publish_batch
 
-
-@pytest.fixture(scope="module")
-def cluster(tmp_path_factory: pytest.TempPathFactory, pki) -> Cluster:
-    c = Cluster(Path(tmp_path_factory.mktemp("replica-repair")), pki, log_recovery_point_interval_ms=100)
-    try:
-        c.start()
-        yield c
-    finally:
-        c.stop()
+cluster = module_cluster("replica-repair", log_recovery_point_interval_ms=100)
 
 
 @pytest.fixture(autouse=True)
 def all_brokers_running(cluster: Cluster):
     yield
-    for broker in cluster.brokers:
-        broker.resume()
-        if broker.proc is None or broker.proc.poll() is not None:
-            broker.start(timeout_s=60)
-    wait_for(lambda: status(cluster.brokers[0])["inactive_brokers"] == 0, 30, "every broker active")
+    restore_brokers(cluster)
 
 
 def part_dir(broker, topic: str) -> Path:
