@@ -3,9 +3,14 @@
 from __future__ import annotations
 
 import json
+import time
+from collections.abc import Callable
+from typing import TypeVar
 
 from cursus.client.connection import Connection
 from cursus.wire import Batch, Frame, Record, Status, TypedError, decode_batch, decode_error, encode_batch
+
+T = TypeVar("T")
 
 
 def ok_fields(frame: Frame) -> dict[str, str]:
@@ -83,3 +88,16 @@ def consume_all(conn: Connection, topic: str, partition: int, start: int = 0) ->
             return out
         out.extend(records)
         offset = records[-1].offset + 1
+
+
+def wait_for(predicate: Callable[[], T], timeout_s: float = 10.0, what: str = "condition", interval_s: float = 0.05) -> T:
+    """Poll ``predicate`` every ``interval_s`` until it returns something truthy, and return that; raise
+    ``AssertionError`` naming ``what`` after ``timeout_s`` seconds. Exceptions from ``predicate`` propagate."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        value = predicate()
+        if value:
+            return value
+        if time.monotonic() >= deadline:
+            raise AssertionError(f"timed out waiting for {what}")
+        time.sleep(interval_s)

@@ -10,22 +10,12 @@ import pytest
 
 from tests.integration.conftest import connect
 from tests.integration.helpers import consume_all as _consume_all
-from tests.integration.helpers import create_topic, error_of, ok_fields, publish_batch
+from tests.integration.helpers import create_topic, error_of, ok_fields, publish_batch, wait_for
 from tests.integration.txnsupport import Session, read_all
 
 KEYS = [f"k{n}" for n in range(8)]
 CLEANER = {"log_segment_bytes": 4096, "log_cleanup_interval": 0.1, "log_min_cleanable_dirty_ratio": 0.01,
            "log_cleaner_delete_retention_ms": 1500, "log_index_interval_bytes": 256}
-
-
-def wait_for(predicate, timeout_s: float, what: str):
-    deadline = time.monotonic() + timeout_s
-    while True:
-        value = predicate()
-        if value:
-            return value
-        assert time.monotonic() < deadline, f"timed out waiting for {what}"
-        time.sleep(0.05)
 
 
 def consume_all(conn, topic: str) -> list:

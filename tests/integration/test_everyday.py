@@ -24,7 +24,7 @@ from cursus.client import (
 )
 from cursus.wire import Status
 from tests.integration.conftest import connect
-from tests.integration.helpers import create_topic, publish_batch
+from tests.integration.helpers import create_topic, publish_batch, wait_for
 
 pytestmark = pytest.mark.timeout(90)
 
@@ -40,16 +40,6 @@ def group_status(broker, group: str) -> dict:
     with connect(broker) as conn:
         frame = conn.command(f"GROUP_STATUS group={group}")
     return json.loads(frame.payload) if frame.status == Status.OK else {}
-
-
-def wait_for(predicate, timeout_s: float, what: str):
-    deadline = time.monotonic() + timeout_s
-    while True:
-        value = predicate()
-        if value:
-            return value
-        assert time.monotonic() < deadline, f"timed out waiting for {what}"
-        time.sleep(0.05)
 
 
 # ------------------------------------------------------------------------------ option abbreviations

@@ -17,7 +17,15 @@ from cursus.client.connection import Connection
 from cursus.wire import Command, CommandPayload, encode_crq2
 from tests.brokerproc import BrokerProcess
 from tests.integration.conftest import connect
-from tests.integration.helpers import consume, create_topic, error_of, ok_fields, publish_batch, render
+from tests.integration.helpers import (
+    consume,
+    create_topic,
+    error_of,
+    ok_fields,
+    publish_batch,
+    render,
+    wait_for,
+)
 
 SESSION_MS = 1500
 _groups = itertools.count(1)
@@ -57,16 +65,6 @@ def status(conn: Connection, group: str) -> dict:
     doc = json.loads(frame.payload)
     assert doc["status"] == "OK", render(frame)
     return doc
-
-
-def wait_for(predicate, timeout_s: float = 10.0, what: str = "condition"):
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        value = predicate()
-        if value:
-            return value
-        time.sleep(0.05)
-    raise AssertionError(f"timed out waiting for {what}")
 
 
 def commit(conn: Connection, topic: str, group: str, member: str, generation: object, partition: int,

@@ -10,22 +10,12 @@ import pytest
 
 from cursus.coordinator.offsets import OFFSETS_TOPIC
 from tests.integration.conftest import connect
-from tests.integration.helpers import create_topic, error_of, ok_fields, publish_batch
+from tests.integration.helpers import create_topic, error_of, ok_fields, publish_batch, wait_for
 
 CLEANER = {"offsets_topic_segment_bytes": 4096, "log_cleanup_interval": 0.2, "log_min_cleanable_dirty_ratio": 0.01,
            "log_cleaner_delete_retention_ms": 600_000, "consumer_session_timeout_ms": 60_000}
 GROUPS = ("billing", "audit", "search")
 PARTITIONS = 3
-
-
-def wait_for(predicate, timeout_s: float, what: str):
-    deadline = time.monotonic() + timeout_s
-    while True:
-        value = predicate()
-        if value:
-            return value
-        assert time.monotonic() < deadline, f"timed out waiting for {what}"
-        time.sleep(0.05)
 
 
 def offsets_bytes(broker) -> int:
