@@ -44,6 +44,8 @@ import dataclasses
 import functools
 import heapq
 import logging
+import os
+import time
 from collections.abc import Callable
 
 from cursus.broker.producer_state import ProducerStateTable
@@ -54,6 +56,11 @@ from cursus.storage.epochs import EpochEnd, end_offset_for_epoch, truncation_off
 from cursus.wire.errors import BrokerError, make_error
 
 log = logging.getLogger("cursus.replica")
+
+#: Test-only: ``CURSUS_LEADER_PREPARE_DELAY_MS=<ms>`` makes every new cluster leader's writer-thread
+#: preparation (:meth:`Replica.become_leader`) sleep that long first, widening the window in which the leader
+#: is not ready (regression tests pin what clients see meanwhile). Unset or 0 in production.
+_PREPARE_DELAY_S = int(os.environ.get("CURSUS_LEADER_PREPARE_DELAY_MS", "0") or 0) / 1000.0
 
 #: ``listener(replica)``: a change of durable end, HWM, role or leader epoch (loop thread, must not block).
 ProgressListener = Callable[["Replica"], None]
@@ -187,6 +194,33 @@ class Replica:
             raise BrokerError.of("leader_not_available", topic=self.topic, partition=self.partition,
                                  reason="new leader is truncating its uncommitted tail")
 
+    def check_readable(self) -> None:
+        """Raise unless this replica's HWM may be shown to clients (LIST_OFFSETS, CONSUME, STREAM, BROWSE).
+
+        A replica with no role yet (``OPENED``: the metadata is still replaying after a restart) or not
+        leading (a follower the metadata already names leader) knows only its local HWM -- a lazily written
+        checkpoint, or one fetch behind its leader -- which may be below the committed HWM clients already
+        saw; a cluster leader still preparing (:meth:`become_leader`) has not applied the committed HWM
+        yet. Those refuse, retryable, rather than show an HWM that went back or answer a committed offset
+        with no records (issue 13). Fenced and deleted replicas are left to the read path's own errors.
+
+        Raises:
+            BrokerError: ``leader_not_available`` (retryable: not ready yet), or :attr:`unavailable`
+                (``storage_unavailable``: the local log ends below the committed HWM).
+        """
+        if self.role is Role.LEADER:
+            if self.unavailable is not None:
+                raise self.unavailable
+            if self._ready:
+                return
+            reason = "new leader is preparing; its HWM is not known yet"
+        elif self.role in (Role.OPENED, Role.FOLLOWER):
+            reason = ("replica has no role yet" if self.role is Role.OPENED
+                      else "replica is not leading yet")
+        else:
+            return
+        raise BrokerError.of("leader_not_available", topic=self.topic, partition=self.partition, reason=reason)
+
     @property
     def writable(self) -> bool:
         """True when :meth:`check_writable` would pass."""
@@ -274,6 +308,8 @@ class Replica:
                         "%d)", self.topic, self.partition, self.leader_epoch, self.leo, target, committed_hwm)
 
         def prepare() -> ProducerStateTable:  # writer thread
+            if _PREPARE_DELAY_S > 0:
+                time.sleep(_PREPARE_DELAY_S)  # test-only (CURSUS_LEADER_PREPARE_DELAY_MS)
             if truncate:
                 plog.truncate_to(target)
             return ProducerStateTable.copy_of(plog.producer_state)
