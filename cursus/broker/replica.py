@@ -484,13 +484,9 @@ class Replica:
                 breaks the lineage), ``OFFSET_OUT_OF_RANGE`` (a gap after the LEO), ``version_conflict``
                 (other bytes at an existing offset: truncate by epoch first), ``storage_unavailable``.
         """
-        if self.role is not Role.FOLLOWER:
-            raise BrokerError.of("PARTITION_LEADER_FENCED", topic=self.topic, partition=self.partition,
-                                 role=self.role.value)
+        self._check_follower()
         if leader_epoch != self.leader_epoch:
             raise BrokerError.of("STALE_LEADER_EPOCH", current=self.leader_epoch, requested=leader_epoch)
-        if self.fenced is not None:
-            self.check_writable()
         header = checked if checked is not None else check_replicated_chunk(chunk)
         if header is None:
             raise BrokerError.of("corrupt_log_data", topic=self.topic, partition=self.partition,
@@ -610,6 +606,31 @@ class Replica:
             history.append((self.leader_epoch, self.leo))
         return end_offset_for_epoch(history, epoch, self.leo)
 
+    def _check_follower(self) -> None:
+        """Raise unless this replica is a follower that may change its log (replicated appends, truncation,
+        restart): ``PARTITION_LEADER_FENCED`` (another role), ``storage_unavailable`` (fenced)."""
+        if self.role is not Role.FOLLOWER:
+            raise BrokerError.of("PARTITION_LEADER_FENCED", topic=self.topic, partition=self.partition,
+                                 role=self.role.value)
+        if self.fenced is not None:
+            self.check_writable()
+
+    def _submit_log_call(self, fn: Callable[[], object]) -> asyncio.Future[object]:
+        """Run ``fn`` (a rewrite of the log) on the writer thread, after every append queued before it."""
+        fut: asyncio.Future[object] = asyncio.get_running_loop().create_future()
+        self.writer.submit_call(fn, fut, log=self.log)
+        return fut
+
+    async def _await_log_call(self, fut: asyncio.Future[object]) -> None:
+        """Await a :meth:`_submit_log_call`; a failure fences the partition (``storage_unavailable``). Then
+        the lineage check of replicated chunks resumes from the log's latest epoch."""
+        try:
+            await fut
+        except Exception as error:
+            self.on_failure(error)
+            raise self._fenced_error() from error
+        self._last_chunk_epoch = self.log.leader_epoch if self.log.leader_epochs else -1
+
     async def truncate_to(self, offset: int) -> None:
         """Drop every record at or above ``offset`` (a follower diverging from its leader). Follower only.
         The HWM drops to ``offset`` if it was above. Runs on the writer thread, after every append queued
@@ -618,27 +639,17 @@ class Replica:
         Raises:
             BrokerError: ``PARTITION_LEADER_FENCED`` (not a follower), ``storage_unavailable``.
         """
-        if self.role is not Role.FOLLOWER:
-            raise BrokerError.of("PARTITION_LEADER_FENCED", topic=self.topic, partition=self.partition,
-                                 role=self.role.value)
-        if self.fenced is not None:
-            self.check_writable()
+        self._check_follower()
         if offset >= self.leo:
             return
-        fut: asyncio.Future[object] = asyncio.get_running_loop().create_future()
-        self.writer.submit_call(lambda: self.log.truncate_to(offset), fut, log=self.log)
+        fut = self._submit_log_call(functools.partial(self.log.truncate_to, offset))
         self.leo = offset
         self.durable_end_offset = min(self.durable_end_offset, offset)
         self.hwm = min(self.hwm, offset)
         self.matched_offset = min(self.matched_offset, offset)
         self._inflight = {base: chunk for base, chunk in self._inflight.items() if base < offset}
         self._last_chunk_epoch = -1
-        try:
-            await fut
-        except Exception as error:
-            self.on_failure(error)
-            raise self._fenced_error() from error
-        self._last_chunk_epoch = self.log.leader_epoch if self.log.leader_epochs else -1
+        await self._await_log_call(fut)
         self._notify_progress()
 
     async def restart_at(self, offset: int) -> None:
@@ -651,23 +662,13 @@ class Replica:
         Raises:
             BrokerError: ``PARTITION_LEADER_FENCED`` (not a follower), ``storage_unavailable``.
         """
-        if self.role is not Role.FOLLOWER:
-            raise BrokerError.of("PARTITION_LEADER_FENCED", topic=self.topic, partition=self.partition,
-                                 role=self.role.value)
-        if self.fenced is not None:
-            self.check_writable()
+        self._check_follower()
         if offset <= self.leo:
             return
-        fut: asyncio.Future[object] = asyncio.get_running_loop().create_future()
-        self.writer.submit_call(functools.partial(self.log.reset, offset), fut, log=self.log)
+        fut = self._submit_log_call(functools.partial(self.log.reset, offset))
         self.leo = self.durable_end_offset = self.hwm = self.matched_offset = offset
         self._inflight.clear()
-        try:
-            await fut
-        except Exception as error:
-            self.on_failure(error)
-            raise self._fenced_error() from error
-        self._last_chunk_epoch = self.log.leader_epoch if self.log.leader_epochs else -1
+        await self._await_log_call(fut)
         self.advance_hwm(self._leader_hwm)
         self._notify_progress()
 
