@@ -11,8 +11,9 @@ every replica the leader of a one-member ISR, so the HWM is our own durable end 
   see :mod:`cursus.replication.hwm`); the *visible* HWM is what came back committed
   (:meth:`Replica.on_committed_hwm`). Without a committer hook (standalone) the candidate is committed at
   once. A cluster leader of a new epoch starts from the assignment's committed HWM and truncates its local
-  tail above it on the writer thread before it accepts appends (``leader_not_available`` meanwhile); a local
-  LEO below the committed HWM fails closed (``storage_unavailable``).
+  tail above it on the writer thread before it accepts appends or shows its HWM to readers
+  (``leader_not_available`` meanwhile, :meth:`Replica.check_readable`); a local LEO below the committed HWM
+  fails closed (``storage_unavailable``).
 * **Follower**: refuses client appends (``NOT_LEADER``); appends the leader's chunks as stored
   (:meth:`Replica.append_replicated`); learns the HWM from the leader (clamped to :attr:`Replica.matched_offset`,
   the prefix known to match the leader's log, never to a divergent local tail); truncates
@@ -244,8 +245,8 @@ class Replica:
         ``committed_hwm`` is the assignment's committed HWM (cluster); None (standalone) commits locally.
         A cluster leader of a new epoch first runs a preparation on the writer thread, in order after every
         append queued before: it truncates the local tail above the committed HWM (never below the local
-        HWM) and rebuilds the producer state from the log (:attr:`on_leader_ready`); appends are refused
-        with ``leader_not_available`` until then (:meth:`wait_writable`). A local LEO below the committed
+        HWM) and rebuilds the producer state from the log (:attr:`on_leader_ready`); appends and reads are
+        refused with ``leader_not_available`` until then (:meth:`wait_writable`, :meth:`check_readable`). A local LEO below the committed
         HWM fails closed: ``storage_unavailable`` until another role arrives. Waiters of an older epoch
         fail with ``NOT_LEADER`` (outcome unknown).
 
