@@ -11,8 +11,9 @@ every replica the leader of a one-member ISR, so the HWM is our own durable end 
   see :mod:`cursus.replication.hwm`); the *visible* HWM is what came back committed
   (:meth:`Replica.on_committed_hwm`). Without a committer hook (standalone) the candidate is committed at
   once. A cluster leader of a new epoch starts from the assignment's committed HWM and truncates its local
-  tail above it on the writer thread before it accepts appends (``leader_not_available`` meanwhile); a local
-  LEO below the committed HWM fails closed (``storage_unavailable``).
+  tail above it on the writer thread before it accepts appends or shows its HWM to readers
+  (``leader_not_available`` meanwhile, :meth:`Replica.check_readable`); a local LEO below the committed HWM
+  fails closed (``storage_unavailable``).
 * **Follower**: refuses client appends (``NOT_LEADER``); appends the leader's chunks as stored
   (:meth:`Replica.append_replicated`); learns the HWM from the leader (clamped to :attr:`Replica.matched_offset`,
   the prefix known to match the leader's log, never to a divergent local tail); truncates
@@ -44,6 +45,8 @@ import dataclasses
 import functools
 import heapq
 import logging
+import os
+import time
 from collections.abc import Callable
 
 from cursus.broker.producer_state import ProducerStateTable
@@ -54,6 +57,11 @@ from cursus.storage.epochs import EpochEnd, end_offset_for_epoch, truncation_off
 from cursus.wire.errors import BrokerError, make_error
 
 log = logging.getLogger("cursus.replica")
+
+#: Test-only: ``CURSUS_LEADER_PREPARE_DELAY_MS=<ms>`` makes every new cluster leader's writer-thread
+#: preparation (:meth:`Replica.become_leader`) sleep that long first, widening the window in which the leader
+#: is not ready (regression tests pin what clients see meanwhile). Unset or 0 in production.
+_PREPARE_DELAY_S = int(os.environ.get("CURSUS_LEADER_PREPARE_DELAY_MS", "0") or 0) / 1000.0
 
 #: ``listener(replica)``: a change of durable end, HWM, role or leader epoch (loop thread, must not block).
 ProgressListener = Callable[["Replica"], None]
@@ -187,6 +195,33 @@ class Replica:
             raise BrokerError.of("leader_not_available", topic=self.topic, partition=self.partition,
                                  reason="new leader is truncating its uncommitted tail")
 
+    def check_readable(self) -> None:
+        """Raise unless this replica's HWM may be shown to clients (LIST_OFFSETS, CONSUME, STREAM, BROWSE).
+
+        A replica with no role yet (``OPENED``: the metadata is still replaying after a restart) or not
+        leading (a follower the metadata already names leader) knows only its local HWM -- a lazily written
+        checkpoint, or one fetch behind its leader -- which may be below the committed HWM clients already
+        saw; a cluster leader still preparing (:meth:`become_leader`) has not applied the committed HWM
+        yet. Those refuse, retryable, rather than show an HWM that went back or answer a committed offset
+        with no records (issue 13). Fenced and deleted replicas are left to the read path's own errors.
+
+        Raises:
+            BrokerError: ``leader_not_available`` (retryable: not ready yet), or :attr:`unavailable`
+                (``storage_unavailable``: the local log ends below the committed HWM).
+        """
+        if self.role is Role.LEADER:
+            if self.unavailable is not None:
+                raise self.unavailable
+            if self._ready:
+                return
+            reason = "new leader is preparing; its HWM is not known yet"
+        elif self.role in (Role.OPENED, Role.FOLLOWER):
+            reason = ("replica has no role yet" if self.role is Role.OPENED
+                      else "replica is not leading yet")
+        else:
+            return
+        raise BrokerError.of("leader_not_available", topic=self.topic, partition=self.partition, reason=reason)
+
     @property
     def writable(self) -> bool:
         """True when :meth:`check_writable` would pass."""
@@ -210,8 +245,8 @@ class Replica:
         ``committed_hwm`` is the assignment's committed HWM (cluster); None (standalone) commits locally.
         A cluster leader of a new epoch first runs a preparation on the writer thread, in order after every
         append queued before: it truncates the local tail above the committed HWM (never below the local
-        HWM) and rebuilds the producer state from the log (:attr:`on_leader_ready`); appends are refused
-        with ``leader_not_available`` until then (:meth:`wait_writable`). A local LEO below the committed
+        HWM) and rebuilds the producer state from the log (:attr:`on_leader_ready`); appends and reads are
+        refused with ``leader_not_available`` until then (:meth:`wait_writable`, :meth:`check_readable`). A local LEO below the committed
         HWM fails closed: ``storage_unavailable`` until another role arrives. Waiters of an older epoch
         fail with ``NOT_LEADER`` (outcome unknown).
 
@@ -274,6 +309,8 @@ class Replica:
                         "%d)", self.topic, self.partition, self.leader_epoch, self.leo, target, committed_hwm)
 
         def prepare() -> ProducerStateTable:  # writer thread
+            if _PREPARE_DELAY_S > 0:
+                time.sleep(_PREPARE_DELAY_S)  # test-only (CURSUS_LEADER_PREPARE_DELAY_MS)
             if truncate:
                 plog.truncate_to(target)
             return ProducerStateTable.copy_of(plog.producer_state)
@@ -448,13 +485,9 @@ class Replica:
                 breaks the lineage), ``OFFSET_OUT_OF_RANGE`` (a gap after the LEO), ``version_conflict``
                 (other bytes at an existing offset: truncate by epoch first), ``storage_unavailable``.
         """
-        if self.role is not Role.FOLLOWER:
-            raise BrokerError.of("PARTITION_LEADER_FENCED", topic=self.topic, partition=self.partition,
-                                 role=self.role.value)
+        self._check_follower()
         if leader_epoch != self.leader_epoch:
             raise BrokerError.of("STALE_LEADER_EPOCH", current=self.leader_epoch, requested=leader_epoch)
-        if self.fenced is not None:
-            self.check_writable()
         header = checked if checked is not None else check_replicated_chunk(chunk)
         if header is None:
             raise BrokerError.of("corrupt_log_data", topic=self.topic, partition=self.partition,
@@ -574,6 +607,31 @@ class Replica:
             history.append((self.leader_epoch, self.leo))
         return end_offset_for_epoch(history, epoch, self.leo)
 
+    def _check_follower(self) -> None:
+        """Raise unless this replica is a follower that may change its log (replicated appends, truncation,
+        restart): ``PARTITION_LEADER_FENCED`` (another role), ``storage_unavailable`` (fenced)."""
+        if self.role is not Role.FOLLOWER:
+            raise BrokerError.of("PARTITION_LEADER_FENCED", topic=self.topic, partition=self.partition,
+                                 role=self.role.value)
+        if self.fenced is not None:
+            self.check_writable()
+
+    def _submit_log_call(self, fn: Callable[[], object]) -> asyncio.Future[object]:
+        """Run ``fn`` (a rewrite of the log) on the writer thread, after every append queued before it."""
+        fut: asyncio.Future[object] = asyncio.get_running_loop().create_future()
+        self.writer.submit_call(fn, fut, log=self.log)
+        return fut
+
+    async def _await_log_call(self, fut: asyncio.Future[object]) -> None:
+        """Await a :meth:`_submit_log_call`; a failure fences the partition (``storage_unavailable``). Then
+        the lineage check of replicated chunks resumes from the log's latest epoch."""
+        try:
+            await fut
+        except Exception as error:
+            self.on_failure(error)
+            raise self._fenced_error() from error
+        self._last_chunk_epoch = self.log.leader_epoch if self.log.leader_epochs else -1
+
     async def truncate_to(self, offset: int) -> None:
         """Drop every record at or above ``offset`` (a follower diverging from its leader). Follower only.
         The HWM drops to ``offset`` if it was above. Runs on the writer thread, after every append queued
@@ -582,27 +640,17 @@ class Replica:
         Raises:
             BrokerError: ``PARTITION_LEADER_FENCED`` (not a follower), ``storage_unavailable``.
         """
-        if self.role is not Role.FOLLOWER:
-            raise BrokerError.of("PARTITION_LEADER_FENCED", topic=self.topic, partition=self.partition,
-                                 role=self.role.value)
-        if self.fenced is not None:
-            self.check_writable()
+        self._check_follower()
         if offset >= self.leo:
             return
-        fut: asyncio.Future[object] = asyncio.get_running_loop().create_future()
-        self.writer.submit_call(lambda: self.log.truncate_to(offset), fut, log=self.log)
+        fut = self._submit_log_call(functools.partial(self.log.truncate_to, offset))
         self.leo = offset
         self.durable_end_offset = min(self.durable_end_offset, offset)
         self.hwm = min(self.hwm, offset)
         self.matched_offset = min(self.matched_offset, offset)
         self._inflight = {base: chunk for base, chunk in self._inflight.items() if base < offset}
         self._last_chunk_epoch = -1
-        try:
-            await fut
-        except Exception as error:
-            self.on_failure(error)
-            raise self._fenced_error() from error
-        self._last_chunk_epoch = self.log.leader_epoch if self.log.leader_epochs else -1
+        await self._await_log_call(fut)
         self._notify_progress()
 
     async def restart_at(self, offset: int) -> None:
@@ -615,23 +663,13 @@ class Replica:
         Raises:
             BrokerError: ``PARTITION_LEADER_FENCED`` (not a follower), ``storage_unavailable``.
         """
-        if self.role is not Role.FOLLOWER:
-            raise BrokerError.of("PARTITION_LEADER_FENCED", topic=self.topic, partition=self.partition,
-                                 role=self.role.value)
-        if self.fenced is not None:
-            self.check_writable()
+        self._check_follower()
         if offset <= self.leo:
             return
-        fut: asyncio.Future[object] = asyncio.get_running_loop().create_future()
-        self.writer.submit_call(functools.partial(self.log.reset, offset), fut, log=self.log)
+        fut = self._submit_log_call(functools.partial(self.log.reset, offset))
         self.leo = self.durable_end_offset = self.hwm = self.matched_offset = offset
         self._inflight.clear()
-        try:
-            await fut
-        except Exception as error:
-            self.on_failure(error)
-            raise self._fenced_error() from error
-        self._last_chunk_epoch = self.log.leader_epoch if self.log.leader_epochs else -1
+        await self._await_log_call(fut)
         self.advance_hwm(self._leader_hwm)
         self._notify_progress()
 

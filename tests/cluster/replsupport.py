@@ -16,9 +16,9 @@ from typing import Any
 import pytest
 
 from cursus.client.connection import Connection
-from cursus.wire import Status
+from cursus.wire import Status, decode_batch
 from tests.cluster.clustersupport import Cluster, wait_for
-from tests.integration.helpers import consume, create_topic, error_of, publish_batch
+from tests.integration.helpers import create_topic, error_of, publish_batch
 
 #: Refusals before append (nothing written): a retry cannot duplicate anything.
 BEFORE_APPEND = {"leader_not_available", "insufficient_in_sync_replicas", "NOT_LEADER"}
@@ -106,15 +106,24 @@ def wait_isr(cluster: Cluster, topic: str, size: int, partition: int = 0, timeou
 
 
 def read_partition(cluster: Cluster, topic: str, partition: int = 0) -> list:
-    """Every record up to the HWM, read from the current leader."""
-    leader = wait_for(lambda: leader_proc(cluster, topic, partition), 20, "a leader")
-    out: list = []
-    with Connection(*leader.address, timeout_s=10) as c:
-        while True:
-            records = consume(c, topic, partition, len(out) and out[-1].offset + 1)
-            if not records:
-                return out
-            out.extend(records)
+    """Every record up to the HWM, read from the current leader; a leader that is not ready yet (it
+    answers ``leader_not_available`` while it prepares) is asked again, for 20 s."""
+    def attempt() -> tuple[list] | None:
+        leader = wait_for(lambda: leader_proc(cluster, topic, partition), 20, "a leader")
+        out: list = []
+        with Connection(*leader.address, timeout_s=10) as c:
+            while True:
+                frame = c.command(f"CONSUME topic={topic} partition={partition} "
+                                  f"offset={len(out) and out[-1].offset + 1}")
+                if frame.status != Status.OK:
+                    err = error_of(frame)
+                    assert err.code == "leader_not_available", (err.code, err.fields)
+                    return None
+                records = decode_batch(frame.payload).records if frame.payload else []
+                if not records:
+                    return (out,)
+                out.extend(records)
+    return wait_for(attempt, 20, f"{topic}-{partition} read from its leader")[0]
 
 
 @dataclass

@@ -254,6 +254,7 @@ async def handle_browse(broker: Broker, req: Request, args: BrowseArgs) -> Frame
     defn = broker.topic(args.topic)
     check_topic_access(defn, "read", req.session)
     replica = partition_of(broker, defn, args.partition)
+    replica.check_readable()
     offset = replica.log_start_offset if args.offset is None else max(args.offset, replica.log_start_offset)
     offset = min(offset, replica.hwm)
     parts, next_offset = await read_batch(broker, replica, defn.name, offset, args.limit,

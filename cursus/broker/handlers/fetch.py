@@ -61,6 +61,7 @@ def read_target(broker: Broker, args: ReadArgs, *, default_batch: int, session: 
     defn = broker.topic(args.topic)
     check_topic_access(defn, "read", session)
     replica = partition_of(broker, defn, args.partition)
+    replica.check_readable()  # never serve a stale HWM (a restarted or new leader not ready yet)
     max_records = min(args.batch or default_batch, MAX_RECORDS_PER_BATCH)
     max_bytes = min(args.max_bytes or broker.config.consume_default_max_bytes, broker.config.consume_max_bytes_limit)
     committed = broker.coordinator.committed(args.group, defn.name, replica.partition)
@@ -85,6 +86,7 @@ async def handle_consume(broker: Broker, req: Request, args: ReadArgs) -> Parts:
         await broker.transactions.wait_readable(replica, offset, wait_ms / 1000.0, target.isolation)
         if replica.deleted:
             raise replica.removed_error()
+        replica.check_readable()  # it may have lost (and regained) leadership while waiting
         if offset < replica.log_start_offset:
             raise _out_of_range(replica, offset)
     return (await read_batch(broker, replica, target.topic, offset, target.max_records, target.max_bytes,

@@ -75,5 +75,6 @@ async def handle_list_offsets(broker: Broker, req: Request, args: ListOffsetsArg
     entries = []
     for p in partitions:
         r = broker.replica(defn.name, p)
+        r.check_readable()  # never a stale HWM (a restarted or new leader not ready yet)
         entries.append(f"P{p}:earliest={r.log_start_offset}:latest={r.hwm}:leo={r.leo}:hwm={r.hwm}")
     return ok_text(("topic", defn.name), ("partitions", len(entries)), ("offsets", ",".join(entries)))

@@ -1,0 +1,174 @@
+"""What clients read from a partition leader that is not ready yet (chaos finding, issue 13), fixed.
+
+``test_restarted_leader_never_shows_a_stale_hwm``: the chaos harness (seed 5, faults kill,corrupt,restart)
+saw LIST_OFFSETS answer HWM 400 and then 396: a leader killed with -9 and restarted at once (before
+``broker_session_timeout_ms``, so it leads again, in a new leader epoch) served the HWM of its local
+checkpoint -- written lazily, every ``log_recovery_point_interval_ms`` -- while it prepared to lead
+(:meth:`cursus.broker.replica.Replica.become_leader`), below the committed HWM every client had already
+seen; and CONSUME of a committed offset above that stale HWM answered OK with no records, as if it were the
+end of the log. Issue 13: the HWM a client observes never decreases across failover, and no consumer is
+told a committed record is not there.
+
+Fixed: a replica that has no role yet (``OPENED``: metadata still replaying), or a cluster leader still
+preparing, refuses reads (LIST_OFFSETS, CONSUME, STREAM, BROWSE) with ``leader_not_available``
+(retryable, :meth:`Replica.check_readable`); once ready its HWM is the committed one.
+
+The checkpoint interval is long here, so the restarted leader's checkpointed HWM is far below the committed
+HWM, and ``CURSUS_LEADER_PREPARE_DELAY_MS`` widens the preparation so the polls land in it.
+
+``test_a_follower_fetching_below_the_committed_hwm_leaves_the_isr_at_once``: the ISR rule of
+:mod:`cursus.replication.isr` ("shrink at once a member whose last fetch in this epoch is below the
+committed HWM"), on processes: a follower killed -9 whose segment is cut in half comes back (before the
+session timeout, so it is never fenced) with its log ending below the committed HWM; its first fetch there
+makes the leader propose an ISR without it long before ``replica_lag_time_max_ms`` (60 s here) could
+(one chunk per fetch keeps it below the HWM for many ISR checks), then it fetches the rest, rejoins, and
+ends byte-identical to the leader.
+"""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+from cursus.client.connection import Connection
+from cursus.wire import Status, decode_batch
+from tests.cluster.clustersupport import Cluster, wait_for
+from tests.cluster.replsupport import (
+    _field,
+    conn,
+    leader_proc,
+    make_topic,
+    module_cluster,
+    partition_state,
+    publish_ok,
+    restore_brokers,
+    wait_isr,
+)
+from tests.integration.helpers import error_of
+
+LAG_TIME_MAX_MS = 60_000
+#: One chunk per replica fetch and an ISR check every 20 ms: a follower that lost 150 committed chunks is
+#: below the committed HWM for 150 fetch rounds, many ISR checks.
+cluster = module_cluster("leader-prepare-reads", log_recovery_point_interval_ms=600_000,
+                         broker_session_timeout_ms=30_000, replica_lag_time_max_ms=LAG_TIME_MAX_MS,
+                         replica_fetch_max_bytes=1, replica_isr_check_interval_ms=20)
+
+PREPARE_DELAY_MS = 1500
+
+
+def _poll(broker, topic: str, below: int) -> list[tuple[str, object]]:
+    """LIST_OFFSETS and CONSUME ``offset=below`` on ``broker``, once; the answers as ``(kind, value)``
+    (``("hwm", n)``, ``("records", n)``, ``("error", "code: reason")``)."""
+    out: list[tuple[str, object]] = []
+    with Connection(*broker.address, timeout_s=5) as c:
+        frame = c.command(f"LIST_OFFSETS topic={topic} partition=0")
+        if frame.status == Status.OK:
+            out.append(("hwm", _field(frame.payload.decode(), "hwm")))
+        else:
+            out.append(("error", _error(frame)))
+        frame = c.command(f"CONSUME topic={topic} partition=0 offset={below} wait_ms=0")
+        if frame.status == Status.OK:
+            out.append(("records", len(decode_batch(frame.payload).records) if frame.payload else 0))
+        else:
+            out.append(("error", _error(frame)))
+    return out
+
+
+def _error(frame) -> str:
+    err = error_of(frame)
+    return f"{err.code}: {err.fields.get('reason', '')}"
+
+
+def test_restarted_leader_never_shows_a_stale_hwm(cluster: Cluster) -> None:
+    topic = "stale-hwm"
+    try:
+        make_topic(cluster, topic)
+        leader = leader_proc(cluster, topic)
+        with conn(leader) as c:
+            for i in range(8):  # the first append checkpoints; the next ones only move the HWM in memory
+                publish_ok(c, topic, [f"r{i}-{k}".encode() for k in range(5)])
+        with conn(leader) as c:
+            frame = c.command(f"LIST_OFFSETS topic={topic} partition=0")
+        known = _field(frame.payload.decode(), "hwm")
+        assert known == 40, frame.payload
+        before = partition_state(cluster, topic)
+        assert before["committed_hwm"] == 40, before
+
+        leader.env["CURSUS_LEADER_PREPARE_DELAY_MS"] = str(PREPARE_DELAY_MS)
+        leader.kill()
+        leader.start(expect_ready=False)  # same port: poll it from the moment it accepts
+        seen: list[tuple[str, object]] = []
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            try:
+                answers = _poll(leader, topic, known - 5)
+            except OSError:  # not listening yet
+                time.sleep(0.02)
+                continue
+            seen.extend(answers)
+            if any(k == "error" and str(v).startswith("NOT_LEADER") for k, v in answers):
+                moved = partition_state(cluster, topic)
+                assert moved["leader"] == before["leader"], (
+                    f"leadership moved: the restart took longer than broker_session_timeout_ms ({moved})")
+            if ("hwm", known) in answers and ("records", 5) in answers and "ready" in leader.output():
+                break
+            time.sleep(0.01)
+        else:
+            raise AssertionError(f"the restarted leader never served the committed HWM: {seen[-10:]}")
+        after = partition_state(cluster, topic)
+        assert after["leader"] == before["leader"] and after["leader_epoch"] > before["leader_epoch"], (before, after)
+        stale = [v for k, v in seen if k == "hwm" and v < known]  # type: ignore[operator]
+        assert not stale, f"LIST_OFFSETS went back below {known}: {stale[:10]} (answers {seen[:20]})"
+        empty = [v for k, v in seen if k == "records" and v == 0]
+        assert not empty, f"CONSUME offset={known - 5} (committed) answered OK with no records: {seen[:20]}"
+        errors = {str(v) for k, v in seen if k == "error"}
+        assert {e.partition(":")[0] for e in errors} <= {"leader_not_available", "NOT_LEADER"}, errors
+        # the window was hit: the restarted leader answered while preparing to lead (and refused then)
+        assert any("preparing" in e for e in errors), errors
+    finally:
+        for broker in cluster.brokers:
+            broker.env.pop("CURSUS_LEADER_PREPARE_DELAY_MS", None)
+        restore_brokers(cluster)
+
+
+def _segment(broker, topic: str) -> Path:
+    (only,) = sorted((broker.log_dir / "topics" / topic / "0").glob("*.log"))
+    return only
+
+
+def test_a_follower_fetching_below_the_committed_hwm_leaves_the_isr_at_once(cluster: Cluster) -> None:
+    topic = "fetch-below-hwm"
+    try:
+        row = make_topic(cluster, topic)
+        leader = cluster.by_id(row["leader"])
+        follower = next(b for b in cluster.brokers if b is not leader)
+        name = follower.log_dir.name
+        chunks = 150
+        with conn(leader) as c:
+            for i in range(chunks - 1):
+                publish_ok(c, topic, [f"r{i}".encode() * 200], acks="1")
+            publish_ok(c, topic, [b"last"])  # acks=all: committed, on every member, with all before it
+        wait_for(lambda: partition_state(cluster, topic)["committed_hwm"] == chunks, 10, "committed HWM applied")
+        size = wait_for(lambda: (n := _segment(follower, topic).stat().st_size)
+                        == _segment(leader, topic).stat().st_size and n, 10, "the follower holds every record")
+        shrink_line = f"shrunk ['{name}']"
+        lines_before = leader.output().count(shrink_line)
+        logs_before = [len(b.output()) for b in cluster.brokers]
+        follower.kill()
+        killed_at = time.monotonic()
+        with open(_segment(follower, topic), "r+b") as f:
+            f.truncate(size // 2)  # a torn chunk: recovery cuts the log to the chunk before it
+        follower.start(timeout_s=60)
+        # its first fetch is below the committed HWM: out of the ISR at the next check, not after the lag time
+        wait_for(lambda: leader.output().count(shrink_line) > lines_before, 30,
+                 "the leader proposes an ISR without the follower")
+        assert time.monotonic() - killed_at < LAG_TIME_MAX_MS / 1000.0
+        assert partition_state(cluster, topic)["leader"] == leader.log_dir.name
+        controller_logs = "".join(b.output()[n:] for b, n in zip(cluster.brokers, logs_before, strict=True))
+        assert f"broker {name} missed its heartbeats" not in controller_logs  # never fenced: the rule did it
+        wait_isr(cluster, topic, 3, timeout=30)  # fetched the rest and rejoined
+        leader_bytes = _segment(leader, topic).read_bytes()
+        wait_for(lambda: _segment(follower, topic).read_bytes() == leader_bytes, 20,
+                 "the follower is byte-identical to the leader again")
+    finally:
+        restore_brokers(cluster)
