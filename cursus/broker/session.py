@@ -210,9 +210,11 @@ class Session:
         #: nothing buffered: then :meth:`fast_requests` may serve whole small PUBLISH frames straight from
         #: ``data_received`` (:class:`SessionProtocol`) while this coroutine keeps waiting.
         self._awaiting_request = False
-        #: The idle deadline of that wait (pushed back whenever the fast path served a request).
-        self._idle_deadline: asyncio.Timeout | None = None
+        #: Loop time of the last request the fast path served during that wait (the idle deadline then
+        #: counts from it: see :meth:`_read_header`), else None.
+        self._fast_served_at: float | None = None
         self._offload_threshold = broker.offload.threshold_bytes
+        self._loop_time = asyncio.get_running_loop().time
         #: The fast path skips :func:`authorize`, so it is off with ``enable_sasl`` (every PUBLISH is checked).
         self._fast_path = not config.enable_sasl
 
@@ -274,16 +276,27 @@ class Session:
         pending, self._pending = self._pending, b""
         if not pending:
             self._awaiting_request = between_requests
+            full_s = timeout_s
             try:
-                if timeout_s is None:
-                    pending = await self.reader.read(HEADER_SIZE)
-                else:
-                    async with asyncio.timeout(timeout_s) as deadline:
-                        self._idle_deadline = deadline
+                while True:
+                    if timeout_s is None or full_s is None:
                         pending = await self.reader.read(HEADER_SIZE)
+                        break
+                    self._fast_served_at = None
+                    try:
+                        async with asyncio.timeout(timeout_s):
+                            pending = await self.reader.read(HEADER_SIZE)
+                        break
+                    except TimeoutError:
+                        # The fast path served requests meanwhile: the idle time counts from the last one.
+                        served_at = self._fast_served_at
+                        if served_at is None:
+                            raise
+                        timeout_s = served_at + full_s - self._loop_time()
+                        if timeout_s <= 0:
+                            raise
             finally:
                 self._awaiting_request = False
-                self._idle_deadline = None
             if not pending:
                 raise asyncio.IncompleteReadError(b"", HEADER_SIZE)
         if len(pending) < HEADER_SIZE:  # a whole header is checked by decode_header alone (the hot path)
@@ -458,8 +471,8 @@ class Session:
                     metrics.child(metrics.command_duration, "PUBLISH").observe(time.perf_counter() - started)
         finally:
             view.release()
-        if served and self._idle_deadline is not None and self._idle_timeout_s is not None:
-            self._idle_deadline.reschedule(asyncio.get_running_loop().time() + self._idle_timeout_s)
+        if served:
+            self._fast_served_at = self._loop_time()
         return position
 
     async def _wait_in_flight(self, at_most: int) -> None:
