@@ -33,6 +33,12 @@ PAYLOAD_BYTES = 100
 _LENGTHS = struct.Struct(">II")
 
 
+def _user_sys_s(pid: int, tid: int) -> tuple[float, float]:
+    fields = Path(f"/proc/{pid}/task/{tid}/stat").read_text().rsplit(")", 1)[1].split()
+    ticks = os.sysconf("SC_CLK_TCK")
+    return int(fields[11]) / ticks, int(fields[12]) / ticks
+
+
 def _recv_exact(sock: socket.socket, n: int) -> bytes:
     data = b""
     while len(data) < n:
@@ -71,7 +77,7 @@ def run() -> list[dict]:
 
     trees = [t for t in os.environ.get("CURSUS_BENCH_TREES", "").split(",") if t] or [
         str(Path(__file__).resolve().parent.parent)]
-    rows: dict[str, list[tuple[float, float, float]]] = {tree: [] for tree in trees}
+    rows: dict[str, list[tuple[float, float, float, float]]] = {tree: [] for tree in trees}
     with tempfile.TemporaryDirectory() as tmp:
         brokers, clients = {}, {}
         try:
@@ -90,13 +96,16 @@ def run() -> list[dict]:
                     client = clients[tree]
                     rtts = []
                     cpu0, loop0 = proc_cpu_s(pid), proc_cpu_s(pid, pid)
+                    user0, _ = _user_sys_s(pid, pid)
                     for _ in range(REQUESTS):
                         t0 = time.perf_counter()
                         client.publish()
                         rtts.append(time.perf_counter() - t0)
                     cpu, loop = proc_cpu_s(pid) - cpu0, proc_cpu_s(pid, pid) - loop0
+                    user = _user_sys_s(pid, pid)[0] - user0
                     rtts.sort()
-                    rows[tree].append((cpu / REQUESTS * 1e6, loop / REQUESTS * 1e6, rtts[len(rtts) // 2] * 1e6))
+                    rows[tree].append((cpu / REQUESTS * 1e6, loop / REQUESTS * 1e6, rtts[len(rtts) // 2] * 1e6,
+                                       user / REQUESTS * 1e6))
         finally:
             for client in clients.values():
                 client.close()
@@ -104,13 +113,14 @@ def run() -> list[dict]:
                 broker.stop()
     results = []
     for tree, samples in rows.items():
-        cpu, loop, p50 = (sorted(column) for column in zip(*samples, strict=True))
+        cpu, loop, p50, user = (sorted(column) for column in zip(*samples, strict=True))
         results.append({
             "bench": "broker_single_publish_acks1", "tree": tree, "rounds": len(samples), "requests": REQUESTS,
             "broker_cpu_us_median": round(statistics.median(cpu), 1),
             "broker_cpu_us_range": [round(cpu[0], 1), round(cpu[-1], 1)],
             "loop_thread_cpu_us_median": round(statistics.median(loop), 1),
             "loop_thread_cpu_us_range": [round(loop[0], 1), round(loop[-1], 1)],
+            "loop_thread_user_cpu_us_median": round(statistics.median(user), 1),
             "rtt_p50_us_median": round(statistics.median(p50), 1),
         })
     return results

@@ -508,7 +508,7 @@ class Session:
         """The reply of a pipelined request whose wait is over: (status, payload), or (ERROR, None) when the
         wait was cancelled (shutdown)."""
         metrics = self.broker.metrics
-        name = command.name
+        name = _COMMAND_NAMES[command]
         try:
             if pending.done.cancelled():
                 return Status.ERROR, None
@@ -734,6 +734,8 @@ class Session:
 
 
 _NO_FIELDS: dict[str, str] = {}
+#: ``command.name`` without the enum property's cost (metrics labels on the reply path).
+_COMMAND_NAMES = {command: command.name for command in Command}
 #: The flags byte of a frame with compression NONE.
 _PLAIN_FLAGS = flags_for(Compression.NONE)
 
