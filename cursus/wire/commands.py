@@ -97,7 +97,7 @@ for them (decision 1)."""
 
 _COMMAND_ID_MAX = max(Command)
 #: Header command id -> member, built once (an enum call per frame costs more than the lookup).
-_COMMAND_BY_ID = {int(command): command for command in Command}
+_COMMAND_BY_ID: Mapping[int, Command] = MappingProxyType({int(command): command for command in Command})
 
 
 def command_from_id(value: int) -> Command:

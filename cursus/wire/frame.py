@@ -405,9 +405,12 @@ class FrameDecoder:
 
 
 _PLAIN_TAIL = struct.Struct(">QIII")
-#: Header bytes 0-11 of a RESPONSE frame with compression NONE, per (command, status): built once.
-_PLAIN_PREFIXES: dict[tuple[int, int], bytes] = {}
 _PLAIN_FLAGS = FLAG_COMPRESSION_EXPLICIT | (int(Compression.NONE) << 1)
+#: Header bytes 0-11 of a RESPONSE frame with compression NONE, per (command, status): built once.
+_PLAIN_PREFIXES: Mapping[tuple[Command, Status], bytes] = MappingProxyType({
+    (command, status): _HEADER.pack(MAGIC, WIRE_VERSION, Kind.RESPONSE, _PLAIN_FLAGS, command, status, 0, 0, 0, 0)[:12]
+    for command in Command for status in (Status.OK, Status.ERROR)
+})
 
 
 def encode_plain_frame(command: Command, status: Status, request_id: int, payload: bytes) -> bytes:
@@ -419,13 +422,8 @@ def encode_plain_frame(command: Command, status: Status, request_id: int, payloa
     at most :data:`MAX_PAYLOAD_BYTES`; anything else raises ``LocalProtocolError`` (like :func:`encode_frame`).
     """
     prefix = _PLAIN_PREFIXES.get((command, status))
-    if prefix is None:
-        if type(command) is not Command or type(status) is not Status:
-            raise LocalProtocolError(f"not a command/status member: {command!r}/{status!r}")
-        _check_semantics(Kind.RESPONSE, command, status, 1, LocalProtocolError)
-        prefix = _HEADER.pack(MAGIC, WIRE_VERSION, Kind.RESPONSE, _PLAIN_FLAGS, command, status, 0, 0, 0, 0)[:12]
-        _PLAIN_PREFIXES[(command, status)] = prefix
     size = len(payload)
-    if not 0 < request_id <= _REQUEST_ID_MAX or size > MAX_PAYLOAD_BYTES:
-        raise LocalProtocolError(f"request id {request_id} / payload of {size} bytes out of range")
+    if prefix is None or not 0 < request_id <= _REQUEST_ID_MAX or size > MAX_PAYLOAD_BYTES:
+        raise LocalProtocolError(f"cannot encode a {status!r} response to {command!r} for request {request_id} "
+                                 f"with {size} payload bytes")
     return b"".join((prefix, _PLAIN_TAIL.pack(request_id, size, size, crc32c.crc32c(payload)), payload))
