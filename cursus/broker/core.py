@@ -666,6 +666,11 @@ class Broker:
             pass  # loop closed during shutdown; nothing is waiting any more
 
     def _written_from_writer_thread(self, tokens: list[object]) -> None:
+        # Only leaders that someone listens to (followers' long polls) need the wake-up: a standalone
+        # publish does not wake the loop twice per fsync.
+        tokens = [token for token in tokens if not isinstance(token, Replica) or token.wants_written]
+        if not tokens:
+            return
         try:
             self.loop.call_soon_threadsafe(self._apply_written, tokens)
         except RuntimeError:

@@ -732,6 +732,12 @@ class Replica:
             self._candidate_changed()
         self._notify_progress()
 
+    @property
+    def wants_written(self) -> bool:
+        """Whether :meth:`on_written` would do anything (a leader with progress listeners). Read by the
+        writer thread to skip waking the loop for nobody; a listener added meanwhile still hears the fsync."""
+        return self.role is Role.LEADER and bool(self._progress_listeners)
+
     def on_written(self) -> None:
         """The writer wrote (not yet fsynced) appends of this replica (loop thread): a leader wakes the
         followers' long polls, which may serve written chunks before they are durable here."""

@@ -25,7 +25,7 @@ from cursus.broker.metrics import (
     ReplicationCollector,
     TransactionCollector,
 )
-from cursus.broker.session import ByteBudget, Session
+from cursus.broker.session import ByteBudget, Session, SessionProtocol
 from cursus.broker.tls import server_context
 
 log = logging.getLogger("cursus.server")
@@ -72,8 +72,13 @@ class BrokerServer:
         ssl_context = server_context(cfg)
         self._loop = asyncio.get_running_loop()
         # Bound (not yet accepting) first: the bound port names the broker (``<advertised_host>-<port>``).
-        self._client_server = await asyncio.start_server(
-            self._on_connection, host, cfg.broker_port, limit=1 << 20, backlog=1024, ssl=ssl_context,
+        loop = self._loop
+
+        def protocol() -> SessionProtocol:  # asyncio.start_server's factory, with the fast-path protocol
+            return SessionProtocol(asyncio.StreamReader(limit=1 << 20, loop=loop), self._on_connection, loop)
+
+        self._client_server = await loop.create_server(
+            protocol, host, cfg.broker_port, backlog=1024, ssl=ssl_context,
             ssl_handshake_timeout=cfg.tls_handshake_timeout_ms / 1000.0 if ssl_context else None,
             start_serving=False,
         )
@@ -147,6 +152,9 @@ class BrokerServer:
             task.add_done_callback(self._tasks.discard)
         async with self._connection_slots:
             session = Session(self.broker, reader, writer, self._budget)
+            protocol = writer.transport.get_protocol()
+            if isinstance(protocol, SessionProtocol):
+                protocol.session = session  # from now on, small PUBLISH frames take the fast path
             self.sessions.add(session)
             self.metrics.connections_total.inc()
             self.metrics.connections_active.inc()

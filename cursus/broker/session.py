@@ -21,9 +21,13 @@ import functools
 import logging
 import time
 from collections import deque
+from typing import Any
+
+from crc32c import crc32c
 
 from cursus.broker.core import Broker
 from cursus.broker.handlers import HANDLERS
+from cursus.broker.handlers.produce import publish_batch_now
 from cursus.broker.offload import Offload
 from cursus.broker.ratelog import RateLimitedLog
 from cursus.broker.request import Frames, NoReply, Parts, Pending, Reply, Request, SessionInfo, StreamReply
@@ -47,6 +51,8 @@ from cursus.wire import (
     encode_frame,
     encode_frame_parts,
     encode_negotiation_response,
+    encode_plain_frame,
+    flags_for,
     is_cbv2,
     is_crq2,
     select_compression,
@@ -87,6 +93,13 @@ class ByteBudget:
                 self.release(size_bytes)  # granted just as we were cancelled: give it back
             raise
         return size_bytes
+
+    def take(self, size_bytes: int) -> bool:
+        """Reserve ``size_bytes`` now if they fit without waiting (True), else reserve nothing (False)."""
+        if self.used_bytes + size_bytes > self.limit_bytes:
+            return False
+        self.used_bytes += size_bytes
+        return True
 
     def fits(self, size_bytes: int) -> bool:
         """Whether :meth:`acquire` of ``size_bytes`` would be granted without waiting."""
@@ -193,6 +206,17 @@ class Session:
         #: Bytes read while watching a STREAM's or long poll's socket that belong to the next request.
         self._pending = b""
         self._long_poll: asyncio.Future[tuple[Status, bytes | Parts | StreamReply | NoReply | Pending | Frames | None, bool]] | None = None
+        #: True while :meth:`_serve_requests` waits for the first byte of the next request header with
+        #: nothing buffered: then :meth:`fast_requests` may serve whole small PUBLISH frames straight from
+        #: ``data_received`` (:class:`SessionProtocol`) while this coroutine keeps waiting.
+        self._awaiting_request = False
+        #: Loop time of the last request the fast path served during that wait (the idle deadline then
+        #: counts from it: see :meth:`_read_header`), else None.
+        self._fast_served_at: float | None = None
+        self._offload_threshold = broker.offload.threshold_bytes
+        self._loop_time = asyncio.get_running_loop().time
+        #: The fast path skips :func:`authorize`, so it is off with ``enable_sasl`` (every PUBLISH is checked).
+        self._fast_path = not config.enable_sasl
 
     @property
     def busy(self) -> bool:
@@ -241,7 +265,7 @@ class Session:
 
     # -------------------------------------------------------------------------------------- handshake
 
-    async def _read_header(self, timeout_s: float | None) -> FrameHeader:
+    async def _read_header(self, timeout_s: float | None, *, between_requests: bool = False) -> FrameHeader:
         """Read and decode one 32-byte header; its first byte may take ``timeout_s`` (None: no deadline,
         the default between requests), the rest must follow within ``client_request_timeout_ms``.
 
@@ -251,11 +275,28 @@ class Session:
         """
         pending, self._pending = self._pending, b""
         if not pending:
-            if timeout_s is None:
-                pending = await self.reader.read(HEADER_SIZE)
-            else:
-                async with asyncio.timeout(timeout_s):
-                    pending = await self.reader.read(HEADER_SIZE)
+            self._awaiting_request = between_requests
+            full_s = timeout_s
+            try:
+                while True:
+                    if timeout_s is None or full_s is None:
+                        pending = await self.reader.read(HEADER_SIZE)
+                        break
+                    self._fast_served_at = None
+                    try:
+                        async with asyncio.timeout(timeout_s):
+                            pending = await self.reader.read(HEADER_SIZE)
+                        break
+                    except TimeoutError:
+                        # The fast path served requests meanwhile: the idle time counts from the last one.
+                        served_at = self._fast_served_at
+                        if served_at is None:
+                            raise
+                        timeout_s = served_at + full_s - self._loop_time()
+                        if timeout_s <= 0:
+                            raise
+            finally:
+                self._awaiting_request = False
             if not pending:
                 raise asyncio.IncompleteReadError(b"", HEADER_SIZE)
         if len(pending) < HEADER_SIZE:  # a whole header is checked by decode_header alone (the hot path)
@@ -306,15 +347,17 @@ class Session:
         idle = self._idle_timeout_s
         transport = self.writer.transport
         while not self.closing:
+            header = await self._read_header(idle, between_requests=True)
+            if header.kind != Kind.REQUEST or header.command == Command.NEGOTIATE:
+                raise InvalidFrame(f"{header.kind.name} frame with command {header.command.name} is not a request")
+            # Checked once the next header is here (its payload stays unread meanwhile): the fast path may
+            # have filled the in-flight window while this coroutine waited for the header.
             if self._in_flight:
                 if len(self._in_flight) >= self._max_in_flight:
                     await self._wait_in_flight(self._max_in_flight - 1)
                 if transport.get_write_buffer_size() > SMALL_REPLY_BYTES:  # a client slow to read its acks
                     async with asyncio.timeout(self._request_timeout_s):
                         await self.writer.drain()
-            header = await self._read_header(idle)
-            if header.kind != Kind.REQUEST or header.command == Command.NEGOTIATE:
-                raise InvalidFrame(f"{header.kind.name} frame with command {header.command.name} is not a request")
             if self._in_flight and header.command != Command.PUBLISH:
                 await self._wait_in_flight(0)  # a barrier: it sees (and answers after) every earlier PUBLISH
             self._handling = True
@@ -357,6 +400,81 @@ class Session:
             if close:
                 raise _CloseConnection()
 
+    # ------------------------------------------------------------------------------------- fast path
+
+    def fast_path_open(self) -> bool:
+        """Whether :meth:`fast_requests` may serve the bytes that just arrived: this coroutine waits for the
+        next request header with nothing buffered, the connection is negotiated and neither closing nor
+        streaming."""
+        return (self._awaiting_request and self._fast_path and not self._closing and self._stream is None and not self._pending
+                and self.compression is not None and _buffered(self.reader) == 0)
+
+    def fast_requests(self, data: bytes) -> int:
+        """Serve the whole small PUBLISH frames at the start of ``data`` synchronously (no task, no reader
+        wake-up); returns how many bytes were consumed (0..len(data)). The rest goes to the reader for
+        :meth:`_serve_requests` (the general path).
+
+        Served here, in arrival order, with exactly the general path's semantics: a REQUEST frame of command
+        PUBLISH, compression NONE as negotiated, a CBV2 payload below the offload threshold, budget free now
+        and room in the in-flight window. Anything else (another command, a partial frame, a malformed or
+        compressed one, an undecodable batch) stops here untouched, so the general path answers or rejects
+        it (after the replies of the frames served here, which are queued in :attr:`_in_flight`).
+        """
+        if self.compression is not Compression.NONE:
+            return 0
+        in_flight = self._in_flight
+        broker = self.broker
+        budget = self.budget
+        size_limit = self._offload_threshold
+        total = len(data)
+        position = 0
+        view = memoryview(data)
+        served = False
+        try:
+            while total - position >= HEADER_SIZE and len(in_flight) < self._max_in_flight:
+                try:
+                    header = decode_header(view[position:position + HEADER_SIZE])
+                except ProtocolError:
+                    break
+                size = header.encoded_length
+                end = position + HEADER_SIZE + size
+                if (header.command is not Command.PUBLISH or header.kind is not Kind.REQUEST or end > total
+                        or size != header.decoded_length or size >= size_limit
+                        or header.flags != _PLAIN_FLAGS or not budget.take(size)):
+                    break
+                payload = data[position + HEADER_SIZE:end]
+                if crc32c(payload) != header.crc or not is_cbv2(payload):
+                    budget.release(size)
+                    break
+                started = time.perf_counter()
+                request = Request(Command.PUBLISH, header.request_id, _NO_FIELDS, batch=payload, session=self.info)
+                try:
+                    result = publish_batch_now(broker, request)
+                except ProtocolError:  # undecodable batch (nothing appended): the general path closes
+                    budget.release(size)
+                    break
+                except Exception as exc:  # noqa: BLE001 - answered by _finish, as the general path does
+                    result = Pending(_done_future(), functools.partial(_raise, exc))
+                position = end
+                served = True
+                if isinstance(result, Pending):
+                    _release_after(budget, size, result.done)
+                    in_flight.append((Command.PUBLISH, header.request_id, result, started))
+                    result.done.add_done_callback(self._flush)
+                else:  # acks=0: no reply; counted as the general path does
+                    if result.written is not None:
+                        _release_after(budget, size, result.written)
+                    else:
+                        budget.release(size)
+                    metrics = broker.metrics
+                    metrics.child(metrics.commands_total, "PUBLISH", "ok").inc()
+                    metrics.child(metrics.command_duration, "PUBLISH").observe(time.perf_counter() - started)
+        finally:
+            view.release()
+        if served:
+            self._fast_served_at = self._loop_time()
+        return position
+
     async def _wait_in_flight(self, at_most: int) -> None:
         """Wait until at most ``at_most`` pipelined replies are still due."""
         while len(self._in_flight) > at_most:
@@ -377,8 +495,11 @@ class Session:
                 writer.close()  # after the replies already written
                 break
             if not writer.is_closing():
-                writer.writelines(encode_frame_parts(Kind.RESPONSE, command, status, request_id, [body],
-                                                     compression=self.compression))
+                if self.compression is Compression.NONE:
+                    writer.write(encode_plain_frame(command, status, request_id, body))
+                else:
+                    writer.writelines(encode_frame_parts(Kind.RESPONSE, command, status, request_id, [body],
+                                                         compression=self.compression))
         progress, self._progress = self._progress, None
         if progress is not None and not progress.done():
             progress.set_result(None)
@@ -387,7 +508,7 @@ class Session:
         """The reply of a pipelined request whose wait is over: (status, payload), or (ERROR, None) when the
         wait was cancelled (shutdown)."""
         metrics = self.broker.metrics
-        name = command.name
+        name = _COMMAND_NAMES[command]
         try:
             if pending.done.cancelled():
                 return Status.ERROR, None
@@ -610,6 +731,85 @@ class Session:
         if isinstance(result, Reply):
             return Status.OK, result.payload, result.close
         return Status.OK, result, False
+
+
+_NO_FIELDS: dict[str, str] = {}
+#: ``command.name`` without the enum property's cost (metrics labels on the reply path).
+_COMMAND_NAMES = {command: command.name for command in Command}
+#: The flags byte of a frame with compression NONE.
+_PLAIN_FLAGS = flags_for(Compression.NONE)
+
+
+def _done_future() -> asyncio.Future[None]:
+    done: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+    done.set_result(None)
+    return done
+
+
+def _raise(exc: Exception) -> bytes:
+    raise exc
+
+
+def _release_after(budget: ByteBudget, size_bytes: int, written: asyncio.Future[Any]) -> None:
+    """Return ``size_bytes`` to ``budget`` once ``written`` is done, whatever its outcome (retrieved here: a
+    failed write fences the partition, which reports it)."""
+    def release(done: asyncio.Future[Any]) -> None:
+        if not done.cancelled():
+            done.exception()
+        budget.release(size_bytes)
+
+    written.add_done_callback(release)
+
+
+class SessionProtocol(asyncio.StreamReaderProtocol):
+    """The client listener's protocol: a :class:`asyncio.StreamReaderProtocol` (so :class:`Session` reads
+    and writes through a StreamReader/StreamWriter as before, over TCP or TLS) whose ``data_received`` first
+    offers the bytes to :meth:`Session.fast_requests` when the session is idle between requests.
+
+    A single-record PUBLISH then costs no reader wake-up, no coroutine step and no task: the frame is
+    decoded, appended and its ack queued from the callback itself, and the ack is written by
+    :meth:`Session._flush` once the fsync is done. Bytes the fast path does not take go to the StreamReader
+    unchanged (in order: the fast path only consumes a prefix, and only while nothing is buffered), so every
+    other request, and every check and deadline, stays with the general path. Flow control is the
+    StreamReader's (pause_reading above its limit) and the writer's (no fast path while writing is paused).
+    """
+
+    def __init__(self, reader: asyncio.StreamReader, client_connected_cb: Any, loop: asyncio.AbstractEventLoop) -> None:
+        super().__init__(reader, client_connected_cb, loop=loop)
+        self._reader = reader
+        #: Set by the server once the connection's :class:`Session` exists.
+        self.session: Session | None = None
+        self._transport_ref: asyncio.BaseTransport | None = None
+        #: True between ``pause_writing`` and ``resume_writing`` (a client slow to read its replies).
+        self._writing_paused = False
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self._transport_ref = transport
+        super().connection_made(transport)
+
+    def pause_writing(self) -> None:
+        self._writing_paused = True
+        super().pause_writing()
+
+    def resume_writing(self) -> None:
+        self._writing_paused = False
+        super().resume_writing()
+
+    def data_received(self, data: bytes) -> None:
+        session = self.session
+        if session is not None and not self._writing_paused and session.fast_path_open():
+            try:
+                used = session.fast_requests(data)
+            except Exception:  # a bug: this connection cannot be kept in a known state
+                log.exception("fast path failed on %s", session.info.peer)
+                if isinstance(self._transport_ref, asyncio.Transport):
+                    self._transport_ref.abort()
+                return
+            if used:
+                if used == len(data):
+                    return
+                data = data[used:]
+        super().data_received(data)
 
 
 class _StreamSink:

@@ -80,6 +80,7 @@ from cursus.wire.frame import (
     decode_payload,
     encode_frame,
     encode_frame_parts,
+    encode_plain_frame,
     flags_for,
 )
 from cursus.wire.negotiation import (
@@ -170,6 +171,7 @@ __all__ = [
     "encode_crq2",
     "encode_error",
     "encode_frame",
+    "encode_plain_frame",
     "encode_frame_parts",
     "encode_negotiation_request",
     "encode_negotiation_response",

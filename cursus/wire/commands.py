@@ -96,6 +96,8 @@ INTERNAL_COMMANDS: frozenset[Command] = frozenset(
 for them (decision 1)."""
 
 _COMMAND_ID_MAX = max(Command)
+#: Header command id -> member, built once (an enum call per frame costs more than the lookup).
+_COMMAND_BY_ID: Mapping[int, Command] = MappingProxyType({int(command): command for command in Command})
 
 
 def command_from_id(value: int) -> Command:
@@ -103,6 +105,7 @@ def command_from_id(value: int) -> Command:
 
     Raises ``InvalidFrame`` (reason ``invalid_frame``) for 0 or any id not in the table.
     """
-    if not 1 <= value <= _COMMAND_ID_MAX:
+    command = _COMMAND_BY_ID.get(value)
+    if command is None:
         raise InvalidFrame(f"unknown command id {value}")
-    return Command(value)
+    return command

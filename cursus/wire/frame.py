@@ -402,3 +402,28 @@ class FrameDecoder:
         elif end >= RECEIVE_BUFFER_COMPACT_BYTES_MIN and end * 2 >= len(self._buffer):
             del self._buffer[:end]
             self._position = 0
+
+
+_PLAIN_TAIL = struct.Struct(">QIII")
+_PLAIN_FLAGS = FLAG_COMPRESSION_EXPLICIT | (int(Compression.NONE) << 1)
+#: Header bytes 0-11 of a RESPONSE frame with compression NONE, per (command, status): built once.
+_PLAIN_PREFIXES: Mapping[tuple[Command, Status], bytes] = MappingProxyType({
+    (command, status): _HEADER.pack(MAGIC, WIRE_VERSION, Kind.RESPONSE, _PLAIN_FLAGS, command, status, 0, 0, 0, 0)[:12]
+    for command in Command for status in (Status.OK, Status.ERROR)
+})
+
+
+def encode_plain_frame(command: Command, status: Status, request_id: int, payload: bytes) -> bytes:
+    """A RESPONSE frame with compression NONE, as one ``bytes``: the common reply (a PUBLISH ack, an OK
+    line), byte for byte what :func:`encode_frame` gives for the same arguments, but from a precomputed
+    header prefix (no enum, semantic or compression checks beyond what a response needs).
+
+    ``command`` is a :class:`Command`, ``status`` OK or ERROR, ``request_id`` in 1..2**64-1 and ``payload``
+    at most :data:`MAX_PAYLOAD_BYTES`; anything else raises ``LocalProtocolError`` (like :func:`encode_frame`).
+    """
+    prefix = _PLAIN_PREFIXES.get((command, status))
+    size = len(payload)
+    if prefix is None or not 0 < request_id <= _REQUEST_ID_MAX or size > MAX_PAYLOAD_BYTES:
+        raise LocalProtocolError(f"cannot encode a {status!r} response to {command!r} for request {request_id} "
+                                 f"with {size} payload bytes")
+    return b"".join((prefix, _PLAIN_TAIL.pack(request_id, size, size, crc32c.crc32c(payload)), payload))

@@ -51,30 +51,53 @@ _EVENT_FIELD_BITS = (1 << 5) | (1 << 15) | (1 << 16)
 
 async def handle_publish(broker: Broker, req: Request) -> Pending | NoReply:
     """PUBLISH; acks=0/none gets no reply even when it fails (facts B1.5)."""
-    view = None
-    acks_raw: str | None = req.get("acks")
     if req.batch is not None:
+        batch = req.batch
+        if len(batch) < broker.offload.threshold_bytes:  # no coroutine step at all: the hot path
+            return publish_batch_now(broker, req)
         # ProtocolError: an undecodable batch closes the connection (decision 5). A large one is scanned off
         # the loop.
-        batch = req.batch
-        view = (scan_batch(batch) if len(batch) < broker.offload.threshold_bytes  # no coroutine: the hot path
-                else await broker.offload.run(len(batch), functools.partial(scan_batch, batch)))
-        acks_raw = view.acks
-    suppressed = ACK_MODES.get((acks_raw or "").strip().lower()) == "none"
+        view = await broker.offload.run(len(batch), functools.partial(scan_batch, batch))
+        return _publish_scanned(broker, req, view)
+    suppressed = ACK_MODES.get((req.get("acks") or "").strip().lower()) == "none"
     try:
-        if view is not None:
-            return await _publish_batch(broker, req, view)
-        return await _publish_text(broker, req)
+        return _publish_text(broker, req)
     except Exception as exc:
         if not suppressed:
             raise
-        # acks=0: the client never reads a reply, so even a failure sends nothing (a stray frame would
-        # desynchronise its connection).
-        code = exc.error.code if isinstance(exc, BrokerError) else "broker_error"
-        if not isinstance(exc, BrokerError):
-            log.exception("acks=0 PUBLISH failed")
-        broker.metrics.child(broker.metrics.publish_acks_total, "none", code).inc()
-        return NO_REPLY
+        return _suppressed(broker, exc)
+
+
+def publish_batch_now(broker: Broker, req: Request) -> Pending | NoReply:
+    """A CBV2 batch PUBLISH (``req.batch`` set, smaller than the offload threshold) handled synchronously on
+    the loop: scan, checks, dedup, append (what :func:`handle_publish` does, without a coroutine; the
+    session's fast path calls it directly).
+
+    Raises:
+        ProtocolError: the batch is undecodable (the connection is closed; nothing was appended).
+        BrokerError: the typed refusal (not for acks=0, which answers :data:`NO_REPLY` instead).
+    """
+    assert req.batch is not None
+    return _publish_scanned(broker, req, scan_batch(req.batch))
+
+
+def _publish_scanned(broker: Broker, req: Request, view: BatchView) -> Pending | NoReply:
+    try:
+        return _publish_batch(broker, req, view)
+    except Exception as exc:
+        if ACK_MODES.get((view.acks or "").strip().lower()) != "none":
+            raise
+        return _suppressed(broker, exc)
+
+
+def _suppressed(broker: Broker, exc: Exception) -> NoReply:
+    """acks=0: the client never reads a reply, so even a failure sends nothing (a stray frame would
+    desynchronise its connection)."""
+    code = exc.error.code if isinstance(exc, BrokerError) else "broker_error"
+    if not isinstance(exc, BrokerError):
+        log.exception("acks=0 PUBLISH failed")
+    broker.metrics.child(broker.metrics.publish_acks_total, "none", code).inc()
+    return NO_REPLY
 
 
 def target_topic(broker: Broker, topic: str, req: Request, command: str = "PUBLISH") -> TopicDefinition:
@@ -183,7 +206,7 @@ async def wait_ack(broker: Broker, replica: Replica, mode: str, end: int, isr: t
 _wait_ack = wait_ack
 
 
-async def _publish_batch(broker: Broker, req: Request, view: BatchView) -> Pending | NoReply:
+def _publish_batch(broker: Broker, req: Request, view: BatchView) -> Pending | NoReply:
     """A CBV2 batch naming one partition (facts decision 12)."""
     mode = parse_acks(view.acks)
     defn = target_topic(broker, view.topic, req)
@@ -228,7 +251,7 @@ def _refuse_event_records(defn: TopicDefinition, records: memoryview, count: int
                                  reason="event records are appended with APPEND_STREAM only")
 
 
-async def _publish_text(broker: Broker, req: Request) -> Pending | NoReply:
+def _publish_text(broker: Broker, req: Request) -> Pending | NoReply:
     """Text PUBLISH: one record built by the broker (record version 2)."""
     for name in _TXN_FIELDS:
         if name in req.fields:
