@@ -60,6 +60,7 @@ from cursus.client.errors import (
     ProtocolViolationError,
 )
 from cursus.client.records import ConsumerRecord, decode_consumed_batch
+from cursus.client.steps import StepDriver
 from cursus.wire import (
     TXN_CONTROL_MARKER_PAYLOAD,
     Command,
@@ -535,29 +536,25 @@ class Consumer(_ConsumerSettings):
 
     def _consume(self, cursor: PartitionCursor, wait_ms: int) -> Frame | None:
         """Drive :meth:`ConsumerCore.consume_steps` with blocking I/O."""
-        steps = self._core.consume_steps(cursor, wait_ms, self.options.redirects_max)
-        reply: Any = None
-        error: CursusError | None = None
-        while True:
-            try:
-                action, argument = steps.throw(error) if error is not None else steps.send(reply)
-            except StopIteration as done:
-                return done.value
-            reply, error = None, None
+        driver = StepDriver(self._core.consume_steps(cursor, wait_ms, self.options.redirects_max))
+        while driver.advance():
+            action, argument = driver.step
             if action == "consume":
                 try:
-                    reply = self._client.call(Command.CONSUME, argument, address=cursor.leader,
-                                              timeout_s=self.options.timeout_s + wait_ms / 1000.0,
-                                              follow_redirects=False, failover=True)
+                    driver.reply = self._client.call(Command.CONSUME, argument, address=cursor.leader,
+                                                     timeout_s=self.options.timeout_s + wait_ms / 1000.0,
+                                                     follow_redirects=False, failover=True)
                 except CursusError as exc:
-                    error = exc
+                    driver.error = exc
             elif action == "leader":
-                reply = self._refresh_leader(cursor.partition)
+                driver.reply = self._refresh_leader(cursor.partition)
             elif action == "backoff":
                 time.sleep(self.options.backoff.delay_s(argument))
             else:
                 bounds = self._list_offsets(cursor.partition)[0]
-                reply = (bounds.earliest, bounds.latest)
+                driver.reply = (bounds.earliest, bounds.latest)
+        result: Frame | None = driver.result
+        return result
 
     def _prefetched_reply(self, cursor: PartitionCursor) -> Frame | None:
         """The reply of the prefetched CONSUME when it answers ``cursor`` now; None otherwise (an error
@@ -825,30 +822,26 @@ class AsyncConsumer(_ConsumerSettings):
     async def _consume(self, cursor: PartitionCursor, wait_ms: int) -> Frame | None:
         """Drive :meth:`ConsumerCore.consume_steps` with asyncio I/O (the same decisions as the blocking
         consumer, failover included)."""
-        steps = self._core.consume_steps(cursor, wait_ms, self.options.redirects_max)
-        reply: Any = None
-        error: CursusError | None = None
-        while True:
-            try:
-                action, argument = steps.throw(error) if error is not None else steps.send(reply)
-            except StopIteration as done:
-                return done.value
-            reply, error = None, None
+        driver = StepDriver(self._core.consume_steps(cursor, wait_ms, self.options.redirects_max))
+        while driver.advance():
+            action, argument = driver.step
             if action == "consume":
                 try:
-                    reply = await self._client.call(Command.CONSUME, argument, address=cursor.leader,
-                                                    timeout_s=self.options.timeout_s + wait_ms / 1000.0,
-                                                    follow_redirects=False, failover=True)
+                    driver.reply = await self._client.call(
+                        Command.CONSUME, argument, address=cursor.leader,
+                        timeout_s=self.options.timeout_s + wait_ms / 1000.0, follow_redirects=False, failover=True)
                 except CursusError as exc:
-                    error = exc
+                    driver.error = exc
             elif action == "leader":
                 self._metadata = None
-                reply = (await self.metadata()).leader_address(cursor.partition) or self._client.bootstrap[0]
+                driver.reply = (await self.metadata()).leader_address(cursor.partition) or self._client.bootstrap[0]
             elif action == "backoff":
                 await asyncio.sleep(self.options.backoff.delay_s(argument))
             else:
                 bounds = (await self._list_offsets(cursor.partition))[0]
-                reply = (bounds.earliest, bounds.latest)
+                driver.reply = (bounds.earliest, bounds.latest)
+        result: Frame | None = driver.result
+        return result
 
     async def poll(self, timeout_s: float | None = None) -> list[ConsumerRecord]:
         """See :meth:`Consumer.poll`."""

@@ -65,6 +65,7 @@ from cursus.client.errors import (
 )
 from cursus.client.records import ConsumerRecord, decode_consumed_batch
 from cursus.client.signals import sigterm_exits
+from cursus.client.steps import StepDriver
 from cursus.wire import Command, CommandPayload, Frame, ProtocolError, Status, encode_crq2
 
 __all__ = ["AsyncGroupConsumer", "GroupConsumer", "GroupMembership", "PartitionKey", "REJOIN_CODES",
@@ -354,34 +355,26 @@ def rejoin_steps(state: GroupMembership, auto_offset_reset: str,
 
 def run_steps(steps: Steps[_R], call: Callable[[Command, dict[str, str]], Frame]) -> _R:
     """Drive ``steps`` with a blocking ``call``: each request's reply (or typed error) goes back in."""
-    reply: Any = None
-    error: CursusError | None = None
-    while True:
+    driver = StepDriver(steps)
+    while driver.advance():
         try:
-            step = steps.throw(error) if error is not None else steps.send(reply)
-        except StopIteration as done:
-            return done.value
-        reply, error = None, None
-        try:
-            reply = call(*step)
+            driver.reply = call(*driver.step)
         except CursusError as exc:
-            error = exc
+            driver.error = exc
+    result: _R = driver.result
+    return result
 
 
 async def run_steps_async(steps: Steps[_R], call: Callable[[Command, dict[str, str]], Awaitable[Frame]]) -> _R:
     """:func:`run_steps` with an asyncio ``call``."""
-    reply: Any = None
-    error: CursusError | None = None
-    while True:
+    driver = StepDriver(steps)
+    while driver.advance():
         try:
-            step = steps.throw(error) if error is not None else steps.send(reply)
-        except StopIteration as done:
-            return done.value
-        reply, error = None, None
-        try:
-            reply = await call(*step)
+            driver.reply = await call(*driver.step)
         except CursusError as exc:
-            error = exc
+            driver.error = exc
+    result: _R = driver.result
+    return result
 
 
 class _GroupSettings:
