@@ -40,7 +40,7 @@ from collections.abc import (
 from dataclasses import dataclass
 from typing import Any
 
-from cursus.client.admin import TopicMetadata, parse_list_offsets, parse_metadata
+from cursus.client.admin import PartitionOffsets, TopicMetadata, parse_list_offsets, parse_metadata
 from cursus.client.aio import AsyncClient, open_connection
 from cursus.client.connection import (
     DEFAULT_ADDRESS,
@@ -377,6 +377,21 @@ def _resolve_start(start: StartPosition, partition: int, earliest: int, latest: 
     raise ValueError(f"start position {value!r}: use 'earliest', 'latest' or an offset")
 
 
+def _start_positions(topic: str, start: StartPosition, wanted: Iterable[int],
+                     listed: Iterable[PartitionOffsets]) -> dict[int, int]:
+    """The first offset to read of each ``wanted`` partition, from ``start`` and the partitions' LIST_OFFSETS
+    bounds (``listed``). Raises ``NotFoundError`` (``partition_not_found``) for a partition not listed,
+    ``ValueError`` for a bad start position."""
+    offsets = {o.partition: o for o in listed}
+    positions = {}
+    for p in wanted:
+        if p not in offsets:
+            raise NotFoundError("partition_not_found", f"{topic} has no partition {p}",
+                                fields={"topic": topic, "partition": str(p)})
+        positions[p] = _resolve_start(start, p, offsets[p].earliest, offsets[p].latest)
+    return positions
+
+
 def _partition_list(partitions: int | Iterable[int] | None) -> list[int] | None:
     if partitions is None:
         return None
@@ -452,16 +467,8 @@ class Consumer(_ConsumerSettings):
         if self._started:
             return
         metadata = self.metadata()
-        wanted = self._wanted if self._wanted is not None else list(range(metadata.partitions))
-        listed = self._list_offsets()
-        offsets = {o.partition: o for o in listed}
-        positions = {}
-        for p in wanted:
-            if p not in offsets:
-                raise NotFoundError("partition_not_found", f"{self.topic} has no partition {p}",
-                                    fields={"topic": self.topic, "partition": str(p)})
-            positions[p] = _resolve_start(self._start, p, offsets[p].earliest, offsets[p].latest)
-        self.assign(positions)
+        wanted = self._wanted if self._wanted is not None else range(metadata.partitions)
+        self.assign(_start_positions(self.topic, self._start, wanted, self._list_offsets()))
 
     def metadata(self) -> TopicMetadata:
         """The topic's METADATA (fetched once, refreshed on redirects)."""
@@ -749,16 +756,8 @@ class AsyncConsumer(_ConsumerSettings):
         if self._started:
             return
         metadata = await self.metadata()
-        wanted = self._wanted if self._wanted is not None else list(range(metadata.partitions))
-        listed = await self._list_offsets()
-        offsets = {o.partition: o for o in listed}
-        positions = {}
-        for p in wanted:
-            if p not in offsets:
-                raise NotFoundError("partition_not_found", f"{self.topic} has no partition {p}",
-                                    fields={"topic": self.topic, "partition": str(p)})
-            positions[p] = _resolve_start(self._start, p, offsets[p].earliest, offsets[p].latest)
-        await self.assign(positions)
+        wanted = self._wanted if self._wanted is not None else range(metadata.partitions)
+        await self.assign(_start_positions(self.topic, self._start, wanted, await self._list_offsets()))
 
     async def assign(self, positions: Mapping[int, int]) -> None:
         """See :meth:`Consumer.assign`."""

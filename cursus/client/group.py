@@ -78,6 +78,7 @@ REJOIN_CODES = frozenset({"GEN_MISMATCH", "NOT_OWNER", "member_not_found", "grou
 _RESETS = ("earliest", "latest", "error")
 _MODES = ("poll", "stream")
 _R = TypeVar("_R")
+_C = TypeVar("_C")
 
 Callback = Callable[[list[Any]], Any]  # partition numbers, or (topic, partition) pairs
 
@@ -475,6 +476,26 @@ class _GroupSettings:
 _MULTI_TOPIC_SLICE_S = 0.1
 
 
+def _poll_schedule(consumers: Sequence[_C], budget_s: float,
+                   clock: Callable[[], float] = time.monotonic) -> Iterator[tuple[_C, float]]:
+    """Which topic's consumer to poll next and for how long (seconds), until one returns records (the
+    caller stops then) or ``budget_s`` is spent: the only topic with the whole budget; several topics each
+    once without waiting, then in turn with long polls of at most ``_MULTI_TOPIC_SLICE_S``."""
+    if len(consumers) <= 1:
+        if consumers:
+            yield consumers[0], budget_s
+        return
+    deadline = clock() + budget_s
+    for consumer in consumers:
+        yield consumer, 0
+    while True:
+        for consumer in consumers:
+            remaining = deadline - clock()
+            if remaining <= 0:
+                return
+            yield consumer, min(remaining, _MULTI_TOPIC_SLICE_S)
+
+
 class GroupConsumer(_GroupSettings):
     """Blocking group consumer: ``for record in consumer`` or :meth:`poll`, plus :meth:`commit`.
 
@@ -645,24 +666,12 @@ class GroupConsumer(_GroupSettings):
             return self.state.on_records(key, records)
 
     def _poll_consumers(self, budget_s: float) -> list[ConsumerRecord]:
-        """One topic's records: the only topic with the whole budget; several topics each once without
-        waiting, then in turn with short long polls until the budget is spent."""
-        consumers = self._reading()
-        if len(consumers) <= 1:
-            return consumers[0].poll(budget_s) if consumers else []
-        deadline = time.monotonic() + budget_s
-        for consumer in consumers:
-            records = consumer.poll(0)
+        """One topic's records, polled as :func:`_poll_schedule` says ([] once the budget is spent)."""
+        for consumer, wait_s in _poll_schedule(self._reading(), budget_s):
+            records: list[ConsumerRecord] = consumer.poll(wait_s)
             if records:
                 return records
-        while True:
-            for consumer in consumers:
-                remaining = deadline - time.monotonic()
-                if remaining <= 0:
-                    return []
-                records = consumer.poll(min(remaining, _MULTI_TOPIC_SLICE_S))
-                if records:
-                    return records
+        return []
 
     def _poll_streams(self, budget_s: float) -> list[ConsumerRecord]:
         deadline = time.monotonic() + budget_s
@@ -982,22 +991,11 @@ class AsyncGroupConsumer(_GroupSettings):
 
     async def _poll_consumers(self, budget_s: float) -> list[ConsumerRecord]:
         """See :meth:`GroupConsumer._poll_consumers`."""
-        consumers = self._reading()
-        if len(consumers) <= 1:
-            return await consumers[0].poll(budget_s) if consumers else []
-        deadline = time.monotonic() + budget_s
-        for consumer in consumers:
-            records = await consumer.poll(0)
+        for consumer, wait_s in _poll_schedule(self._reading(), budget_s):
+            records: list[ConsumerRecord] = await consumer.poll(wait_s)
             if records:
                 return records
-        while True:
-            for consumer in consumers:
-                remaining = deadline - time.monotonic()
-                if remaining <= 0:
-                    return []
-                records = await consumer.poll(min(remaining, _MULTI_TOPIC_SLICE_S))
-                if records:
-                    return records
+        return []
 
     async def commit(self, offsets: Mapping[PartitionKey, int] | None = None) -> dict[PartitionKey, int]:
         """See :meth:`GroupConsumer.commit`."""
