@@ -596,15 +596,13 @@ class Consumer(_ConsumerSettings):
         """Records from the next partition that has some, in offset order; ``[]`` if none arrive within
         ``timeout_s`` seconds (default: one long poll of ``wait_ms``)."""
         self._ensure_started()
-        plan = self._core.poll_plan(self.wait_ms, timeout_s)
-        try:
-            cursor, wait_ms = next(plan)
-            while True:
-                if self._closed:
-                    raise ClientClosedError("consumer is closed")
-                cursor, wait_ms = plan.send(self._fetch(cursor, wait_ms))
-        except StopIteration as done:
-            return done.value
+        plan = StepDriver(self._core.poll_plan(self.wait_ms, timeout_s))
+        while plan.advance():
+            if self._closed:
+                raise ClientClosedError("consumer is closed")
+            plan.reply = self._fetch(*plan.step)
+        records: list[ConsumerRecord] = plan.result
+        return records
 
     def records(self, *, max_records: int | None = None, until_end: bool = False,
                 idle_timeout_s: float | None = None) -> Iterator[ConsumerRecord]:
@@ -849,15 +847,13 @@ class AsyncConsumer(_ConsumerSettings):
 
     async def _poll(self, timeout_s: float | None = None) -> list[ConsumerRecord]:
         await self._ensure_started()
-        plan = self._core.poll_plan(self.wait_ms, timeout_s)
-        try:
-            cursor, wait_ms = next(plan)
-            while True:
-                if self._closed:
-                    raise ClientClosedError("consumer is closed")
-                cursor, wait_ms = plan.send(await self._fetch(cursor, wait_ms))
-        except StopIteration as done:
-            return done.value
+        plan = StepDriver(self._core.poll_plan(self.wait_ms, timeout_s))
+        while plan.advance():
+            if self._closed:
+                raise ClientClosedError("consumer is closed")
+            plan.reply = await self._fetch(*plan.step)
+        records: list[ConsumerRecord] = plan.result
+        return records
 
     def records(self, *, max_records: int | None = None, until_end: bool = False,
                 idle_timeout_s: float | None = None) -> AsyncIterator[ConsumerRecord]:

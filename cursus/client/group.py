@@ -268,6 +268,17 @@ class GroupMembership:
             self.processed[partition] = kept[-1].offset + 1
         return kept
 
+    def accept(self, records: list[ConsumerRecord], unchanged: bool) -> list[ConsumerRecord]:
+        """What the application gets of one topic consumer's ``records`` (all of one partition): nothing
+        when the assignment changed while they were read (``unchanged`` False) or their partition is no
+        longer assigned, else :meth:`on_records`."""
+        if not unchanged or not records:
+            return []
+        key = self.key_of(records[0])
+        if key not in self.assignment:
+            return []
+        return self.on_records(key, records)
+
 
 #: One request of a sans-IO step sequence: (command, CRQ2 fields); the driver sends it and sends back the
 #: reply frame, or throws the typed error in.
@@ -658,12 +669,7 @@ class GroupConsumer(_GroupSettings):
         token = self._assignment_token
         records = self._poll_consumers(budget_s)
         with self._lock:
-            if token != self._assignment_token or not records:
-                return []
-            key = self.state.key_of(records[0])
-            if key not in self.state.assignment:
-                return []
-            return self.state.on_records(key, records)
+            return self.state.accept(records, token == self._assignment_token)
 
     def _poll_consumers(self, budget_s: float) -> list[ConsumerRecord]:
         """One topic's records, polled as :func:`_poll_schedule` says ([] once the budget is spent)."""
@@ -982,12 +988,7 @@ class AsyncGroupConsumer(_GroupSettings):
             return []
         token = self._assignment_token
         records = await self._poll_consumers(budget_s)
-        if token != self._assignment_token or not records:
-            return []
-        key = self.state.key_of(records[0])
-        if key not in self.state.assignment:
-            return []
-        return self.state.on_records(key, records)
+        return self.state.accept(records, token == self._assignment_token)
 
     async def _poll_consumers(self, budget_s: float) -> list[ConsumerRecord]:
         """See :meth:`GroupConsumer._poll_consumers`."""
