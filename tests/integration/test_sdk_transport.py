@@ -7,6 +7,7 @@ returns, optionally forwarding to a real broker. It exercises what a standalone 
 
 from __future__ import annotations
 
+import asyncio
 import collections
 import datetime
 import ipaddress
@@ -25,6 +26,7 @@ import pytest
 
 from cursus.client import (
     Admin,
+    AsyncProducer,
     AuthenticationError,
     Backoff,
     Client,
@@ -82,8 +84,11 @@ class FakeBroker:
         self.requests: list[tuple[int, Command, CommandPayload | None]] = []
         self.offers: list[tuple[Compression, ...]] = []
         self.state: dict[str, Any] = collections.defaultdict(int)
-        #: When set, connections accepted from then on wait for this event before their handshake.
+        #: When set, connections accepted from then on (from the ``hold_from``-th, counting from 0) wait for
+        #: this event before their handshake.
         self.hold: threading.Event | None = None
+        self.hold_from = 0
+        self._accepted = 0
         self._listener = socket.create_server(("127.0.0.1", port), reuse_port=False)
         self.address = self._listener.getsockname()[:2]
         self._closed = False
@@ -117,11 +122,12 @@ class FakeBroker:
                 sock, _ = self._listener.accept()
             except OSError:
                 return
-            threading.Thread(target=self._serve, args=(sock,), daemon=True).start()
+            index, self._accepted = self._accepted, self._accepted + 1
+            threading.Thread(target=self._serve, args=(sock, index), daemon=True).start()
 
-    def _serve(self, sock: socket.socket) -> None:
+    def _serve(self, sock: socket.socket, index: int) -> None:
         hold = self.hold
-        if hold is not None:
+        if hold is not None and index >= self.hold_from:
             hold.wait(30)
         try:
             if self.ssl_context is not None:
@@ -321,6 +327,33 @@ def test_admin_follows_not_leader_and_not_coordinator(fakes, shared_broker, topi
     assert getattr(info.value, "code", "") == "NOT_LEADER" and len(loop_fake.requests) == 6
 
 
+def _redirecting_to(real: str, refused: list[tuple[int, int]]) -> Handler:
+    """A double claiming to lead every partition that answers each PUBLISH ``NOT_LEADER leader=real``,
+    noting the (partition, seq_start) of each batch it refused."""
+
+    def handler(fake: FakeBroker, frame: Frame, fields: CommandPayload | None) -> Reply:
+        if frame.command == Command.METADATA:
+            return fake.forward_metadata_as_leader(frame)
+        batch = decode_batch(frame.payload)
+        refused.append((batch.partition, batch.seq_start))
+        return err("NOT_LEADER", leader=real)
+
+    return handler
+
+
+def _check_redirected_once_in_order(refused: list[tuple[int, int]], sent: dict[int, list[bytes]], topic: str,
+                                    real: str) -> None:
+    per_partition = collections.Counter(partition for partition, _ in refused)
+    assert len(set(refused)) == len(refused)  # each batch was refused once, then went to the real leader
+    assert max(per_partition.values()) >= 2  # a window of several batches was refused
+    assert all(count <= 5 for count in per_partition.values())  # only what was in flight before the reply
+    with Consumer(topic, real) as consumer:
+        got: dict[int, list[bytes]] = collections.defaultdict(list)
+        for record in consumer.records(until_end=True):
+            got[record.partition].append(record.value)
+    assert got == sent  # every record once, each partition in send order
+
+
 def test_producer_follows_not_leader_to_the_real_leader(fakes, shared_broker, topic_name):
     """Every batch of a pipelined window refused with NOT_LEADER is resent, in order, to the real leader
     (issue 11: without idempotence all but the last batch of the window failed, as if resending them
@@ -328,16 +361,8 @@ def test_producer_follows_not_leader_to_the_real_leader(fakes, shared_broker, to
     real = _real(shared_broker)
     with Admin(real) as admin:
         admin.create_topic(topic_name, 2)
-    refused: list[tuple[int, int]] = []  # (partition, seq_start) of each PUBLISH the double refused
-
-    def handler(fake: FakeBroker, frame: Frame, fields: CommandPayload | None) -> Reply:
-        if frame.command == Command.METADATA:
-            return fake.forward_metadata_as_leader(frame)  # claims leadership of every partition
-        batch = decode_batch(frame.payload)
-        refused.append((batch.partition, batch.seq_start))
-        return err("NOT_LEADER", leader=real)
-
-    fake = fakes(handler, upstream=shared_broker.address)
+    refused: list[tuple[int, int]] = []
+    fake = fakes(_redirecting_to(real, refused), upstream=shared_broker.address)
     sent: dict[int, list[bytes]] = collections.defaultdict(list)
     with Producer(fake.addr, linger_ms=1, batch_size=10, max_in_flight=5, timeout_s=30) as producer:
         assert producer.partitions_for(topic_name) == 2  # METADATA before the hold
@@ -349,15 +374,30 @@ def test_producer_follows_not_leader_to_the_real_leader(fakes, shared_broker, to
         producer.flush()
         for i, future in enumerate(futures):
             sent[future.result().partition].append(b"r%d" % i)
-    per_partition = collections.Counter(partition for partition, _ in refused)
-    assert len(set(refused)) == len(refused)  # each batch was refused once, then went to the real leader
-    assert max(per_partition.values()) >= 2  # a window of several batches was refused
-    assert all(count <= 5 for count in per_partition.values())  # only what was in flight before the reply
-    with Consumer(topic_name, real) as consumer:
-        got: dict[int, list[bytes]] = collections.defaultdict(list)
-        for record in consumer.records(until_end=True):
-            got[record.partition].append(record.value)
-    assert got == sent  # every record once, each partition in send order
+    _check_redirected_once_in_order(refused, sent, topic_name, real)
+
+
+def test_async_producer_follows_not_leader_to_the_real_leader(fakes, shared_broker, topic_name):
+    """The same with :class:`AsyncProducer` (its sender tasks drive the same core)."""
+    real = _real(shared_broker)
+    with Admin(real) as admin:
+        admin.create_topic(topic_name, 2)
+    refused: list[tuple[int, int]] = []
+    fake = fakes(_redirecting_to(real, refused), upstream=shared_broker.address)
+    fake.hold, fake.hold_from = threading.Event(), 1  # the first connection (METADATA) is not held
+
+    async def produce() -> list[Any]:
+        async with AsyncProducer(fake.addr, linger_ms=1, batch_size=10, max_in_flight=5, timeout_s=30) as producer:
+            futures = [await producer.send(topic_name, b"r%d" % i, key=str(i)) for i in range(200)]
+            assert fake.hold is not None
+            fake.hold.set()
+            await producer.flush()
+            return [future.result() for future in futures]
+
+    sent: dict[int, list[bytes]] = collections.defaultdict(list)
+    for i, metadata in enumerate(asyncio.run(produce())):
+        sent[metadata.partition].append(b"r%d" % i)
+    _check_redirected_once_in_order(refused, sent, topic_name, real)
 
 
 def test_consumer_follows_not_leader(fakes, shared_broker, topic_name):
