@@ -33,6 +33,7 @@ from cursus.client.connection import (
     options_from,
     parse_bootstrap,
     probe_tls,
+    stream_frame_ends,
     tls_failure,
     tls_required_error,
 )
@@ -237,8 +238,7 @@ class AsyncConnection:
                 request_id = await self._send(command, payload)
                 while True:
                     frame = await self._read_frame(self.timeout_s)
-                    check_correlation(frame, request_id, command)
-                    finished = frame.status in (Status.STREAM_END, Status.ERROR)
+                    finished = stream_frame_ends(frame, request_id, command)
                     if finished:
                         self._answered()
                     yield frame

@@ -459,6 +459,13 @@ def check_correlation(frame: Frame, request_id: int, command: Command) -> None:
         raise ProtocolError(f"reply to request {request_id} has kind {frame.kind.name}")
 
 
+def stream_frame_ends(frame: Frame, request_id: int, command: Command) -> bool:
+    """Check a frame of the stream answering ``request_id`` (:func:`check_correlation`); True when it is
+    the stream's last (STREAM_END or ERROR)."""
+    check_correlation(frame, request_id, command)
+    return frame.status in (Status.STREAM_END, Status.ERROR)
+
+
 class Connection:
     """One negotiated Wire v2 connection (blocking).
 
@@ -676,9 +683,8 @@ class Connection:
                 request_id = self._send(command, payload)
                 while True:
                     frame = self._read_frame()
-                    check_correlation(frame, request_id, command)
-                    if frame.status in (Status.STREAM_END, Status.ERROR):
-                        finished = True
+                    finished = stream_frame_ends(frame, request_id, command)
+                    if finished:
                         self._answered()
                     yield frame
                     if finished:

@@ -40,7 +40,7 @@ from collections.abc import (
 from dataclasses import dataclass
 from typing import Any
 
-from cursus.client.admin import TopicMetadata, parse_list_offsets, parse_metadata
+from cursus.client.admin import PartitionOffsets, TopicMetadata, parse_list_offsets, parse_metadata
 from cursus.client.aio import AsyncClient, open_connection
 from cursus.client.connection import (
     DEFAULT_ADDRESS,
@@ -60,6 +60,7 @@ from cursus.client.errors import (
     ProtocolViolationError,
 )
 from cursus.client.records import ConsumerRecord, decode_consumed_batch
+from cursus.client.steps import StepDriver
 from cursus.wire import (
     TXN_CONTROL_MARKER_PAYLOAD,
     Command,
@@ -376,6 +377,21 @@ def _resolve_start(start: StartPosition, partition: int, earliest: int, latest: 
     raise ValueError(f"start position {value!r}: use 'earliest', 'latest' or an offset")
 
 
+def _start_positions(topic: str, start: StartPosition, wanted: Iterable[int],
+                     listed: Iterable[PartitionOffsets]) -> dict[int, int]:
+    """The first offset to read of each ``wanted`` partition, from ``start`` and the partitions' LIST_OFFSETS
+    bounds (``listed``). Raises ``NotFoundError`` (``partition_not_found``) for a partition not listed,
+    ``ValueError`` for a bad start position."""
+    offsets = {o.partition: o for o in listed}
+    positions = {}
+    for p in wanted:
+        if p not in offsets:
+            raise NotFoundError("partition_not_found", f"{topic} has no partition {p}",
+                                fields={"topic": topic, "partition": str(p)})
+        positions[p] = _resolve_start(start, p, offsets[p].earliest, offsets[p].latest)
+    return positions
+
+
 def _partition_list(partitions: int | Iterable[int] | None) -> list[int] | None:
     if partitions is None:
         return None
@@ -451,16 +467,8 @@ class Consumer(_ConsumerSettings):
         if self._started:
             return
         metadata = self.metadata()
-        wanted = self._wanted if self._wanted is not None else list(range(metadata.partitions))
-        listed = self._list_offsets()
-        offsets = {o.partition: o for o in listed}
-        positions = {}
-        for p in wanted:
-            if p not in offsets:
-                raise NotFoundError("partition_not_found", f"{self.topic} has no partition {p}",
-                                    fields={"topic": self.topic, "partition": str(p)})
-            positions[p] = _resolve_start(self._start, p, offsets[p].earliest, offsets[p].latest)
-        self.assign(positions)
+        wanted = self._wanted if self._wanted is not None else range(metadata.partitions)
+        self.assign(_start_positions(self.topic, self._start, wanted, self._list_offsets()))
 
     def metadata(self) -> TopicMetadata:
         """The topic's METADATA (fetched once, refreshed on redirects)."""
@@ -535,29 +543,25 @@ class Consumer(_ConsumerSettings):
 
     def _consume(self, cursor: PartitionCursor, wait_ms: int) -> Frame | None:
         """Drive :meth:`ConsumerCore.consume_steps` with blocking I/O."""
-        steps = self._core.consume_steps(cursor, wait_ms, self.options.redirects_max)
-        reply: Any = None
-        error: CursusError | None = None
-        while True:
-            try:
-                action, argument = steps.throw(error) if error is not None else steps.send(reply)
-            except StopIteration as done:
-                return done.value
-            reply, error = None, None
+        driver = StepDriver(self._core.consume_steps(cursor, wait_ms, self.options.redirects_max))
+        while driver.advance():
+            action, argument = driver.step
             if action == "consume":
                 try:
-                    reply = self._client.call(Command.CONSUME, argument, address=cursor.leader,
-                                              timeout_s=self.options.timeout_s + wait_ms / 1000.0,
-                                              follow_redirects=False, failover=True)
+                    driver.reply = self._client.call(Command.CONSUME, argument, address=cursor.leader,
+                                                     timeout_s=self.options.timeout_s + wait_ms / 1000.0,
+                                                     follow_redirects=False, failover=True)
                 except CursusError as exc:
-                    error = exc
+                    driver.error = exc
             elif action == "leader":
-                reply = self._refresh_leader(cursor.partition)
+                driver.reply = self._refresh_leader(cursor.partition)
             elif action == "backoff":
                 time.sleep(self.options.backoff.delay_s(argument))
             else:
                 bounds = self._list_offsets(cursor.partition)[0]
-                reply = (bounds.earliest, bounds.latest)
+                driver.reply = (bounds.earliest, bounds.latest)
+        result: Frame | None = driver.result
+        return result
 
     def _prefetched_reply(self, cursor: PartitionCursor) -> Frame | None:
         """The reply of the prefetched CONSUME when it answers ``cursor`` now; None otherwise (an error
@@ -592,15 +596,13 @@ class Consumer(_ConsumerSettings):
         """Records from the next partition that has some, in offset order; ``[]`` if none arrive within
         ``timeout_s`` seconds (default: one long poll of ``wait_ms``)."""
         self._ensure_started()
-        plan = self._core.poll_plan(self.wait_ms, timeout_s)
-        try:
-            cursor, wait_ms = next(plan)
-            while True:
-                if self._closed:
-                    raise ClientClosedError("consumer is closed")
-                cursor, wait_ms = plan.send(self._fetch(cursor, wait_ms))
-        except StopIteration as done:
-            return done.value
+        plan = StepDriver(self._core.poll_plan(self.wait_ms, timeout_s))
+        while plan.advance():
+            if self._closed:
+                raise ClientClosedError("consumer is closed")
+            plan.reply = self._fetch(*plan.step)
+        records: list[ConsumerRecord] = plan.result
+        return records
 
     def records(self, *, max_records: int | None = None, until_end: bool = False,
                 idle_timeout_s: float | None = None) -> Iterator[ConsumerRecord]:
@@ -752,16 +754,8 @@ class AsyncConsumer(_ConsumerSettings):
         if self._started:
             return
         metadata = await self.metadata()
-        wanted = self._wanted if self._wanted is not None else list(range(metadata.partitions))
-        listed = await self._list_offsets()
-        offsets = {o.partition: o for o in listed}
-        positions = {}
-        for p in wanted:
-            if p not in offsets:
-                raise NotFoundError("partition_not_found", f"{self.topic} has no partition {p}",
-                                    fields={"topic": self.topic, "partition": str(p)})
-            positions[p] = _resolve_start(self._start, p, offsets[p].earliest, offsets[p].latest)
-        await self.assign(positions)
+        wanted = self._wanted if self._wanted is not None else range(metadata.partitions)
+        await self.assign(_start_positions(self.topic, self._start, wanted, await self._list_offsets()))
 
     async def assign(self, positions: Mapping[int, int]) -> None:
         """See :meth:`Consumer.assign`."""
@@ -825,30 +819,26 @@ class AsyncConsumer(_ConsumerSettings):
     async def _consume(self, cursor: PartitionCursor, wait_ms: int) -> Frame | None:
         """Drive :meth:`ConsumerCore.consume_steps` with asyncio I/O (the same decisions as the blocking
         consumer, failover included)."""
-        steps = self._core.consume_steps(cursor, wait_ms, self.options.redirects_max)
-        reply: Any = None
-        error: CursusError | None = None
-        while True:
-            try:
-                action, argument = steps.throw(error) if error is not None else steps.send(reply)
-            except StopIteration as done:
-                return done.value
-            reply, error = None, None
+        driver = StepDriver(self._core.consume_steps(cursor, wait_ms, self.options.redirects_max))
+        while driver.advance():
+            action, argument = driver.step
             if action == "consume":
                 try:
-                    reply = await self._client.call(Command.CONSUME, argument, address=cursor.leader,
-                                                    timeout_s=self.options.timeout_s + wait_ms / 1000.0,
-                                                    follow_redirects=False, failover=True)
+                    driver.reply = await self._client.call(
+                        Command.CONSUME, argument, address=cursor.leader,
+                        timeout_s=self.options.timeout_s + wait_ms / 1000.0, follow_redirects=False, failover=True)
                 except CursusError as exc:
-                    error = exc
+                    driver.error = exc
             elif action == "leader":
                 self._metadata = None
-                reply = (await self.metadata()).leader_address(cursor.partition) or self._client.bootstrap[0]
+                driver.reply = (await self.metadata()).leader_address(cursor.partition) or self._client.bootstrap[0]
             elif action == "backoff":
                 await asyncio.sleep(self.options.backoff.delay_s(argument))
             else:
                 bounds = (await self._list_offsets(cursor.partition))[0]
-                reply = (bounds.earliest, bounds.latest)
+                driver.reply = (bounds.earliest, bounds.latest)
+        result: Frame | None = driver.result
+        return result
 
     async def poll(self, timeout_s: float | None = None) -> list[ConsumerRecord]:
         """See :meth:`Consumer.poll`."""
@@ -857,15 +847,13 @@ class AsyncConsumer(_ConsumerSettings):
 
     async def _poll(self, timeout_s: float | None = None) -> list[ConsumerRecord]:
         await self._ensure_started()
-        plan = self._core.poll_plan(self.wait_ms, timeout_s)
-        try:
-            cursor, wait_ms = next(plan)
-            while True:
-                if self._closed:
-                    raise ClientClosedError("consumer is closed")
-                cursor, wait_ms = plan.send(await self._fetch(cursor, wait_ms))
-        except StopIteration as done:
-            return done.value
+        plan = StepDriver(self._core.poll_plan(self.wait_ms, timeout_s))
+        while plan.advance():
+            if self._closed:
+                raise ClientClosedError("consumer is closed")
+            plan.reply = await self._fetch(*plan.step)
+        records: list[ConsumerRecord] = plan.result
+        return records
 
     def records(self, *, max_records: int | None = None, until_end: bool = False,
                 idle_timeout_s: float | None = None) -> AsyncIterator[ConsumerRecord]:

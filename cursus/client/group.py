@@ -65,6 +65,7 @@ from cursus.client.errors import (
 )
 from cursus.client.records import ConsumerRecord, decode_consumed_batch
 from cursus.client.signals import sigterm_exits
+from cursus.client.steps import StepDriver
 from cursus.wire import Command, CommandPayload, Frame, ProtocolError, Status, encode_crq2
 
 __all__ = ["AsyncGroupConsumer", "GroupConsumer", "GroupMembership", "PartitionKey", "REJOIN_CODES",
@@ -77,6 +78,7 @@ REJOIN_CODES = frozenset({"GEN_MISMATCH", "NOT_OWNER", "member_not_found", "grou
 _RESETS = ("earliest", "latest", "error")
 _MODES = ("poll", "stream")
 _R = TypeVar("_R")
+_C = TypeVar("_C")
 
 Callback = Callable[[list[Any]], Any]  # partition numbers, or (topic, partition) pairs
 
@@ -266,6 +268,17 @@ class GroupMembership:
             self.processed[partition] = kept[-1].offset + 1
         return kept
 
+    def accept(self, records: list[ConsumerRecord], unchanged: bool) -> list[ConsumerRecord]:
+        """What the application gets of one topic consumer's ``records`` (all of one partition): nothing
+        when the assignment changed while they were read (``unchanged`` False) or their partition is no
+        longer assigned, else :meth:`on_records`."""
+        if not unchanged or not records:
+            return []
+        key = self.key_of(records[0])
+        if key not in self.assignment:
+            return []
+        return self.on_records(key, records)
+
 
 #: One request of a sans-IO step sequence: (command, CRQ2 fields); the driver sends it and sends back the
 #: reply frame, or throws the typed error in.
@@ -354,34 +367,26 @@ def rejoin_steps(state: GroupMembership, auto_offset_reset: str,
 
 def run_steps(steps: Steps[_R], call: Callable[[Command, dict[str, str]], Frame]) -> _R:
     """Drive ``steps`` with a blocking ``call``: each request's reply (or typed error) goes back in."""
-    reply: Any = None
-    error: CursusError | None = None
-    while True:
+    driver = StepDriver(steps)
+    while driver.advance():
         try:
-            step = steps.throw(error) if error is not None else steps.send(reply)
-        except StopIteration as done:
-            return done.value
-        reply, error = None, None
-        try:
-            reply = call(*step)
+            driver.reply = call(*driver.step)
         except CursusError as exc:
-            error = exc
+            driver.error = exc
+    result: _R = driver.result
+    return result
 
 
 async def run_steps_async(steps: Steps[_R], call: Callable[[Command, dict[str, str]], Awaitable[Frame]]) -> _R:
     """:func:`run_steps` with an asyncio ``call``."""
-    reply: Any = None
-    error: CursusError | None = None
-    while True:
+    driver = StepDriver(steps)
+    while driver.advance():
         try:
-            step = steps.throw(error) if error is not None else steps.send(reply)
-        except StopIteration as done:
-            return done.value
-        reply, error = None, None
-        try:
-            reply = await call(*step)
+            driver.reply = await call(*driver.step)
         except CursusError as exc:
-            error = exc
+            driver.error = exc
+    result: _R = driver.result
+    return result
 
 
 class _GroupSettings:
@@ -480,6 +485,26 @@ class _GroupSettings:
 
 #: Long-poll slice per topic when a group reads several topics (so one idle topic does not hold up others).
 _MULTI_TOPIC_SLICE_S = 0.1
+
+
+def _poll_schedule(consumers: Sequence[_C], budget_s: float,
+                   clock: Callable[[], float] = time.monotonic) -> Iterator[tuple[_C, float]]:
+    """Which topic's consumer to poll next and for how long (seconds), until one returns records (the
+    caller stops then) or ``budget_s`` is spent: the only topic with the whole budget; several topics each
+    once without waiting, then in turn with long polls of at most ``_MULTI_TOPIC_SLICE_S``."""
+    if len(consumers) <= 1:
+        if consumers:
+            yield consumers[0], budget_s
+        return
+    deadline = clock() + budget_s
+    for consumer in consumers:
+        yield consumer, 0
+    while True:
+        for consumer in consumers:
+            remaining = deadline - clock()
+            if remaining <= 0:
+                return
+            yield consumer, min(remaining, _MULTI_TOPIC_SLICE_S)
 
 
 class GroupConsumer(_GroupSettings):
@@ -644,32 +669,15 @@ class GroupConsumer(_GroupSettings):
         token = self._assignment_token
         records = self._poll_consumers(budget_s)
         with self._lock:
-            if token != self._assignment_token or not records:
-                return []
-            key = self.state.key_of(records[0])
-            if key not in self.state.assignment:
-                return []
-            return self.state.on_records(key, records)
+            return self.state.accept(records, token == self._assignment_token)
 
     def _poll_consumers(self, budget_s: float) -> list[ConsumerRecord]:
-        """One topic's records: the only topic with the whole budget; several topics each once without
-        waiting, then in turn with short long polls until the budget is spent."""
-        consumers = self._reading()
-        if len(consumers) <= 1:
-            return consumers[0].poll(budget_s) if consumers else []
-        deadline = time.monotonic() + budget_s
-        for consumer in consumers:
-            records = consumer.poll(0)
+        """One topic's records, polled as :func:`_poll_schedule` says ([] once the budget is spent)."""
+        for consumer, wait_s in _poll_schedule(self._reading(), budget_s):
+            records: list[ConsumerRecord] = consumer.poll(wait_s)
             if records:
                 return records
-        while True:
-            for consumer in consumers:
-                remaining = deadline - time.monotonic()
-                if remaining <= 0:
-                    return []
-                records = consumer.poll(min(remaining, _MULTI_TOPIC_SLICE_S))
-                if records:
-                    return records
+        return []
 
     def _poll_streams(self, budget_s: float) -> list[ConsumerRecord]:
         deadline = time.monotonic() + budget_s
@@ -980,31 +988,15 @@ class AsyncGroupConsumer(_GroupSettings):
             return []
         token = self._assignment_token
         records = await self._poll_consumers(budget_s)
-        if token != self._assignment_token or not records:
-            return []
-        key = self.state.key_of(records[0])
-        if key not in self.state.assignment:
-            return []
-        return self.state.on_records(key, records)
+        return self.state.accept(records, token == self._assignment_token)
 
     async def _poll_consumers(self, budget_s: float) -> list[ConsumerRecord]:
         """See :meth:`GroupConsumer._poll_consumers`."""
-        consumers = self._reading()
-        if len(consumers) <= 1:
-            return await consumers[0].poll(budget_s) if consumers else []
-        deadline = time.monotonic() + budget_s
-        for consumer in consumers:
-            records = await consumer.poll(0)
+        for consumer, wait_s in _poll_schedule(self._reading(), budget_s):
+            records: list[ConsumerRecord] = await consumer.poll(wait_s)
             if records:
                 return records
-        while True:
-            for consumer in consumers:
-                remaining = deadline - time.monotonic()
-                if remaining <= 0:
-                    return []
-                records = await consumer.poll(min(remaining, _MULTI_TOPIC_SLICE_S))
-                if records:
-                    return records
+        return []
 
     async def commit(self, offsets: Mapping[PartitionKey, int] | None = None) -> dict[PartitionKey, int]:
         """See :meth:`GroupConsumer.commit`."""

@@ -29,9 +29,12 @@ Both drive the same sans-IO :class:`ProducerCore`, which owns every decision:
   sequence 1 (as Kafka's epoch bump), so the records after it are never refused for a sequence gap.
 * **Retries only where safe**: a batch never written (connect failure) or redirected (``NOT_LEADER``) is
   always resent; a non-idempotent batch whose connection dropped after writing fails with
-  ``DeliveryUnknownError``, non-idempotent producers never retry error replies, and never resend a batch
-  once a later batch of its partition was written (that would reorder the partition). Retries use exponential
-  backoff with jitter and end at ``delivery_timeout_s``.
+  ``DeliveryUnknownError``, non-idempotent producers retry only refusals (nothing appended), and never resend
+  a batch once a later batch of its partition may be in the log (acknowledged, or its outcome unknown: that
+  would reorder the partition). A batch refused while later ones are in flight waits for their replies: if
+  they were refused too (a pipelined window redirected by ``NOT_LEADER``), all are resent in order; if one
+  was appended, the earlier refused ones fail with their own error. Retries use exponential backoff with
+  jitter and end at ``delivery_timeout_s``; a redirect to another broker than the one that refused goes at once.
 * **Delivery deadline** (Kafka's ``delivery.timeout.ms``): every record's ``delivery_timeout_s`` starts when
   ``send`` accepts it. A batch's deadline is its oldest record's; a record still queued at its deadline
   fails with ``DeliveryTimeoutError`` (never written). Idle senders wake for the next deadline.
@@ -202,8 +205,8 @@ class _PartitionState:
     """Queue, in-flight and sequence state of one partition."""
 
     __slots__ = ("topic", "partition", "queue", "queued_bytes", "first_enqueued", "in_flight", "sender",
-                 "retries", "next_seq", "sent_end", "acked_end", "failing", "uncertain", "restart", "encoder", "leader",
-                 "epoch")
+                 "retries", "next_seq", "sent_end", "acked_end", "logged_end", "failing", "uncertain", "restart",
+                 "encoder", "leader", "epoch")
 
     def __init__(self, topic: str, partition: int, leader: Address, encoder: RecordEncoder, epoch: int) -> None:
         self.topic = topic
@@ -220,6 +223,9 @@ class _PartitionState:
         #: The last sequence sent, and the last one acknowledged (0: none).
         self.sent_end = 0
         self.acked_end = 0
+        #: The last sequence that may be in the log: acknowledged, or of a batch whose outcome is unknown
+        #: (without idempotence no earlier batch is resent once a later one may be there: reorder).
+        self.logged_end = 0
         #: A batch failed for good while later ones were unacknowledged: until the partition settles, their
         #: failures are final too (idempotent producers; see the module docstring).
         self.failing = False
@@ -244,7 +250,7 @@ class ProducerBatch:
     """One CBV2 batch: records with sequences ``seq_start .. seq_start + len(records) - 1``."""
 
     __slots__ = ("state", "pendings", "seq_start", "seq_end", "payload", "attempts", "deadline", "not_before",
-                 "uncertain")
+                 "uncertain", "sent_to", "error")
 
     def __init__(self, state: _PartitionState, pendings: list[_Pending], seq_start: int, deadline: float) -> None:
         self.state = state
@@ -256,6 +262,10 @@ class ProducerBatch:
         self.deadline = deadline
         self.not_before = 0.0
         self.uncertain = False  # some attempt was written and its outcome never learned
+        #: The broker the last attempt went to (the partition's leader when it left).
+        self.sent_to: Address | None = None
+        #: The last attempt's error (what a batch waiting for a resend fails with if it cannot go).
+        self.error: BaseException | None = None
 
     @property
     def topic(self) -> str:
@@ -494,6 +504,7 @@ class ProducerCore:
         pstate.in_flight += 1
         pstate.sender = sender
         self.in_flight += 1
+        batch.sent_to = pstate.leader
         if batch.seq_end > pstate.sent_end:
             pstate.sent_end = batch.seq_end
 
@@ -541,6 +552,7 @@ class ProducerCore:
         self._land(pstate)
         if batch.seq_end > pstate.acked_end:
             pstate.acked_end = batch.seq_end
+        overtaken = self._logged(pstate, batch)
         count = len(batch.pendings)
         self.buffered -= count
         cfg = self.config
@@ -552,7 +564,29 @@ class ProducerCore:
                                                  repeat(cfg.producer_id), repeat(pstate.epoch),
                                                  range(seq, seq + count)))
         self._settle(pstate)
-        return zip(map(_future_of, batch.pendings), metadata, repeat(False))
+        results = zip(map(_future_of, batch.pendings), metadata, repeat(False))
+        return itertools.chain(results, overtaken) if overtaken else results
+
+    def _logged(self, pstate: _PartitionState, batch: ProducerBatch) -> list[Resolution]:
+        """``batch`` is (or may be) in the log. Without idempotence, the partition's earlier batches waiting
+        for a resend (refused while it was in flight: never written) can no longer go, as they would land
+        behind it: they fail with their own error. Returns their failures."""
+        if batch.seq_end > pstate.logged_end:
+            pstate.logged_end = batch.seq_end
+        if self.config.idempotent or not pstate.retries:
+            return []
+        resolutions: list[Resolution] = []
+        keep: list[ProducerBatch] = []
+        for retry in pstate.retries:
+            if retry.seq_start < batch.seq_start:
+                error = retry.error
+                assert error is not None  # set by failed(), the only way into retries
+                resolutions.extend(self._fail_pendings(retry.pendings, _unknown(retry, error) if retry.uncertain
+                                                       else error))
+            else:
+                keep.append(retry)
+        pstate.retries[:] = keep
+        return resolutions
 
     def _land(self, pstate: _PartitionState) -> None:
         pstate.in_flight -= 1
@@ -568,7 +602,7 @@ class ProducerCore:
             pstate.failing = False
             if pstate.restart or (pstate.uncertain and self.config.idempotent):
                 self._reset_sequence(pstate)  # the broker's last sequence is unknown: next epoch, sequence 1
-                pstate.acked_end = pstate.sent_end = 0
+                pstate.acked_end = pstate.sent_end = pstate.logged_end = 0
             else:
                 pstate.next_seq = pstate.acked_end + 1
             pstate.uncertain = False
@@ -589,6 +623,7 @@ class ProducerCore:
         """
         pstate = batch.state
         self._land(pstate)
+        batch.error = error
         cfg = self.config
         behind_a_retry = bool(pstate.retries) and pstate.retries[0].seq_start < batch.seq_start
         gap = isinstance(error, CursusError) and error.code in _BEHIND_A_FAILED_BATCH_CODES
@@ -613,9 +648,11 @@ class ProducerCore:
         elif isinstance(error, RoutingError):
             redirect = getattr(error, "leader", None) or getattr(error, "coordinator", None)
             retry = True
-            if redirect is not None and redirect != pstate.leader:
+            if redirect is not None and redirect != batch.sent_to:
+                # a new leader: go now (a redirect to the broker that refused backs off instead); a later
+                # batch of a pipelined window finds the partition moved by the first one already
                 self._move(pstate, redirect)
-                delay = 0.0  # a new leader: go now (a redirect to the same broker backs off instead)
+                delay = 0.0
             else:
                 redirect = None
         elif isinstance(error, CursusError) and not isinstance(error, ProtocolViolationError):
@@ -630,8 +667,11 @@ class ProducerCore:
         else:
             batch.uncertain = True
             retry = cfg.idempotent
-        if not cfg.idempotent and pstate.sent_end > batch.seq_end:
-            retry = False  # a later batch of the partition was written: resending this one would reorder
+        if not cfg.idempotent and pstate.logged_end > batch.seq_end:
+            # a later batch of the partition may be in the log: resending this one would reorder. Later
+            # batches still in flight decide when their replies are in (see _logged); meanwhile this one
+            # waits with the retries, which are resent only once nothing of the partition is in flight.
+            retry = False
         if pstate.restart:
             retry = False  # never resend a batch of a dead topic incarnation into the new one
         if retry and not pstate.failing and now + delay < batch.deadline:
@@ -644,6 +684,8 @@ class ProducerCore:
             pstate.uncertain = True
             error = _unknown(batch, error)
         resolutions.extend(self._fail_pendings(batch.pendings, error))
+        if batch.uncertain:
+            resolutions.extend(self._logged(pstate, batch))
         if pstate.restart:
             resolutions.extend(self._drop_retries(pstate, error))
         if cfg.idempotent and pstate.next_seq > batch.seq_end + 1:

@@ -7,6 +7,7 @@ returns, optionally forwarding to a real broker. It exercises what a standalone 
 
 from __future__ import annotations
 
+import asyncio
 import collections
 import datetime
 import ipaddress
@@ -25,6 +26,7 @@ import pytest
 
 from cursus.client import (
     Admin,
+    AsyncProducer,
     AuthenticationError,
     Backoff,
     Client,
@@ -45,6 +47,7 @@ from cursus.wire import (
     FrameDecoder,
     Kind,
     Status,
+    decode_batch,
     decode_crq2,
     decode_negotiation_request,
     encode_error,
@@ -81,6 +84,11 @@ class FakeBroker:
         self.requests: list[tuple[int, Command, CommandPayload | None]] = []
         self.offers: list[tuple[Compression, ...]] = []
         self.state: dict[str, Any] = collections.defaultdict(int)
+        #: When set, connections accepted from then on (from the ``hold_from``-th, counting from 0) wait for
+        #: this event before their handshake.
+        self.hold: threading.Event | None = None
+        self.hold_from = 0
+        self._accepted = 0
         self._listener = socket.create_server(("127.0.0.1", port), reuse_port=False)
         self.address = self._listener.getsockname()[:2]
         self._closed = False
@@ -114,9 +122,13 @@ class FakeBroker:
                 sock, _ = self._listener.accept()
             except OSError:
                 return
-            threading.Thread(target=self._serve, args=(sock,), daemon=True).start()
+            index, self._accepted = self._accepted, self._accepted + 1
+            threading.Thread(target=self._serve, args=(sock, index), daemon=True).start()
 
-    def _serve(self, sock: socket.socket) -> None:
+    def _serve(self, sock: socket.socket, index: int) -> None:
+        hold = self.hold
+        if hold is not None and index >= self.hold_from:
+            hold.wait(30)
         try:
             if self.ssl_context is not None:
                 sock = self.ssl_context.wrap_socket(sock, server_side=True)
@@ -315,26 +327,77 @@ def test_admin_follows_not_leader_and_not_coordinator(fakes, shared_broker, topi
     assert getattr(info.value, "code", "") == "NOT_LEADER" and len(loop_fake.requests) == 6
 
 
-@pytest.mark.xfail(strict=False, reason="failed in fresh-clone CI after the producer per-leader wake-up merge; under investigation, issue 11 note")
-def test_producer_follows_not_leader_to_the_real_leader(fakes, shared_broker, topic_name):
-    real = _real(shared_broker)
-    with Admin(real) as admin:
-        admin.create_topic(topic_name, 2)
+def _redirecting_to(real: str, refused: list[tuple[int, int]]) -> Handler:
+    """A double claiming to lead every partition that answers each PUBLISH ``NOT_LEADER leader=real``,
+    noting the (partition, seq_start) of each batch it refused."""
 
     def handler(fake: FakeBroker, frame: Frame, fields: CommandPayload | None) -> Reply:
         if frame.command == Command.METADATA:
-            return fake.forward_metadata_as_leader(frame)  # claims leadership of every partition
+            return fake.forward_metadata_as_leader(frame)
+        batch = decode_batch(frame.payload)
+        refused.append((batch.partition, batch.seq_start))
         return err("NOT_LEADER", leader=real)
 
-    fake = fakes(handler, upstream=shared_broker.address)
-    with Producer(fake.addr, linger_ms=1) as producer:
+    return handler
+
+
+def _check_redirected_once_in_order(refused: list[tuple[int, int]], sent: dict[int, list[bytes]], topic: str,
+                                    real: str) -> None:
+    per_partition = collections.Counter(partition for partition, _ in refused)
+    assert len(set(refused)) == len(refused)  # each batch was refused once, then went to the real leader
+    assert max(per_partition.values()) >= 2  # a window of several batches was refused
+    assert all(count <= 5 for count in per_partition.values())  # only what was in flight before the reply
+    with Consumer(topic, real) as consumer:
+        got: dict[int, list[bytes]] = collections.defaultdict(list)
+        for record in consumer.records(until_end=True):
+            got[record.partition].append(record.value)
+    assert got == sent  # every record once, each partition in send order
+
+
+def test_producer_follows_not_leader_to_the_real_leader(fakes, shared_broker, topic_name):
+    """Every batch of a pipelined window refused with NOT_LEADER is resent, in order, to the real leader
+    (issue 11: without idempotence all but the last batch of the window failed, as if resending them
+    would reorder the partition; nothing of it had been written)."""
+    real = _real(shared_broker)
+    with Admin(real) as admin:
+        admin.create_topic(topic_name, 2)
+    refused: list[tuple[int, int]] = []
+    fake = fakes(_redirecting_to(real, refused), upstream=shared_broker.address)
+    sent: dict[int, list[bytes]] = collections.defaultdict(list)
+    with Producer(fake.addr, linger_ms=1, batch_size=10, max_in_flight=5, timeout_s=30) as producer:
+        assert producer.partitions_for(topic_name) == 2  # METADATA before the hold
+        # The senders' connections wait until every record is queued: their windows then fill with full
+        # batches (pipelined) before the first NOT_LEADER is read, whatever the machine's load.
+        fake.hold = threading.Event()
         futures = [producer.send(topic_name, b"r%d" % i, key=str(i)) for i in range(200)]
+        fake.hold.set()
         producer.flush()
-    assert all(f.exception() is None for f in futures)
-    publishes = fake.commands().count(Command.PUBLISH)
-    assert 1 <= publishes <= 2  # one redirected batch per partition, then straight to the leader
-    with Consumer(topic_name, real) as consumer:
-        assert sorted(r.value for r in consumer.records(until_end=True)) == sorted(b"r%d" % i for i in range(200))
+        for i, future in enumerate(futures):
+            sent[future.result().partition].append(b"r%d" % i)
+    _check_redirected_once_in_order(refused, sent, topic_name, real)
+
+
+def test_async_producer_follows_not_leader_to_the_real_leader(fakes, shared_broker, topic_name):
+    """The same with :class:`AsyncProducer` (its sender tasks drive the same core)."""
+    real = _real(shared_broker)
+    with Admin(real) as admin:
+        admin.create_topic(topic_name, 2)
+    refused: list[tuple[int, int]] = []
+    fake = fakes(_redirecting_to(real, refused), upstream=shared_broker.address)
+    fake.hold, fake.hold_from = threading.Event(), 1  # the first connection (METADATA) is not held
+
+    async def produce() -> list[Any]:
+        async with AsyncProducer(fake.addr, linger_ms=1, batch_size=10, max_in_flight=5, timeout_s=30) as producer:
+            futures = [await producer.send(topic_name, b"r%d" % i, key=str(i)) for i in range(200)]
+            assert fake.hold is not None
+            fake.hold.set()
+            await producer.flush()
+            return [future.result() for future in futures]
+
+    sent: dict[int, list[bytes]] = collections.defaultdict(list)
+    for i, metadata in enumerate(asyncio.run(produce())):
+        sent[metadata.partition].append(b"r%d" % i)
+    _check_redirected_once_in_order(refused, sent, topic_name, real)
 
 
 def test_consumer_follows_not_leader(fakes, shared_broker, topic_name):

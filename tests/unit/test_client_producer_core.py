@@ -321,15 +321,54 @@ def test_a_final_failure_fails_the_later_unacknowledged_batches_and_restarts_aft
     assert core.take_failures().failed_count == 3
 
 
-def test_without_idempotence_a_batch_is_never_resent_behind_a_later_written_one() -> None:
+def test_without_idempotence_a_batch_is_never_resent_behind_a_later_acknowledged_one() -> None:
     core = _core(batch_size=1)
     _fill(core, 2, 1)
     b1, b2 = _window(core, S1)
     refusal = error_from_typed(make_error("leader_not_available", topic="t", partition="0"))
-    resolutions, _ = core.failed(b1, refusal, written=True, now=1.0)  # b2 is written: no retry (reorder)
-    assert len(resolutions) == 1 and resolutions[0][1] is refusal
-    assert core.failed(b2, refusal, written=True, now=1.0) == ([], None)  # the last one may be retried
-    assert core.poll(A, 2.0, S1, 5)[0] is b2
+    assert core.failed(b1, refusal, written=True, now=1.0) == ([], None)  # b2's outcome decides
+    assert core.poll(A, 2.0, S1, 5) == (None, None)  # no resend while b2 is in flight
+    resolutions = list(core.succeed(b2, 0))  # b2 is in the log: resending b1 now would reorder
+    assert [(token, error) for token, error, failed in resolutions if failed] == [(b1.pendings[0].future, refusal)]
+    assert core.poll(A, 2.0, S1, 5) == (None, None) and core.buffered == 0
+    assert core.take_failures().failed_count == 1
+
+
+def test_without_idempotence_a_refused_batch_fails_when_a_later_one_may_be_in_the_log() -> None:
+    core = _core(batch_size=1)
+    _fill(core, 3, 1)
+    b1, b2, b3 = _window(core, S1)
+    refusal = error_from_typed(make_error("leader_not_available", topic="t", partition="0"))
+    assert core.failed(b1, refusal, written=True, now=1.0) == ([], None)
+    resolutions, _ = core.failed(b2, ConnectionResetError(), written=True, now=1.0)  # outcome unknown
+    assert [type(error) for _, error, _ in resolutions] == [DeliveryUnknownError, type(refusal)]
+    assert [token for token, _, _ in resolutions] == [b2.pendings[0].future, b1.pendings[0].future]
+    assert core.failed(b3, refusal, written=True, now=1.0) == ([], None)  # b3 is after b2: may still go
+    assert core.poll(A, 2.0, S1, 5)[0] is b3
+
+
+def test_without_idempotence_pipelined_redirects_are_all_resent_in_order_at_the_new_leader() -> None:
+    core = _core(batch_size=1)
+    _fill(core, 3, 1)
+    window = _window(core, S1)
+    redirect = error_from_typed(make_error("NOT_LEADER", leader="broker-b:9000"))
+    for batch in window:  # all refused: nothing of the partition was appended anywhere
+        assert core.failed(batch, redirect, written=True, now=1.0) == ([], B)
+    assert core.poll(A, 1.0, S1, 5) == (None, None)
+    for offset, batch in enumerate(window):  # one at a time, in order, none backing off (a new leader)
+        assert core.poll(B, 1.0, S2, 5)[0] is batch
+        assert core.poll(B, 1.0, S2, 5) == (None, None)
+        core.succeed(batch, offset)
+    assert core.buffered == 0 and core.take_failures() is None
+    # a later batch refused for good (never written) does not stop an earlier refused one
+    _fill(core, 2, 1)
+    b1, b2 = core.poll(B, 1.0, S2, 5)[0], core.poll(B, 1.0, S2, 4)[0]
+    back = error_from_typed(make_error("NOT_LEADER", leader="broker-a:9000"))
+    assert core.failed(b1, back, written=True, now=1.0) == ([], A)
+    refused = error_from_typed(make_error("invalid_topic_config"))  # not retryable, nothing appended
+    resolutions, _ = core.failed(b2, refused, written=True, now=1.0)
+    assert [token for token, _, _ in resolutions] == [b2.pendings[0].future]
+    assert core.poll(A, 1.0, S1, 5)[0] is b1
 
 
 def test_max_in_flight_is_bounded_for_idempotent_producers() -> None:

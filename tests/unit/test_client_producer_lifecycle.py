@@ -155,14 +155,14 @@ def test_metadata_of_a_truncated_or_recreated_topic_restarts_sequences() -> None
 
 def test_a_redirected_batch_that_fails_still_reports_the_new_leader() -> None:
     """Root cause 2 of issue 11: a NOT_LEADER redirect moved the partition to a new leader, but when the
-    batch itself could not be retried (here: non-idempotent, a later batch already written) the move was
-    not reported, no sender was started for the new leader and the partition's next batches never left."""
-    core = _core(batch_size=1, linger_ms=0)
+    batch itself could not be retried (here: its delivery deadline has passed) the move was not reported,
+    no sender was started for the new leader and the partition's next batches never left."""
+    core = _core(batch_size=1, linger_ms=0, delivery_timeout_s=1.0)
     sender = object()
     _send(core, b"a", partition=0, now=0.0)
     first, _ = core.poll(A, 0.0, sender)
-    _send(core, b"b", partition=0, now=0.0)
-    core.poll(A, 0.0, sender, room=4)  # written behind the first
+    _send(core, b"b", partition=0, now=0.5)
     redirect = error_from_typed(make_error("NOT_LEADER", leader="broker-b:9000"))
-    resolutions, moved = core.failed(first, redirect, written=True, now=0.1)
+    resolutions, moved = core.failed(first, redirect, written=True, now=1.0)
     assert len(resolutions) == 1 and moved == B and core.leader_of("t", 0) == B
+    assert core.poll(B, 1.0)[0].pendings[0].value == b"b"
