@@ -116,12 +116,14 @@ def test_replicas_clean_only_below_the_committed_hwm_with_a_full_isr(cluster: Cl
 
 
 def _elect(cluster: Cluster, topic: str, broker, committed: int) -> None:
-    """Make ``broker`` the leader and wait until it serves up to the ``committed`` HWM (a new leader
-    makes the committed HWM visible once its preparation on the writer thread is done)."""
+    """Make ``broker`` the leader, wait until every broker's view says so, and until it serves up to the
+    ``committed`` HWM (a new leader makes the committed HWM visible once its preparation on the writer
+    thread is done)."""
     with Connection(*broker.address, timeout_s=10) as c:
         wait_for(lambda: c.command(f"ELECT_LEADER topic={topic} partition=0 broker={broker.log_dir.name}"
                                    ).status.name == "OK", 20, f"{broker.log_dir.name} elected")
-    wait_for(lambda: leader_proc(cluster, topic, via=broker) is broker, 10, f"{broker.log_dir.name} leads")
+    wait_for(lambda: all(leader_proc(cluster, topic, via=b) is broker for b in cluster.brokers), 10,
+             f"{broker.log_dir.name} leads")
     wait_for(lambda: _hwm(broker, topic) >= committed, 10, f"{broker.log_dir.name} serves up to {committed}")
 
 
