@@ -448,13 +448,7 @@ class Replica:
                 breaks the lineage), ``OFFSET_OUT_OF_RANGE`` (a gap after the LEO), ``version_conflict``
                 (other bytes at an existing offset: truncate by epoch first), ``storage_unavailable``.
         """
-        if self.role is not Role.FOLLOWER:
-            raise BrokerError.of("PARTITION_LEADER_FENCED", topic=self.topic, partition=self.partition,
-                                 role=self.role.value)
-        if leader_epoch != self.leader_epoch:
-            raise BrokerError.of("STALE_LEADER_EPOCH", current=self.leader_epoch, requested=leader_epoch)
-        if self.fenced is not None:
-            self.check_writable()
+        self._check_replicating(leader_epoch)
         header = checked if checked is not None else check_replicated_chunk(chunk)
         if header is None:
             raise BrokerError.of("corrupt_log_data", topic=self.topic, partition=self.partition,
@@ -500,13 +494,7 @@ class Replica:
             BrokerError: ``PARTITION_LEADER_FENCED`` (not a follower), ``STALE_LEADER_EPOCH`` (another
                 leader epoch), ``storage_unavailable``.
         """
-        if self.role is not Role.FOLLOWER:
-            raise BrokerError.of("PARTITION_LEADER_FENCED", topic=self.topic, partition=self.partition,
-                                 role=self.role.value)
-        if leader_epoch != self.leader_epoch:
-            raise BrokerError.of("STALE_LEADER_EPOCH", current=self.leader_epoch, requested=leader_epoch)
-        if self.fenced is not None:
-            self.check_writable()
+        self._check_replicating(leader_epoch)
         if offset <= self.leo:
             return
         plog = self.log
@@ -523,6 +511,17 @@ class Replica:
             self.matched_offset = offset
         self.leo = offset
         self.advance_hwm(self._leader_hwm)
+
+    def _check_replicating(self, leader_epoch: int) -> None:
+        """Refuse a replicated write unless this is a follower in ``leader_epoch`` and not fenced (the
+        errors of :meth:`append_replicated`)."""
+        if self.role is not Role.FOLLOWER:
+            raise BrokerError.of("PARTITION_LEADER_FENCED", topic=self.topic, partition=self.partition,
+                                 role=self.role.value)
+        if leader_epoch != self.leader_epoch:
+            raise BrokerError.of("STALE_LEADER_EPOCH", current=self.leader_epoch, requested=leader_epoch)
+        if self.fenced is not None:
+            self.check_writable()
 
     def _gap_skipped(self, done: asyncio.Future[object]) -> None:
         if done.cancelled():

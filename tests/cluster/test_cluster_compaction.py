@@ -7,13 +7,10 @@ import json
 import re
 import shutil
 import time
-from pathlib import Path
-
-import pytest
 
 from cursus.client.connection import Connection
 from tests.cluster.clustersupport import Cluster, wait_for
-from tests.cluster.replsupport import leader_proc, read_partition, wait_isr
+from tests.cluster.replsupport import leader_proc, module_cluster, read_partition, wait_isr
 from tests.integration.helpers import consume, consume_all, create_topic, ok_fields, publish_batch
 
 CLEANER = {"log_segment_bytes": 4096, "log_cleanup_interval": 0.1, "log_min_cleanable_dirty_ratio": 0.01,
@@ -21,14 +18,7 @@ CLEANER = {"log_segment_bytes": 4096, "log_cleanup_interval": 0.1, "log_min_clea
 KEYS = [f"k{n}" for n in range(8)]
 
 
-@pytest.fixture(scope="module")
-def cluster(tmp_path_factory: pytest.TempPathFactory, pki) -> Cluster:
-    c = Cluster(Path(tmp_path_factory.mktemp("compaction")), pki, **CLEANER)
-    try:
-        c.start()
-        yield c
-    finally:
-        c.stop()
+cluster = module_cluster("compaction", **CLEANER)
 
 
 def _publish(c: Connection, topic: str, start: int, count: int, acks: str) -> dict[str, bytes]:

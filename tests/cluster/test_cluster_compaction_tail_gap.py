@@ -10,15 +10,15 @@ gap at its end). Killed, it comes back as a follower of a new leader, truncates 
 
 from __future__ import annotations
 
-import shutil
-from pathlib import Path
-
-import pytest
-
 from cursus.client.connection import Connection
 from tests.cluster.clustersupport import Cluster, wait_for
-from tests.cluster.replsupport import leader_proc, partition_state, wait_isr
-from tests.cluster.test_cluster_compaction import _cleaned_ends, _elect, _hwm
+from tests.cluster.replsupport import leader_proc, module_cluster, partition_state, wait_isr
+from tests.cluster.test_cluster_compaction import (
+    _cleaned_ends,
+    _elect,
+    _hwm,
+    _rebuild_a_follower_from_an_empty_disk,
+)
 from tests.integration.helpers import consume_all, create_topic, ok_fields, publish_batch
 
 #: Slower failure detection than the other cluster modules: both followers stay paused (and in the ISR,
@@ -28,14 +28,7 @@ SETTINGS = {"log_segment_bytes": 4096, "log_cleanup_interval": 0.1, "log_min_cle
             "replica_lag_time_max_ms": 6000, "broker_session_timeout_ms": 6000}
 
 
-@pytest.fixture(scope="module")
-def cluster(tmp_path_factory: pytest.TempPathFactory, pki) -> Cluster:
-    c = Cluster(Path(tmp_path_factory.mktemp("tailgap")), pki, **SETTINGS)
-    try:
-        c.start()
-        yield c
-    finally:
-        c.stop()
+cluster = module_cluster("tailgap", **SETTINGS)
 
 
 def _send(broker, topic: str, keys: list[str], values: list[bytes], acks: str) -> None:
@@ -78,13 +71,8 @@ def test_a_rebuilt_follower_skips_a_gap_at_the_end_of_the_leaders_log(cluster: C
     _elect(cluster, topic, first, 24)
     assert _leo(first, topic) == 24  # its log: [0, 20) and a gap to 24 (its cleaned segment is the last)
 
-    victim = next(b for b in cluster.brokers if b is not first)
-    victim.kill()
-    wait_isr(cluster, topic, 2, via=first, timeout=30)
-    shutil.rmtree(victim.log_dir / "topics" / topic)
-    victim.start(timeout_s=60)
     # no append comes: only the leader's skip_to hint takes the follower from 20 over the gap to 24
-    wait_isr(cluster, topic, 3, via=first, timeout=20)
+    victim = _rebuild_a_follower_from_an_empty_disk(cluster, topic, first)
     assert partition_state(cluster, topic, via=first)["committed_hwm"] == 24
     _elect(cluster, topic, victim, 24)
     assert _leo(victim, topic) == 24
