@@ -36,11 +36,16 @@ def _cleaned_ends(broker, topic: str) -> list[int]:
     return [int(m) for m in re.findall(rf"cleaned {re.escape(topic)}/0 below offset (\d+)", broker.output())]
 
 
-def _hwm(broker, topic: str) -> int:
-    """The HWM ``broker`` answers LIST_OFFSETS with (a cluster leader's is the committed one)."""
+def _offsets(broker, topic: str) -> dict[str, int]:
+    """Partition 0's LIST_OFFSETS answer of ``broker``: ``earliest``, ``latest``, ``leo``, ``hwm``."""
     with Connection(*broker.address, timeout_s=10) as c:
         text = ok_fields(c.command(f"LIST_OFFSETS topic={topic} partition=0"))["offsets"]
-    return {k: int(v) for k, _, v in (part.partition("=") for part in text.split(":")[1:])}["hwm"]
+    return {k: int(v) for k, _, v in (part.partition("=") for part in text.split(":")[1:])}
+
+
+def _hwm(broker, topic: str) -> int:
+    """The HWM ``broker`` answers LIST_OFFSETS with (a cluster leader's is the committed one)."""
+    return _offsets(broker, topic)["hwm"]
 
 
 def _topic_with_records(cluster: Cluster, topic: str, count: int, **fields: str) -> tuple:
@@ -75,10 +80,7 @@ def _rebuild_a_follower_from_an_empty_disk(cluster: Cluster, topic: str, leader)
 
 def test_replicas_clean_only_below_the_committed_hwm_with_a_full_isr(cluster: Cluster) -> None:
     topic = "compacted-cluster"
-    with Connection(*cluster.brokers[0].address, timeout_s=10) as c:
-        create_topic(c, topic, 1, replication_factor="3", cleanup_policy="compact")
-    wait_isr(cluster, topic, 3)
-    leader = leader_proc(cluster, topic)
+    leader, _ = _topic_with_records(cluster, topic, 0, cleanup_policy="compact")
     follower = next(b for b in cluster.brokers if b is not leader)
     follower.pause()  # the ISR shrinks: no replica may clean
     try:

@@ -17,9 +17,11 @@ from tests.cluster.test_cluster_compaction import (
     _cleaned_ends,
     _elect,
     _hwm,
+    _offsets,
     _rebuild_a_follower_from_an_empty_disk,
+    _topic_with_records,
 )
-from tests.integration.helpers import consume_all, create_topic, ok_fields, publish_batch
+from tests.integration.helpers import consume_all, publish_batch
 
 #: Slower failure detection than the other cluster modules: both followers stay paused (and in the ISR,
 #: active) while the leader cleans.
@@ -37,18 +39,9 @@ def _send(broker, topic: str, keys: list[str], values: list[bytes], acks: str) -
     assert frame.status.name == "OK", frame
 
 
-def _leo(broker, topic: str) -> int:
-    with Connection(*broker.address, timeout_s=10) as c:
-        text = ok_fields(c.command(f"LIST_OFFSETS topic={topic} partition=0"))["offsets"]
-    return {k: int(v) for k, _, v in (part.partition("=") for part in text.split(":")[1:])}["leo"]
-
-
 def test_a_rebuilt_follower_skips_a_gap_at_the_end_of_the_leaders_log(cluster: Cluster) -> None:
     topic = "compacted-tail-gap"
-    with Connection(*cluster.brokers[0].address, timeout_s=10) as c:
-        create_topic(c, topic, 1, replication_factor="3", cleanup_policy="compact")
-    wait_isr(cluster, topic, 3)
-    first = leader_proc(cluster, topic)
+    first, _ = _topic_with_records(cluster, topic, 0, cleanup_policy="compact")
     followers = [b for b in cluster.brokers if b is not first]
     kept = [f"a{n}" for n in range(20)]
     values = {k: f"{k}:".encode() + b"v" * 140 for k in kept}
@@ -69,13 +62,13 @@ def test_a_rebuilt_follower_skips_a_gap_at_the_end_of_the_leaders_log(cluster: C
     first.start(timeout_s=60)
     wait_isr(cluster, topic, 3, via=second, timeout=30)  # it truncated [24, 44) and caught up
     _elect(cluster, topic, first, 24)
-    assert _leo(first, topic) == 24  # its log: [0, 20) and a gap to 24 (its cleaned segment is the last)
+    assert _offsets(first, topic)["leo"] == 24  # its log: [0, 20) and a gap to 24 (its cleaned segment is the last)
 
     # no append comes: only the leader's skip_to hint takes the follower from 20 over the gap to 24
     victim = _rebuild_a_follower_from_an_empty_disk(cluster, topic, first)
     assert partition_state(cluster, topic, via=first)["committed_hwm"] == 24
     _elect(cluster, topic, victim, 24)
-    assert _leo(victim, topic) == 24
+    assert _offsets(victim, topic)["leo"] == 24
     with Connection(*victim.address, timeout_s=10) as c:
         records = consume_all(c, topic, 0, 0)
     assert [(r.offset, r.key, r.payload) for r in records] == [(n, k, values[k]) for n, k in enumerate(kept)]
