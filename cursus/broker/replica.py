@@ -485,9 +485,7 @@ class Replica:
                 breaks the lineage), ``OFFSET_OUT_OF_RANGE`` (a gap after the LEO), ``version_conflict``
                 (other bytes at an existing offset: truncate by epoch first), ``storage_unavailable``.
         """
-        self._check_follower()
-        if leader_epoch != self.leader_epoch:
-            raise BrokerError.of("STALE_LEADER_EPOCH", current=self.leader_epoch, requested=leader_epoch)
+        self._check_replicating(leader_epoch)
         header = checked if checked is not None else check_replicated_chunk(chunk)
         if header is None:
             raise BrokerError.of("corrupt_log_data", topic=self.topic, partition=self.partition,
@@ -522,6 +520,52 @@ class Replica:
                                   leader_epoch=header.leader_epoch, append_time_ms=header.append_time_ms)
         self.advance_hwm(self._leader_hwm)
         return header.next_offset
+
+    def skip_replicated_gap(self, offset: int, leader_epoch: int) -> None:
+        """Follower of a compacted topic: the leader of ``leader_epoch`` stores no chunk from this LEO up to
+        ``offset``, the end of its written log (a gap its cleaner left at the end of its log: the fetch
+        reply's ``skip_to``). Continue the log at ``offset`` without records (:meth:`PartitionLog.skip_gap`,
+        fsynced at once: the next fetch starts at the durable end). A no-op at or below the LEO.
+
+        Raises:
+            BrokerError: ``PARTITION_LEADER_FENCED`` (not a follower), ``STALE_LEADER_EPOCH`` (another
+                leader epoch), ``storage_unavailable``.
+        """
+        self._check_replicating(leader_epoch)
+        if offset <= self.leo:
+            return
+        plog = self.log
+
+        def skip() -> int:  # writer thread
+            plog.skip_gap(offset)
+            plog.flush()
+            return plog.durable_end_offset
+
+        done: asyncio.Future[object] = asyncio.get_running_loop().create_future()
+        done.add_done_callback(self._gap_skipped)
+        self.writer.submit_call(skip, done, log=plog)
+        if self.matched_offset >= self.leo:  # the gap is the leader's, right after a matching prefix
+            self.matched_offset = offset
+        self.leo = offset
+        self.advance_hwm(self._leader_hwm)
+
+    def _check_replicating(self, leader_epoch: int) -> None:
+        """Refuse a replicated write unless this is a follower in ``leader_epoch`` and not fenced (the
+        errors of :meth:`append_replicated`)."""
+        self._check_follower()
+        if leader_epoch != self.leader_epoch:
+            raise BrokerError.of("STALE_LEADER_EPOCH", current=self.leader_epoch, requested=leader_epoch)
+
+    def _gap_skipped(self, done: asyncio.Future[object]) -> None:
+        if done.cancelled():
+            return
+        error = done.exception()
+        if error is not None:
+            self.on_failure(error)
+            return
+        durable = done.result()
+        assert isinstance(durable, int)
+        self.on_durable(durable)
 
     def _stored_chunk(self, base_offset: int) -> bytes | None:
         """The chunk appended at exactly ``base_offset`` (in flight or durable), or ``None``."""

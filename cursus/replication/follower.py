@@ -23,7 +23,9 @@ byte bounds), reads the one ``FetchResponse`` and applies it per partition:
   leader's log start (``Replica.restart_at``, Kafka's follower handling); any other ``OFFSET_OUT_OF_RANGE``
   stops the partition;
 * a compacted topic (``gaps_allowed``): chunks of the leader's cleaned segments keep their offsets and
-  leave gaps; they are appended as stored, gaps included (``append_replicated(allow_gap=True)``);
+  leave gaps; they are appended as stored, gaps included (``append_replicated(allow_gap=True)``); a reply
+  with ``skip_to`` and no chunks (our fetch offset lies in a gap at the end of the leader's log) continues
+  our log there (``Replica.skip_replicated_gap``), so an idle topic's follower still reaches the leader's LEO;
 * a refused append (``version_conflict``, ``corrupt_log_data``, ``OFFSET_OUT_OF_RANGE`` gap, ...) stops
   fetching that partition until its leader epoch changes (quarantine: the leader shrinks it out of the ISR
   by lag); it is logged and reported to the observer.
@@ -356,6 +358,8 @@ class FetchSession:
                     replica.leader_matches(part.fetch_offset)  # the leader checked our lineage up to there
                 if data.chunks and await self._append(key, replica, part, data.chunks):
                     appended.append(replica)
+                elif not data.chunks and data.skip_to and self._skip_gap(key, replica, part, data.skip_to):
+                    appended.append(replica)
                 if (replica.role is Role.FOLLOWER and replica.leader_epoch == part.leader_epoch
                         and replica.leader_id == self.leader_id):  # the chunk check may have awaited
                     replica.advance_hwm(data.hwm)
@@ -384,6 +388,19 @@ class FetchSession:
             self._quarantine(key, replica, exc.error)
             return True  # what was appended before the refusal still becomes durable
         self.manager.observer.chunk_bytes_in(self.leader_id, key, len(data))
+        return True
+
+    def _skip_gap(self, key: PartitionKey, replica: Replica, part: pb.PartitionFetch, skip_to: int) -> bool:
+        """The leader stores no chunk from our fetch offset up to ``skip_to``, the end of its written log (a
+        gap its cleaner left there): a compacted topic continues its log at ``skip_to`` (True: wait until it
+        is durable). Ignored for other topics (they refuse gaps) and for a stale fetch offset."""
+        if not self.manager.gaps_allowed(key[0]) or part.fetch_offset != replica.leo or skip_to <= replica.leo:
+            return False
+        try:
+            replica.skip_replicated_gap(skip_to, part.leader_epoch)
+        except BrokerError as exc:
+            self._quarantine(key, replica, exc.error)
+            return False
         return True
 
     async def _truncate(self, key: PartitionKey, replica: Replica, data: pb.PartitionData) -> None:

@@ -18,7 +18,10 @@ One :class:`LeaderFetchService` per broker serves every follower's fetch stream
    response (the first chunk of a partition may exceed the bound, so progress is always possible). The
    start partition rotates between responses so a catching-up partition cannot starve the others. Reads
    run through ``run_blocking`` (the broker's offload pool for large reads).
-5. **long poll**: when no partition has chunks, an error, a divergence or a new HWM for this follower,
+5. **trailing gap** (compacted topics): a fetch offset in a gap the cleaner left at the end of the log
+   (no chunk up to the written end) is answered with ``skip_to`` = that end, so the follower reaches the
+   leader's LEO without waiting for the next append (:func:`trailing_gap_end`).
+6. **long poll**: when no partition has chunks, an error, a divergence or a new HWM for this follower,
    the request waits (progress listeners of the replicas + an ``asyncio.Event``) up to ``max_wait_ms``.
 
 :meth:`LeaderFetchService.maintain` turns the tracker's decisions into ``ChangeIsr`` metadata commands.
@@ -124,6 +127,21 @@ def read_stored_chunks(partition_log: PartitionLog, offset: int, end_offset: int
             if len(out) >= max_bytes:
                 break
     return bytes(out), first
+
+
+def trailing_gap_end(partition_log: PartitionLog, offset: int, end_offset: int) -> int | None:
+    """``end_offset`` when ``offset < end_offset`` lies in a gap the cleaner left at the end of the log: the log
+    has cleaned segments and stores no chunk in ``[offset, end_offset)``; else None. Any thread.
+
+    Raises:
+        OffsetOutOfRange, CorruptLogError, OSError: as :func:`read_stored_chunks`.
+    """
+    if not offset < end_offset or not partition_log.has_compacted_segments():
+        return None
+    with contextlib.closing(partition_log.iter_stored_chunks(offset, written=True)) as chunks:
+        for header, _ in chunks:
+            return None if header.base_offset < end_offset else end_offset
+    return end_offset
 
 
 @dataclass(slots=True)
@@ -335,7 +353,7 @@ class LeaderFetchService:
             data, size = await self._read_one(follower_id, slot, budget)
             budget -= size
             answers[index] = data
-            if (size or data.HasField("error") or data.HasField("diverging_epoch")
+            if (size or data.skip_to or data.HasField("error") or data.HasField("diverging_epoch")
                     or sent.get(slot.key) != data.hwm):
                 news = True
         return [a for a in answers if a is not None], news
@@ -352,12 +370,16 @@ class LeaderFetchService:
         end = min(replica.log.replicable_end_offset, replica.leo)
         chunks = b""
         first: ChunkHeader | None = None
+        skip_to: int | None = None
         if part.fetch_offset < end and budget > 0:
             limit = min(budget, self.config.partition_max_bytes, part.max_bytes or self.config.partition_max_bytes)
             read = functools.partial(read_stored_chunks, replica.log, part.fetch_offset, end, limit)
             try:
                 chunks, first = await self._run_blocking(_expected_bytes(replica, part.fetch_offset, end, limit),
                                                          read)
+                if not chunks and first is None:  # nothing stored up to the end, or a chunk crossing it
+                    skip_to = await self._run_blocking(0, functools.partial(
+                        trailing_gap_end, replica.log, part.fetch_offset, end))
             except OffsetOutOfRange:
                 return _error(part, BrokerError.of("OFFSET_OUT_OF_RANGE", topic=part.topic,
                                                    partition=part.partition, requested=part.fetch_offset,
@@ -382,7 +404,7 @@ class LeaderFetchService:
             self._observer.chunk_bytes_out(follower_id, slot.key, len(chunks))
         return pb.PartitionData(topic=part.topic, partition=part.partition, leader_epoch=replica.leader_epoch,
                                 hwm=replica.hwm, log_start_offset=replica.log_start_offset, leo=replica.leo,
-                                chunks=chunks), len(chunks)
+                                chunks=chunks, skip_to=skip_to or 0), len(chunks)
 
     # ----------------------------------------------------------------------------- ISR maintenance
 

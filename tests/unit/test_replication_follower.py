@@ -447,3 +447,39 @@ async def test_followers_fetch_written_chunks_while_the_leader_fsyncs_but_the_hw
     await until(lambda: leader.hwm == 4, timeout_s=10)
     assert all(hwm <= durable for hwm, durable in seen)
     assert stored_chunks(follower) == stored_chunks(leader)
+
+
+@pytest.mark.asyncio
+@pytest.mark.parametrize("compacted", [True, False])
+async def test_a_follower_of_a_compacted_topic_skips_a_gap_that_ends_the_leaders_log(nodes, compacted) -> None:
+    """The leader's log ends in a gap its cleaner left (records [0, 3), then nothing up to its LEO 8): the
+    fetch at 3 gets ``skip_to=8``; a compacted topic's follower continues its log at 8 (durably) and the
+    HWM reaches 8 without another append; another topic's follower ignores the hint (it refuses gaps)."""
+    from cursus.storage import PartitionLog
+    from tests.unit.test_storage_support import record_for, records_section, small_config
+
+    a, b, metadata, clock = nodes("a"), nodes("b"), Metadata(), Clock()
+    prepared = PartitionLog.open(a.directory / "t-0", small_config(segment_bytes=64 * 1024))
+    prepared.append_chunk(0, 3, records_section([record_for(i) for i in range(3)]), leader_epoch=1)
+    prepared.skip_gap(8)
+    prepared.flush()
+    prepared.close()
+    assign(metadata, "a", 1)
+    leader, follower = a.open(), b.open()
+    assert leader.leo == 8
+    leader.become_leader(1, isr=("a", "b"))
+    follower.become_follower(1, "a")
+    observer = FollowerObserver()
+    refused: list[TypedError] = []
+    observer.append_refused = lambda key, error: refused.append(error)  # type: ignore[method-assign]
+    _, transport = start(nodes, b, metadata, clock, {"a": make_service(a, metadata, clock)},
+                         gaps_allowed=lambda topic: compacted, observer=observer)
+    if compacted:
+        await until(lambda: follower.durable_end_offset == 8 and leader.hwm == 8 and follower.hwm == 8)
+        assert follower.log.log_end_offset == follower.log.durable_end_offset == 8
+        assert stored_chunks(follower) == stored_chunks(leader)
+    else:
+        await until(lambda: transport.opened and sum(r.partitions[0].fetch_offset == 3
+                                                     for r in transport.opened[0].requests_seen) >= 2)
+        assert follower.leo == follower.durable_end_offset == 3 and leader.hwm == 3
+    assert not refused

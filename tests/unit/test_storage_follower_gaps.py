@@ -90,3 +90,22 @@ def test_the_leader_serves_the_chunk_after_a_gap_and_answers_a_divergence_inside
     chunks, first = read_stored_chunks(log, 0, 10, 1 << 20)
     assert first is not None and first.base_offset == 0 and chunks.count(b"CCK2") >= 2
     log.close()
+
+
+def test_the_leader_names_the_end_of_a_gap_that_ends_its_log(tmp_path: Path) -> None:
+    from cursus.replication.leader import trailing_gap_end
+
+    log = PartitionLog.open(tmp_path / "p", small_config())
+    _append(log, 0, 3)
+    log.flush()
+    assert trailing_gap_end(log, 3, 3) is None  # at the end: nothing to skip
+    assert trailing_gap_end(log, 0, 3) is None  # chunks stored, and no cleaned segment anyway
+    log.skip_gap(8)
+    log.flush()
+    assert trailing_gap_end(log, 3, 8) == 8  # nothing stored from 3 to the written end
+    assert trailing_gap_end(log, 0, 8) is None  # a chunk lies in the range
+    _append(log, 8, 2)
+    log.flush()
+    assert trailing_gap_end(log, 3, 10) is None  # the gap no longer ends the log: the chunk at 8 is served
+    assert trailing_gap_end(log, 3, 8) == 8  # (a chunk at or past the end given does not count)
+    log.close()
