@@ -24,10 +24,11 @@ from tests.cluster.test_cluster_compaction import (
 from tests.integration.helpers import consume_all, publish_batch
 
 #: Slower failure detection than the other cluster modules: both followers stay paused (and in the ISR,
-#: active) while the leader cleans.
+#: active) while the leader cleans, which can take seconds on a loaded machine (the pause must stay
+#: below both timeouts, or the leader shrinks them out of the ISR as soon as they resume).
 SETTINGS = {"log_segment_bytes": 4096, "log_cleanup_interval": 0.1, "log_min_cleanable_dirty_ratio": 0.01,
             "log_index_interval_bytes": 256, "log_cleaner_delete_retention_ms": 0,
-            "replica_lag_time_max_ms": 6000, "broker_session_timeout_ms": 6000}
+            "replica_lag_time_max_ms": 12000, "broker_session_timeout_ms": 12000}
 
 
 cluster = module_cluster("tailgap", **SETTINGS)
@@ -51,13 +52,13 @@ def test_a_rebuilt_follower_skips_a_gap_at_the_end_of_the_leaders_log(cluster: C
         follower.pause()
     try:
         _send(first, topic, [f"u{n}" for n in range(20)], [b"u" * 150] * 20, "1")  # [24, 44): rolls, uncommitted
-        wait_for(lambda: 24 in _cleaned_ends(first, topic), 5, "the leader cleans its first segment")
+        wait_for(lambda: 24 in _cleaned_ends(first, topic), 10, "the leader cleans its first segment")
         first.kill()
     finally:
         for follower in followers:
             follower.resume()
     second = wait_for(lambda: (p := leader_proc(cluster, topic, via=followers[0])) and p is not first and p,
-                      30, "a new leader")
+                      45, "a new leader")
     wait_for(lambda: _hwm(second, topic) == 24, 10, "the new leader serves the committed HWM")  # [24, 44) is lost
     first.start(timeout_s=60)
     wait_isr(cluster, topic, 3, via=second, timeout=30)  # it truncated [24, 44) and caught up
