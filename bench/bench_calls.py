@@ -90,7 +90,7 @@ def run() -> dict:
     n = LARGE - SMALL
     top = sorted(((large_per.get(k, 0) - small_per.get(k, 0)) / n, k) for k in large_per)
     return {"bench": "loop_thread_calls_per_publish", "calls_per_publish": round((large - small) / n, 1),
-            "top": [[k, round(v, 2)] for v, k in reversed(top[-40:])]}
+            "top": [[k, round(v, 2)] for v, k in reversed(top[-120:])]}
 
 
 if __name__ == "__main__":

@@ -79,6 +79,8 @@ class BrokerMetrics:
         self._children: dict[tuple[MetricWrapperBase, tuple[str, ...]], Any] = {}
         #: (topic, partition) -> the replica whose log start, LEO and HWM are exported at scrape time.
         self._replicas: dict[tuple[str, int], Replica] = {}
+        #: topic -> its records-in and bytes-in counter children (:meth:`topic_in`).
+        self._topic_in: dict[str, tuple[Counter, Counter]] = {}
         self.connections_total = Counter(
             "cursus_broker_client_connections_total", "Client connections accepted.", registry=r)
         self.connections_active = Gauge(
@@ -215,9 +217,13 @@ class BrokerMetrics:
         self._replicas[(replica.topic, replica.partition)] = replica
 
     def topic_in(self, topic: str, records: int, size_bytes: int) -> None:
-        """Count an append of ``records`` (``size_bytes``) to ``topic``."""
-        self.child(self.topic_records_in, topic).inc(records)
-        self.child(self.topic_bytes_in, topic).inc(size_bytes)
+        """Count an append of ``records`` (``size_bytes``) to ``topic`` (event loop only)."""
+        found = self._topic_in.get(topic)
+        if found is None:
+            found = self._topic_in[topic] = (self.child(self.topic_records_in, topic),
+                                             self.child(self.topic_bytes_in, topic))
+        found[0].inc(records)
+        found[1].inc(size_bytes)
 
     def topic_out(self, topic: str, records: int, size_bytes: int) -> None:
         """Count ``records`` (``size_bytes``) of ``topic`` served to a client."""
@@ -227,6 +233,7 @@ class BrokerMetrics:
 
     def forget_topic(self, topic: str) -> None:
         """Drop a deleted topic's per-topic series."""
+        self._topic_in.pop(topic, None)
         for family in (self.topic_records_in, self.topic_bytes_in, self.topic_records_out, self.topic_bytes_out):
             self._children.pop((family, (topic,)), None)
             try:
