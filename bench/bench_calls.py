@@ -5,10 +5,10 @@ not. The broker runs under :mod:`cProfile`, switched on by SIGUSR1 and dumped by
 the loop thread; the writer thread is not counted). After 200 warm-up publishes, two runs of
 ``CURSUS_BENCH_CALLS_SMALL`` (default 300) and ``CURSUS_BENCH_CALLS_LARGE`` (default 1,300) sequential
 publishes are profiled; the difference of their call counts divided by the difference of their lengths is
-the per-publish figure (startup and the toggling cancel out). Prints one JSON line: calls per publish and the
-top functions by calls per publish.
+the per-publish figure (startup and the toggling cancel out). Prints one JSON line: calls per publish, calls
+per publish by source file (``~`` is C functions) and the top functions.
 
-Run: ``python -m bench.bench_calls`` (``PYTHONPATH`` picks the tree measured).
+Run: ``python -m bench.bench_calls`` (``CURSUS_BENCH_TREE=/tmp/old`` measures the broker of another tree).
 """
 
 from __future__ import annotations
@@ -29,7 +29,8 @@ SMALL = int(os.environ.get("CURSUS_BENCH_CALLS_SMALL", "300"))
 LARGE = int(os.environ.get("CURSUS_BENCH_CALLS_LARGE", "1300"))
 
 _RUNNER = """
-import cProfile, signal, sys
+import cProfile, os, signal, sys
+sys.path[:] = [p for p in sys.path if p not in ("", os.getcwd())]  # PYTHONPATH picks the tree, not the cwd
 from cursus.cli.broker import main
 prof = cProfile.Profile()
 out = sys.argv.pop(1)
@@ -74,7 +75,8 @@ def run() -> dict:
             return [cmd[0], "-c", _RUNNER, str(self.log_dir.parent / "prof.out"), *cmd[3:]]
 
     with tempfile.TemporaryDirectory() as tmp:
-        broker = _Profiled(Path(tmp) / "data", health=False).start()
+        tree = os.environ.get("CURSUS_BENCH_TREE")  # the broker's code (default: this process's)
+        broker = _Profiled(Path(tmp) / "data", health=False, env={"PYTHONPATH": tree} if tree else None).start()
         try:
             with Connection("127.0.0.1", broker.port) as conn:
                 conn.command("CREATE topic=single partitions=1")
@@ -89,7 +91,12 @@ def run() -> dict:
             broker.stop()
     n = LARGE - SMALL
     top = sorted(((large_per.get(k, 0) - small_per.get(k, 0)) / n, k) for k in large_per)
+    by_file: dict[str, float] = {}
+    for per, key in top:
+        file = key.split(":", 1)[0]
+        by_file[file] = by_file.get(file, 0.0) + per
     return {"bench": "loop_thread_calls_per_publish", "calls_per_publish": round((large - small) / n, 1),
+            "by_file": {f: round(v, 1) for f, v in sorted(by_file.items(), key=lambda kv: -kv[1]) if v >= 0.5},
             "top": [[k, round(v, 2)] for v, k in reversed(top[-120:])]}
 
 
