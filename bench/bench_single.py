@@ -8,7 +8,8 @@ threads, from ``/proc/<pid>/stat``), its event-loop thread alone, and the round 
 medians and ranges over the rounds. The client is a raw socket with a pre-encoded frame (its own CPU does
 not matter, but a lighter client leaves more of the 2 cores to the broker).
 
-Run: ``python -m bench.bench_single`` (``CURSUS_BENCH_TREES=/tmp/old,/work/wt/x`` for an A/B).
+Run: ``python -m bench.bench_single`` (``CURSUS_BENCH_TREES=/tmp/old,/work/wt/x`` for an A/B, started from a
+directory outside both trees: ``python -m`` puts the working directory first on every broker's ``sys.path``).
 """
 
 from __future__ import annotations
@@ -77,6 +78,9 @@ def run() -> list[dict]:
 
     trees = [t for t in os.environ.get("CURSUS_BENCH_TREES", "").split(",") if t] or [
         str(Path(__file__).resolve().parent.parent)]
+    if len(trees) > 1 and (Path.cwd() / "cursus").is_dir():
+        # ``python -m`` puts the working directory first on sys.path: every broker would run its cursus.
+        raise SystemExit("run an A/B from outside the trees (cd /tmp; PYTHONPATH=<tree> python -m bench.bench_single)")
     rows: dict[str, list[tuple[float, float, float, float]]] = {tree: [] for tree in trees}
     with tempfile.TemporaryDirectory() as tmp:
         brokers, clients = {}, {}

@@ -455,7 +455,6 @@ class Broker:
         """Loop: serve an opened partition as a local replica."""
         plog, producers = opened
         replica = Replica(topic, partition, plog, self.writer, broker_id=self.broker_id)
-        replica.on_hwm_change = self.metrics.observe_replica
         replica.on_leader_ready = self._leader_ready
         self.hwm_committer.attach(replica)
         # The role and leader epoch come from the partition's assignment (standalone: this broker leads
@@ -961,7 +960,6 @@ class Broker:
             cut = min(cut, replica.hwm)  # never drop records consumers could not read yet
             count = await self.run_blocking(functools.partial(replica.log.delete_segments_before, cut))
             deleted += int(count or 0)
-            self.metrics.observe_replica(replica)
             self.metrics.retention_deletions_total.inc(int(count or 0))
         return deleted
 

@@ -6,6 +6,7 @@ Each broker owns its own :class:`prometheus_client.CollectorRegistry`, so severa
 
 from __future__ import annotations
 
+from bisect import bisect_left
 from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any, TypeVar
 
@@ -19,6 +20,7 @@ from prometheus_client import (
 )
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.metrics import MetricWrapperBase
+from prometheus_client.values import MutexValue
 
 if TYPE_CHECKING:
     from cursus.broker.replica import Replica
@@ -35,6 +37,38 @@ WIRE_FAILURE_REASONS = (
 AUTH_FAILURE_REASONS = ("bad_credentials", "incomplete_credentials")
 
 
+class _LoopCounter:
+    """A counter child's value, incremented without its lock: one Python call per ``inc`` instead of five
+    (validation, observability check, lock enter and exit). Only for children written by one thread, the
+    event loop's (the scrape thread reads the float under the lock; a single writer loses nothing)."""
+
+    __slots__ = ("_value",)
+
+    def __init__(self, child: Counter) -> None:
+        self._value: MutexValue = child._value
+
+    def inc(self, amount: float = 1) -> None:
+        """Add ``amount`` (>= 0, not checked)."""
+        self._value._value += amount
+
+
+class _LoopHistogram:
+    """A histogram child observed without its locks (see :class:`_LoopCounter`): the sum and the one
+    bucket ``amount`` falls in (``amount <= upper bound``, found by bisection)."""
+
+    __slots__ = ("_sum", "_buckets", "_bounds")
+
+    def __init__(self, child: Histogram) -> None:
+        self._sum: MutexValue = child._sum
+        self._buckets: list[MutexValue] = child._buckets
+        self._bounds: list[float] = child._upper_bounds
+
+    def observe(self, amount: float) -> None:
+        """Count one observation of ``amount`` (seconds for the duration histograms)."""
+        self._sum._value += amount
+        self._buckets[bisect_left(self._bounds, amount)]._value += 1
+
+
 class BrokerMetrics:
     """All metric families of one broker."""
 
@@ -43,8 +77,10 @@ class BrokerMetrics:
         r = self.registry = CollectorRegistry()
         ProcessCollector(registry=r)  # process_cpu_seconds_total, process_resident_memory_bytes, open fds
         self._children: dict[tuple[MetricWrapperBase, tuple[str, ...]], Any] = {}
-        #: (topic, partition) -> its (log start, LEO, HWM) gauge children.
-        self._replica_gauges: dict[tuple[str, int], tuple[Gauge, Gauge, Gauge]] = {}
+        #: (topic, partition) -> the replica whose log start, LEO and HWM are exported at scrape time.
+        self._replicas: dict[tuple[str, int], Replica] = {}
+        #: topic -> its records-in and bytes-in counter children (:meth:`topic_in`).
+        self._topic_in: dict[str, tuple[Counter, Counter]] = {}
         self.connections_total = Counter(
             "cursus_broker_client_connections_total", "Client connections accepted.", registry=r)
         self.connections_active = Gauge(
@@ -147,12 +183,7 @@ class BrokerMetrics:
             "Failed opens of a local partition replica: outcome=retry (retried after a backoff) or gave_up (left "
             "unopened after partition_open_max_attempts until a restart or a new topic generation).",
             ["outcome"], registry=r)
-        self.log_start = Gauge(
-            "cursus_partition_log_start_offset", "First retained offset.", ["topic", "partition"], registry=r)
-        self.log_end = Gauge(
-            "cursus_partition_log_end_offset", "Log end offset (LEO).", ["topic", "partition"], registry=r)
-        self.hwm = Gauge(
-            "cursus_partition_high_watermark", "High-water mark (HWM).", ["topic", "partition"], registry=r)
+        r.register(_ReplicaOffsetsCollector(self._replicas))  # the three partition offset gauges
         self.loop_max_stall = Gauge(
             "cursus_event_loop_max_stall_seconds", "Worst lateness of the event loop seen by its stall probe.",
             registry=r)
@@ -163,30 +194,36 @@ class BrokerMetrics:
     def child(self, family: _Family, *labels: str) -> _Family:
         """``family.labels(*labels)``, looked up once per label set (``labels()`` validates the values
         and takes a lock on every call; the request path asks for the same few children each time).
-        Label values must come from a bounded set: commands, results, error codes, ack modes, partitions
-        (:meth:`forget_partition` drops a partition's)."""
+        Counter and histogram children come back as lock-free stand-ins (:class:`_LoopCounter`,
+        :class:`_LoopHistogram`: ``inc(amount=1)`` / ``observe(amount)`` only) writing the same values, so
+        callers must be on the event loop. Label values must come from a bounded set: commands, results,
+        error codes, ack modes, topics (:meth:`forget_topic` drops a topic's)."""
         key = (family, labels)
         found = self._children.get(key)
         if found is None:
-            found = self._children[key] = family.labels(*labels)
-        return found
+            found = family.labels(*labels)
+            if isinstance(getattr(found, "_value", getattr(found, "_sum", None)), MutexValue):
+                if isinstance(found, Counter):
+                    found = _LoopCounter(found)
+                elif isinstance(found, Histogram):
+                    found = _LoopHistogram(found)
+            self._children[key] = found
+        return found  # type: ignore[return-value]
 
     def observe_replica(self, replica: Replica) -> None:
-        """Export the replica's log start offset, LEO and HWM (on every HWM change)."""
-        gauges = self._replica_gauges.get((replica.topic, replica.partition))
-        if gauges is None:
-            labels = (replica.topic, str(replica.partition))
-            gauges = self._replica_gauges[(replica.topic, replica.partition)] = (
-                self.child(self.log_start, *labels), self.child(self.log_end, *labels), self.child(self.hwm, *labels))
-        log_start, log_end, hwm = gauges
-        log_start.set(replica.log_start_offset)
-        log_end.set(replica.leo)
-        hwm.set(replica.hwm)
+        """Export the replica's log start offset, LEO and HWM (``cursus_partition_*`` gauges, labels topic
+        and partition). Read from the replica at scrape time: one registration per replica, nothing per
+        HWM change; calling it again (a replaced replica of the same partition) re-points the series."""
+        self._replicas[(replica.topic, replica.partition)] = replica
 
     def topic_in(self, topic: str, records: int, size_bytes: int) -> None:
-        """Count an append of ``records`` (``size_bytes``) to ``topic``."""
-        self.child(self.topic_records_in, topic).inc(records)
-        self.child(self.topic_bytes_in, topic).inc(size_bytes)
+        """Count an append of ``records`` (``size_bytes``) to ``topic`` (event loop only)."""
+        found = self._topic_in.get(topic)
+        if found is None:
+            found = self._topic_in[topic] = (self.child(self.topic_records_in, topic),
+                                             self.child(self.topic_bytes_in, topic))
+        found[0].inc(records)
+        found[1].inc(size_bytes)
 
     def topic_out(self, topic: str, records: int, size_bytes: int) -> None:
         """Count ``records`` (``size_bytes``) of ``topic`` served to a client."""
@@ -196,6 +233,7 @@ class BrokerMetrics:
 
     def forget_topic(self, topic: str) -> None:
         """Drop a deleted topic's per-topic series."""
+        self._topic_in.pop(topic, None)
         for family in (self.topic_records_in, self.topic_bytes_in, self.topic_records_out, self.topic_bytes_out):
             self._children.pop((family, (topic,)), None)
             try:
@@ -204,14 +242,33 @@ class BrokerMetrics:
                 pass
 
     def forget_partition(self, topic: str, partition: int) -> None:
-        self._replica_gauges.pop((topic, partition), None)
-        labels = (topic, str(partition))
-        for family in (self.log_start, self.log_end, self.hwm):
-            self._children.pop((family, labels), None)
-            try:
-                family.remove(*labels)
-            except KeyError:
-                pass
+        """Stop exporting a removed partition replica's offset gauges."""
+        self._replicas.pop((topic, partition), None)
+
+
+class _ReplicaOffsetsCollector:
+    """``cursus_partition_log_start_offset``, ``cursus_partition_log_end_offset`` (LEO) and
+    ``cursus_partition_high_watermark`` (HWM) per hosted replica (labels topic, partition), read at scrape
+    time from the replicas' int fields (the scrape thread only reads them; a copy of the registry is taken
+    first, so the loop may add or drop replicas meanwhile)."""
+
+    def __init__(self, replicas: dict[tuple[str, int], Replica]) -> None:
+        self._replicas = replicas
+
+    def describe(self) -> list[Metric]:
+        return []
+
+    def collect(self) -> Iterator[Metric]:
+        labels = ["topic", "partition"]
+        start = GaugeMetricFamily("cursus_partition_log_start_offset", "First retained offset.", labels=labels)
+        end = GaugeMetricFamily("cursus_partition_log_end_offset", "Log end offset (LEO).", labels=labels)
+        hwm = GaugeMetricFamily("cursus_partition_high_watermark", "High-water mark (HWM).", labels=labels)
+        for (topic, partition), replica in sorted(self._replicas.copy().items()):
+            key = [topic, str(partition)]
+            start.add_metric(key, replica.log_start_offset)
+            end.add_metric(key, replica.leo)
+            hwm.add_metric(key, replica.hwm)
+        yield from (start, end, hwm)
 
 
 class GroupStateCollector:

@@ -377,6 +377,8 @@ class Replica:
     @property
     def maximal_isr(self) -> tuple[str, ...]:
         """The committed ISR plus members whose expansion is pending (Kafka's maximal ISR), ISR order first."""
+        if not self._pending_isr:
+            return self.isr
         return self.isr + tuple(sorted(self._pending_isr - set(self.isr)))
 
     def expand_isr_pending(self, member: str) -> None:
@@ -399,7 +401,12 @@ class Replica:
         never below the visible HWM. Other roles: the visible HWM."""
         if self.role is not Role.LEADER:
             return self.hwm
-        return max(self.hwm, min(self._replica_ends.get(r, 0) for r in self.maximal_isr))
+        ends, low = self._replica_ends, None
+        for member in self.maximal_isr:  # a loop, not min(genexpr): this runs on every fsync and fetch
+            end = ends.get(member, 0)
+            if low is None or end < low:
+                low = end
+        return self.hwm if low is None or low < self.hwm else low
 
     def on_committed_hwm(self, leader_epoch: int, hwm: int) -> None:
         """The committed HWM ``hwm`` (records) applied from metadata for ``leader_epoch`` reaches this

@@ -48,3 +48,33 @@ def test_cached_children_are_the_labelled_children_and_forgetting_drops_them() -
     replica.hwm = 6
     metrics.observe_replica(replica)  # type: ignore[arg-type]
     assert b'cursus_partition_high_watermark{partition="3",topic="t"} 6.0' in generate_latest(metrics.registry)
+
+
+@given(amounts=st.lists(st.one_of(st.floats(min_value=0, max_value=100, allow_nan=False),
+                                  st.sampled_from([0.0005, 0.001, 0.0025, 10.0, 30.0])), max_size=30))
+def test_loop_histogram_child_exports_what_the_prometheus_child_does(amounts: list[float]) -> None:
+    fast, reference = BrokerMetrics(), BrokerMetrics()
+    child = fast.child(fast.command_duration, "PUBLISH")
+    counter = fast.child(fast.commands_total, "PUBLISH", "ok")
+    reference.command_duration.labels("PUBLISH")
+    reference.commands_total.labels("PUBLISH", "ok")
+    for amount in amounts:
+        child.observe(amount)
+        counter.inc()
+        reference.command_duration.labels("PUBLISH").observe(amount)
+        reference.commands_total.labels("PUBLISH", "ok").inc()
+    def samples(metrics: BrokerMetrics) -> list[bytes]:
+        return [line for line in generate_latest(metrics.registry).splitlines()
+                if line.startswith((b"cursus_broker_command_duration", b"cursus_broker_commands_total"))]
+    assert samples(fast) == samples(reference)
+
+
+def test_partition_offsets_are_read_at_scrape_time() -> None:
+    metrics = BrokerMetrics()
+    replica = _Replica()
+    metrics.observe_replica(replica)  # type: ignore[arg-type]
+    replica.hwm, replica.leo = 9, 12
+    text = generate_latest(metrics.registry)
+    assert b'cursus_partition_high_watermark{partition="3",topic="t"} 9.0' in text
+    assert b'cursus_partition_log_end_offset{partition="3",topic="t"} 12.0' in text
+    assert b'cursus_partition_log_start_offset{partition="3",topic="t"} 0.0' in text

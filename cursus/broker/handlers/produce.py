@@ -100,13 +100,24 @@ def _suppressed(broker: Broker, exc: Exception) -> NoReply:
     return NO_REPLY
 
 
+@functools.lru_cache(maxsize=1024)
+def _plain_topic_name(topic: str | None) -> bool:
+    """True when ``topic`` is a valid client topic name (:func:`validate_topic_name`) and not internal;
+    memoized (a pure function of the name: the request path checks the same few names on every PUBLISH)."""
+    try:
+        return not is_internal_topic(validate_topic_name(topic, command="PUBLISH"))
+    except BrokerError:
+        return False
+
+
 def target_topic(broker: Broker, topic: str, req: Request, command: str = "PUBLISH") -> TopicDefinition:
     """The writable topic ``topic`` (PUBLISH, TXN_PUBLISH) for ``req``'s connection. Raises
     ``invalid_topic_name``, ``topic_not_found``, ``internal_topic_write_forbidden``, ``NOT_AUTHORIZED_FOR_TOPIC``."""
-    name = validate_topic_name(topic, command=command)
-    defn = broker.topic(name)
-    if is_internal_topic(name):
+    if not _plain_topic_name(topic):  # missing, invalid or internal: the checks in their usual order
+        name = validate_topic_name(topic, command=command)
+        broker.topic(name)
         raise BrokerError.of("internal_topic_write_forbidden", topic=name)
+    defn = broker.topic(topic)
     check_topic_access(defn, "write", req.session)
     if defn.aggregate_replay and command in ("PUBLISH", "TXN_PUBLISH"):
         raise BrokerError.of("invalid_topic_policy", topic=name, field="aggregate_replay", command=command,
