@@ -508,7 +508,8 @@ def recheck(out: Path) -> int:
     ops = load_history(out / "history.jsonl")
     fault_records = faults.load_faults(out / "faults.jsonl") if (out / "faults.jsonl").exists() else []
     previous = json.loads((out / "report.json").read_text()) if (out / "report.json").exists() else {}
-    meta = {k: previous.get(k) for k in ("seed", "nodes", "duration_s", "faults_enabled", "reproduce")}
+    meta = {k: previous.get(k) for k in ("seed", "nodes", "duration_s", "faults_enabled", "reproduce",
+                                         "schedule_length")}
     meta["out"] = str(out)
     doc = report.build(meta, ops, checkers.run_all(ops), fault_records, workloads=previous.get("workloads", {}),
                        errors=previous.get("errors", []), harness_errors=previous.get("harness_errors", []))
