@@ -148,3 +148,25 @@ def test_flip_tail_damages_the_file_or_says_it_did_nothing(tmp_path: Path) -> No
     assert done["file"] == str(segment)
     damaged = segment.read_bytes()
     assert damaged != chunk and sum(a != b for a, b in zip(damaged, chunk, strict=True)) == 1
+
+
+def test_the_lose_unsynced_mode_is_proven_from_the_process_environment() -> None:
+    import os
+    from types import SimpleNamespace
+
+    from chaos.__main__ import _mode_env_error
+
+    with_env = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"],
+                                env={**os.environ, "CURSUS_STORAGE_FAULTS": "lose_unsynced=1"})
+    without = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"],
+                               env={k: v for k, v in os.environ.items() if k != "CURSUS_STORAGE_FAULTS"})
+    try:
+        cluster = SimpleNamespace(nodes=[SimpleNamespace(name="node-0", pid=with_env.pid),
+                                         SimpleNamespace(name="node-1", pid=without.pid)])
+        assert _mode_env_error(cluster, [0]) is None
+        error = _mode_env_error(cluster, [0, 1])
+        assert error is not None and error.startswith(INEFFECTIVE) and "node-1" in error and "node-0" not in error
+    finally:
+        for proc in (with_env, without):
+            proc.kill()
+            proc.wait()
