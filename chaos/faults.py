@@ -439,6 +439,8 @@ class Nemesis(threading.Thread):
             error = INEFFECTIVE + f"{node.name} (pid {old_pid}) did not die of SIGKILL (returncode {proc and proc.returncode})"
         if error is None and details.get("power_cut_verified") is False:
             error = INEFFECTIVE + f"{node.name} ran without CURSUS_STORAGE_FAULTS: the kill was no power cut"
+        if error is None and "skipped" in (extra.get("tear") or {}):
+            error = INEFFECTIVE + f"the tail was not torn: {extra['tear']['skipped']}"
         self.log.end(active, extra, error=error or _new_process(node, old_pid, extra))
 
     def _partition(self, spec: FaultSpec) -> None:
