@@ -123,11 +123,13 @@ def run(options: RunOptions) -> int:
     workloads: dict[str, str] = {}
     gate = GroupGate()
     mode_fault = None
+    mode_error: str | None = None
     try:
         cluster.start()
         create_topics(ctx)
         if power_cut:
             mode_fault = fault_log.begin("lose-unsynced", None, {"env": LOSE_UNSYNCED_ENV})
+            mode_error = _mode_env_error(cluster, range(len(cluster)))
         workers = _workers(ctx, topics, gate, options.groups)
         ctx.workers.extend(workers)
         started = clock.now()
@@ -149,7 +151,7 @@ def run(options: RunOptions) -> int:
             worker.join(timeout=30)
         workloads = _workload_states(workers, gate, options.groups)
         if mode_fault is not None:
-            fault_log.end(mode_fault)
+            fault_log.end(mode_fault, error=mode_error)
             mode_fault = None
         group_topics = [(GROUP, topics[1])] if gate.available else []
         for problem in drain(ctx, group_topics):
@@ -214,6 +216,7 @@ def run_cluster(options: RunOptions) -> int:
     workloads: dict[str, str] = {}
     gate = GroupGate()
     mode_fault = None
+    mode_error: str | None = None
     final_status: dict[str, Any] = {}
     try:
         cluster.start()
@@ -225,6 +228,7 @@ def run_cluster(options: RunOptions) -> int:
             raise _Abort()
         if power_cut:
             mode_fault = fault_log.begin("lose-unsynced", 0, {"env": LOSE_UNSYNCED_ENV, "nodes": [0]})
+            mode_error = _mode_env_error(cluster, [0])
         workers = _workers(ctx, topics, gate, options.groups)
         ctx.workers.extend(workers)
         started = clock.now()
@@ -253,7 +257,7 @@ def run_cluster(options: RunOptions) -> int:
         workloads["stream-consumers"] = "ran"
         workloads["transactions"] = "ran"
         if mode_fault is not None:
-            fault_log.end(mode_fault)
+            fault_log.end(mode_fault, error=mode_error)
             mode_fault = None
         group_topics = [(GROUP, topics[1])] if gate.available else []
         for problem in drain(ctx, group_topics):
@@ -296,6 +300,15 @@ def run_cluster(options: RunOptions) -> int:
     if code != 0:
         print(f"chaos: FAILED with seed={options.seed}", flush=True)
     return code
+
+
+def _mode_env_error(cluster: Any, nodes: Any) -> str | None:
+    """The ``lose-unsynced`` mode's proof of effect: every node in ``nodes`` runs with
+    ``CURSUS_STORAGE_FAULTS`` in its process environment (``/proc/<pid>/environ``); else an ineffective error."""
+    missing = [cluster.nodes[i].name for i in nodes
+               if cluster.nodes[i].pid is None
+               or "CURSUS_STORAGE_FAULTS=" not in faults.process_environ(cluster.nodes[i].pid)]
+    return f"{faults.INEFFECTIVE}no CURSUS_STORAGE_FAULTS in the process of {', '.join(missing)}" if missing else None
 
 
 class _Abort(Exception):
@@ -508,7 +521,8 @@ def recheck(out: Path) -> int:
     ops = load_history(out / "history.jsonl")
     fault_records = faults.load_faults(out / "faults.jsonl") if (out / "faults.jsonl").exists() else []
     previous = json.loads((out / "report.json").read_text()) if (out / "report.json").exists() else {}
-    meta = {k: previous.get(k) for k in ("seed", "nodes", "duration_s", "faults_enabled", "reproduce")}
+    meta = {k: previous.get(k) for k in ("seed", "nodes", "duration_s", "faults_enabled", "reproduce",
+                                         "schedule_length")}
     meta["out"] = str(out)
     doc = report.build(meta, ops, checkers.run_all(ops), fault_records, workloads=previous.get("workloads", {}),
                        errors=previous.get("errors", []), harness_errors=previous.get("harness_errors", []))

@@ -537,12 +537,25 @@ def check_replica_divergence(ops: list[Op]) -> list[Anomaly]:
     ``[first base, committed_hwm)`` and, chunk by chunk, the same bytes (digest) as every other replica.
     """
     by_partition: dict[tuple[str, int], list[Op]] = defaultdict(list)
+    unread: list[Op] = []  # inspections that found no log directory
     for op in ops:
         if op.f == "replica-log" and op.type == OK:
             by_partition[(str(op.value.get("topic")), int(op.value.get("partition", 0)))].append(op)
+        elif op.f == "replica-log":
+            unread.append(op)
     final = _final_status(ops)
     final_parts = (final.result.get("partitions") or {}) if final is not None else {}
     out = []
+    for op in unread:  # a replica that is not assigned has no directory; one in the ISR must hold the data
+        topic, partition = str(op.value.get("topic")), int(op.value.get("partition", 0))
+        hwm = int(op.value.get("committed_hwm") or 0)
+        isr = set(final_parts.get(f"{topic}/{partition}", {}).get("isr") or [])
+        replica = int(op.value.get("replica", -1))
+        if hwm > 0 and f"node-{replica}" in isr:
+            out.append(Anomaly("replica-divergence", f"{topic}/{partition}: replica node-{replica} is in the final "
+                               f"ISR but holds no log at all, below the committed HWM {hwm} ({op.error})",
+                               op.start, op.end, {"topic": topic, "partition": partition, "replica": replica,
+                                                  "covered": 0, "committed_hwm": hwm, "isr": sorted(isr)}))
     for (topic, partition), inspections in sorted(by_partition.items()):
         hwm = int(inspections[0].value.get("committed_hwm") or 0)
         isr = set(final_parts.get(f"{topic}/{partition}", {}).get("isr") or [])

@@ -45,6 +45,9 @@ CHUNK_HEADER = struct.Struct(">IQIIqII")
 CHUNK_HEADER_SIZE = CHUNK_HEADER.size
 CHUNK_CRC_COVERED = 32
 CHUNK_BODY_MAX = 256 * 1024 * 1024
+#: Prefix of a fault's ``error`` when the fault verifiably did nothing (no packet dropped, the process never
+#: stopped or died, no byte damaged): such a run proves nothing and is never valid (:mod:`chaos.report`).
+INEFFECTIVE = "ineffective: "
 #: A kill's torn tail waits this long for in-flight operations to resolve before computing the safe offset.
 QUIESCE_TIMEOUT_S = 10.0
 
@@ -392,21 +395,26 @@ class Nemesis(threading.Thread):
 
     def _pause(self, spec: FaultSpec) -> None:
         node = self.cluster.nodes[spec.node]
+        pid = node.pid
         active = self.log.begin("pause", spec.node, {"schedule_index": spec.index, "hold_s": spec.hold_s,
-                                                     "pid": node.pid})
+                                                     "pid": pid})
         node.pause()
+        stopped = False
         try:
+            stopped = wait_process_state(pid, "T", 2.0) if pid is not None else False
             time.sleep(spec.hold_s)
         finally:
             node.resume()
-        self.log.end(active)
+        self.log.end(active, {"stopped_verified": stopped},
+                     error=None if stopped else INEFFECTIVE + f"{node.name} (pid {pid}) never showed state T")
 
     def _restart(self, spec: FaultSpec) -> None:
         node = self.cluster.nodes[spec.node]
-        active = self.log.begin("restart", spec.node, {"schedule_index": spec.index, "pid": node.pid})
+        old_pid = node.pid
+        active = self.log.begin("restart", spec.node, {"schedule_index": spec.index, "pid": old_pid})
         code = node.stop()
         details: dict[str, Any] = {"exit_code": code}
-        error = self._start(node, spec, details)
+        error = self._start(node, spec, details) or _new_process(node, old_pid, details)
         self.log.end(active, details, error=error)
 
     def _kill(self, spec: FaultSpec) -> None:
@@ -414,16 +422,26 @@ class Nemesis(threading.Thread):
         details: dict[str, Any] = {"schedule_index": spec.index, "hold_s": spec.hold_s, "pid": node.pid,
                                    "power_cut": self.power_cut and "CURSUS_STORAGE_FAULTS" in node.env,
                                    **getattr(self, "_why", {})}
+        old_pid = node.pid
+        if details["power_cut"] and old_pid is not None:
+            details["power_cut_verified"] = "CURSUS_STORAGE_FAULTS=" in process_environ(old_pid)
         active = self.log.begin(spec.kind, spec.node, details)
         killed_at = self.clock.now()
+        proc = node.proc
         node.kill()
-        extra: dict[str, Any] = {}
+        extra: dict[str, Any] = {"exit_signal": -proc.returncode if proc is not None and proc.returncode else None}
         if spec.kind == "torn-tail":
             assert spec.tear is not None
             extra["tear"] = self._tear(spec, killed_at)
         time.sleep(spec.hold_s)
         error = self._start(node, spec, extra)
-        self.log.end(active, extra, error=error)
+        if error is None and extra["exit_signal"] != 9:
+            error = INEFFECTIVE + f"{node.name} (pid {old_pid}) did not die of SIGKILL (returncode {proc and proc.returncode})"
+        if error is None and details.get("power_cut_verified") is False:
+            error = INEFFECTIVE + f"{node.name} ran without CURSUS_STORAGE_FAULTS: the kill was no power cut"
+        if error is None and "skipped" in (extra.get("tear") or {}):
+            error = INEFFECTIVE + f"the tail was not torn: {extra['tear']['skipped']}"
+        self.log.end(active, extra, error=error or _new_process(node, old_pid, extra))
 
     def _partition(self, spec: FaultSpec) -> None:
         """Drop traffic between brokers for ``hold_s`` (nftables rules by address pair), then heal."""
@@ -442,9 +460,11 @@ class Nemesis(threading.Thread):
                    "drops": sorted([list(p) for p in pairs])}
         active = self.log.begin("partition", side[0], details)
         error = None
+        before: dict[tuple[int, int], int] = {}
         try:
             if self.network is None:
                 raise RuntimeError("no private network (not a cluster run)")
+            before = self.network.dropped()
             if mode == "flap":
                 flaps = max(1, int(spec.cut.get("flaps") or 1))
                 step = spec.hold_s / (2 * flaps)
@@ -465,7 +485,14 @@ class Nemesis(threading.Thread):
                 except Exception as exc:  # noqa: BLE001
                     error = f"heal failed: {exc}"
                     self.errors.append({"fault": "partition", "schedule_index": spec.index, "error": error})
-        self.log.end(active, {}, error=error)
+        extra: dict[str, Any] = {}
+        if error is None and self.network is not None:
+            after = self.network.dropped()
+            packets = {f"{a}->{b}": after.get((a, b), 0) - before.get((a, b), 0) for a, b in sorted(pairs)}
+            extra["packets_dropped"] = packets
+            if not any(packets.values()):
+                error = INEFFECTIVE + "no packet was dropped"
+        self.log.end(active, extra, error=error)
 
     def _corrupt(self, spec: FaultSpec) -> None:
         """kill -9 a node, flip bytes in one replica's segment tail, restart: repair or refuse, never serve."""
@@ -481,6 +508,10 @@ class Nemesis(threading.Thread):
         node.kill()
         part = partition_dir(node.data_dir, topic, partition)
         extra: dict[str, Any] = {"damage": flip_tail(part, spec.tear["seed"])}
+        if "skipped" in extra["damage"]:  # nothing damaged: restart, but the fault did not happen
+            self.log.end(active, extra, error=self._start(node, spec, extra)
+                         or INEFFECTIVE + str(extra["damage"]["skipped"]))
+            return
         quarantine = part / "quarantine"  # the broker's repair moves damaged bytes there (cluster)
         before = set(quarantine.iterdir()) if quarantine.is_dir() else set()
         time.sleep(spec.hold_s)
@@ -550,7 +581,45 @@ def flip_tail(part_dir: Path, seed: int) -> dict[str, Any]:
         return {"skipped": f"no chunk in {target}"}
     chunk = rng.choice(chunks[-3:])
     position = chunk.position + CHUNK_HEADER_SIZE + rng.randrange(chunk.length - CHUNK_HEADER_SIZE)
+    original = data[position]
     data[position] ^= 1 << rng.randrange(8)
     _rewrite(target, bytes(data))
+    with open(target, "rb") as f:  # read back: the damage is on disk
+        f.seek(position)
+        if f.read(1) == bytes([original]):
+            return {"skipped": f"the flip of byte {position} of {target} did not reach the file"}
     return {"file": str(target), "flipped_byte": position, "chunk_base_offset": chunk.base_offset,
             "chunk_records": chunk.record_count}
+
+
+def wait_process_state(pid: int, states: str, timeout_s: float) -> bool:
+    """True once ``/proc/<pid>/stat`` shows one of ``states`` (``T``: stopped) within ``timeout_s``."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        try:
+            with open(f"/proc/{pid}/stat", encoding="ascii", errors="replace") as f:
+                state = f.read().rsplit(")", 1)[1].split()[0]
+        except (OSError, IndexError):
+            return False
+        if state in states:
+            return True
+        if time.monotonic() >= deadline:
+            return False
+        time.sleep(0.01)
+
+
+def process_environ(pid: int) -> str:
+    """The environment of a running process as ``NAME=value`` lines ('' when unreadable)."""
+    try:
+        with open(f"/proc/{pid}/environ", "rb") as f:
+            return f.read().replace(b"\0", b"\n").decode("utf-8", "replace")
+    except OSError:
+        return ""
+
+
+def _new_process(node: Any, old_pid: int | None, details: dict[str, Any]) -> str | None:
+    """An ineffective-fault error when a restarted node still runs the old process."""
+    details["new_pid"] = node.pid
+    if old_pid is not None and node.pid == old_pid:
+        return INEFFECTIVE + f"{node.name} still runs pid {old_pid}"
+    return None

@@ -22,6 +22,7 @@ the harness inside ``unshare -n -m --propagation private`` with :data:`ENV_MARK`
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import subprocess
@@ -73,10 +74,11 @@ def reexec_in_namespace(argv: Sequence[str]) -> None:
     os.execve(unshare, [unshare, "-n", "-m", "--propagation", "private", sys.executable, "-m", "chaos", *argv], env)
 
 
-def _run(*cmd: str, stdin: str | None = None) -> None:
+def _run(*cmd: str, stdin: str | None = None) -> str:
     proc = subprocess.run(cmd, input=stdin, capture_output=True, text=True, timeout=20, check=False)
     if proc.returncode != 0:
         raise NetworkUnavailable(f"{' '.join(cmd)} failed ({proc.returncode}): {proc.stderr.strip()[:400]}")
+    return proc.stdout
 
 
 def node_address(index: int) -> str:
@@ -100,6 +102,9 @@ class Network:
         self.nodes = nodes
         #: The directed pairs ``(src, dst)`` (node indexes) currently dropped.
         self.cuts: frozenset[tuple[int, int]] = frozenset()
+        #: Packets dropped per directed pair since the network was built (summed over every cut): the proof
+        #: that a partition really dropped traffic (see :meth:`dropped`).
+        self.drops: dict[tuple[int, int], int] = {}
 
     def setup(self) -> None:
         """Create the namespaces, veths, routes and the empty nftables chain.
@@ -138,13 +143,63 @@ class Network:
         """
         cuts = frozenset((int(a), int(b)) for a, b in pairs if a != b)
         rules = "".join(f"add rule inet {NFT_TABLE} {NFT_CHAIN} ip saddr {node_address(a)} "
-                        f"ip daddr {node_address(b)} drop\n" for a, b in sorted(cuts))
+                        f"ip daddr {node_address(b)} counter drop\n" for a, b in sorted(cuts))
+        if self.cuts:
+            self._collect_counters()
         _run("nft", "-f", "-", stdin=f"flush chain inet {NFT_TABLE} {NFT_CHAIN}\n{rules}")
         self.cuts = cuts
+        if cuts:
+            installed = set(self._counters())
+            if installed != set(cuts):
+                raise NetworkUnavailable(f"nft holds drop rules for {sorted(installed)}, expected {sorted(cuts)}")
+
+    def _counters(self) -> dict[tuple[int, int], int]:
+        """The packet counter of every drop rule in the chain now, by directed pair."""
+        listing = json.loads(_run("nft", "-j", "list", "chain", "inet", NFT_TABLE, NFT_CHAIN))
+        return parse_counters(listing, self.nodes)
+
+    def _collect_counters(self) -> None:
+        for pair, packets in self._counters().items():
+            self.drops[pair] = self.drops.get(pair, 0) + packets
+
+    def dropped(self) -> dict[tuple[int, int], int]:
+        """Packets dropped per directed pair so far, the rules in place now included.
+
+        Raises:
+            NetworkUnavailable: nft failed.
+        """
+        current = self._counters() if self.cuts else {}
+        return {pair: self.drops.get(pair, 0) + current.get(pair, 0) for pair in set(self.drops) | set(current)}
 
     def heal(self) -> None:
         """Drop no traffic."""
         self.set_cuts(())
+
+
+def parse_counters(listing: dict, nodes: int) -> dict[tuple[int, int], int]:
+    """``{(src, dst): packets}`` from ``nft -j list chain`` output: the rules that match ``ip saddr`` and
+    ``ip daddr`` of two node addresses and carry a ``counter`` (other rules are ignored)."""
+    by_address = {node_address(i): i for i in range(nodes)}
+    out: dict[tuple[int, int], int] = {}
+    for item in listing.get("nftables", []):
+        rule = item.get("rule") if isinstance(item, dict) else None
+        if not rule:
+            continue
+        src = dst = None
+        packets = None
+        for expr in rule.get("expr", []):
+            match = expr.get("match") if isinstance(expr, dict) else None
+            if match:
+                left = (match.get("left") or {}).get("payload") or {}
+                if left.get("protocol") == "ip" and left.get("field") == "saddr":
+                    src = by_address.get(str(match.get("right")))
+                elif left.get("protocol") == "ip" and left.get("field") == "daddr":
+                    dst = by_address.get(str(match.get("right")))
+            elif isinstance(expr, dict) and "counter" in expr:
+                packets = int((expr["counter"] or {}).get("packets", 0))
+        if src is not None and dst is not None and packets is not None:
+            out[(src, dst)] = out.get((src, dst), 0) + packets
+    return out
 
 
 def isolate(node: int, nodes: int) -> set[tuple[int, int]]:

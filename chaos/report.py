@@ -95,14 +95,16 @@ def build(meta: dict[str, Any], ops: list[Op], anomalies: dict[str, list[Anomaly
     for name in INFORMATIONAL & set(checkers):
         checkers[name]["informational"] = True
     fault_kinds = Counter(f["fault"] for f in faults)
+    undone = faults_not_done(faults, int(meta.get("schedule_length") or 0))
     return {
-        "valid": violations == 0 and not harness_errors,
+        "valid": violations == 0 and not harness_errors and not undone,
         "violations": violations,
         **meta,
         "operations": {"total": len(ops), "by_kind": op_counts(ops)},
         "values": value_counts(ops),
         "faults": {"total": len(faults), "by_kind": dict(sorted(fault_kinds.items())),
-                   "failed": [f for f in faults if f.get("error") and f.get("error") != "skipped"]},
+                   "failed": [f for f in faults if f.get("error") and f.get("error") != "skipped"],
+                   "not_done": undone},
         "workloads": workloads,
         "checkers": checkers,
         "errors": errors,
@@ -110,17 +112,31 @@ def build(meta: dict[str, Any], ops: list[Op], anomalies: dict[str, list[Anomaly
     }
 
 
+def faults_not_done(faults: list[dict[str, Any]], planned: int) -> list[str]:
+    """Why the run did not inject what its seed planned: every fault that was skipped, failed or verifiably
+    had no effect (an ``error`` in its record, see :data:`chaos.faults.INEFFECTIVE`), and a schedule of
+    ``planned`` faults of which none took effect. Empty when every executed fault did something.
+    A run with such a fault is never valid (exit 2 without a violation): a fault that silently did nothing
+    would otherwise make a clean run of a run that tested nothing."""
+    out = [f"fault #{f['id']} {f['fault']} on node {f['node']}: {f['error']}" for f in faults if f.get("error")]
+    scheduled = [f for f in faults if f["fault"] != "lose-unsynced"]
+    if planned and not any(not f.get("error") for f in scheduled):
+        out.append(f"none of the {planned} planned faults took effect")
+    return out
+
+
 def exit_code(report: dict[str, Any]) -> int:
-    """0 valid, 1 any violation, 2 harness errors only."""
+    """0 valid, 1 any violation, 2 harness errors or faults not done (and no violation)."""
     if report["violations"]:
         return 1
-    return 2 if report["harness_errors"] else 0
+    return 2 if report["harness_errors"] or report["faults"].get("not_done") else 0
 
 
 def summary(report: dict[str, Any]) -> str:
     """A short human summary of a report."""
     lines = []
-    status = "VALID" if report["valid"] else ("VIOLATIONS FOUND" if report["violations"] else "HARNESS ERROR")
+    status = "VALID" if report["valid"] else ("VIOLATIONS FOUND" if report["violations"] else (
+        "HARNESS ERROR" if report["harness_errors"] else "FAULTS NOT DONE (the run proves nothing)"))
     lines.append(f"chaos run: {status}  seed={report.get('seed')} nodes={report.get('nodes')} "
                  f"duration={report.get('duration_s')}s faults={','.join(report.get('faults_enabled', []))}")
     ops = report["operations"]
@@ -148,6 +164,8 @@ def summary(report: dict[str, Any]) -> str:
         lines.append(f"  ERROR: {error.get('error')}")
     for error in report["harness_errors"][:5]:
         lines.append(f"  HARNESS ERROR: {error}")
+    for problem in report["faults"].get("not_done", [])[:5]:
+        lines.append(f"  FAULT NOT DONE: {problem}")
     if not report["valid"]:
         lines.append(f"reproduce: {report.get('reproduce', '')}")
     lines.append(f"details: {report.get('out', '')}/report.json")

@@ -13,9 +13,12 @@
   OK (and a JOIN its generation) only once its records are durable; a validation error computed from staged
   state is answered once the state it saw is durable.
 
-A failed append (the log refuses it, or it fails to become durable) puts the staged group back to its durable
-copy, so memory never keeps a change the log lost, and the command gets the log's typed error. The log
-fails every later record of the group too, so the rollback never undoes a change that did become durable.
+A failed append (the log refuses it, or it fails to become durable) puts the staged group back to the state
+after the latest *earlier* append still in flight, or to its durable copy when there is none, so memory never
+keeps a change the log lost, and the command gets the log's typed error. The log fails every later record of
+the group too, so the rollback never undoes a change that did become durable; an earlier append may still
+become durable after a later one failed (a cluster follower whose earlier command the old Raft leader had
+already accepted), and its change stays staged, so the next snapshot never writes an older offset over it.
 
 Session expiry is event driven: one timer (``call_later``) armed for the earliest member deadline
 (:meth:`GroupTable.next_deadline_ms`) on the injected monotonic clock, so a wall-clock jump expires nobody;
@@ -125,6 +128,9 @@ class GroupCoordinator:
         self._timer_at_ms: int | None = None
         #: group -> the future of its latest appended records, until they are durable (or failed).
         self._pending: dict[str, asyncio.Future[None]] = {}
+        #: group -> every append still in flight, in log order: (future, staged copy after it, tombstone,
+        #: adoption count when appended). A failed append rolls back to the latest earlier entry.
+        self._inflight: dict[str, list[tuple[asyncio.Future[None], Group | None, int | None, int]]] = {}
         #: group -> how many times committed records were adopted (:meth:`adopt`): a copy staged before an
         #: adoption is not published over it.
         self._adopts: dict[str, int] = {}
@@ -262,9 +268,11 @@ class GroupCoordinator:
         try:
             fut = group_log.append(name, records)
         except BrokerError:
-            self._rollback(name)
+            inflight = self._inflight.get(name)
+            self._rollback(name, inflight[-1] if inflight else None)
             raise
         self._pending[name] = fut
+        self._inflight.setdefault(name, []).append((fut, published, tombstone, self._adopts.get(name, 0)))
         settled = functools.partial(self._on_appended, name, published, tombstone, self._adopts.get(name, 0))
         if fut.done():
             settled(fut)  # publish now: awaiting a done future does not yield to its callbacks
@@ -274,10 +282,16 @@ class GroupCoordinator:
 
     def _on_appended(self, name: str, published: Group | None, tombstone: int | None, adopts: int,
                      fut: asyncio.Future[None]) -> None:
+        inflight = self._inflight.get(name, [])
+        position = next((i for i, entry in enumerate(inflight) if entry[0] is fut), len(inflight))
+        earlier = inflight[:position]
+        del inflight[position:position + 1]
+        if not inflight:
+            self._inflight.pop(name, None)
         if self._pending.get(name) is fut:
             del self._pending[name]
         if fut.cancelled() or fut.exception() is not None:
-            self._rollback(name)
+            self._rollback(name, earlier[-1] if earlier else None)
             return
         if self._adopts.get(name, 0) != adopts:
             return  # records committed after these were adopted meanwhile: that state is newer, keep it
@@ -290,8 +304,18 @@ class GroupCoordinator:
         else:
             self.visible_tombstones[name] = tombstone
 
-    def _rollback(self, name: str) -> None:
-        """Put the staged ``name`` back to its durable copy (an append failed; later ones fail too)."""
+    def _rollback(self, name: str,
+                  earlier: tuple[asyncio.Future[None], Group | None, int | None, int] | None = None) -> None:
+        """Put the staged ``name`` back after a failed append (later ones fail too): to the state after
+        ``earlier``, the latest earlier append still in flight (it may still become durable; if it fails,
+        its own rollback goes further back), else to the durable copy. An adoption since ``earlier`` was
+        appended is newer than it: then the durable copy (which holds the adoption) wins."""
+        if earlier is not None and self._adopts.get(name, 0) == earlier[3]:
+            fut, published, tombstone, _ = earlier
+            self.table.restore(name, published.copy() if published is not None else None, tombstone)
+            self._pending[name] = fut  # _settle waits for it again
+            log.warning("group %s: change not durable; state rolled back to the change still in flight", name)
+            return
         durable = self.visible.get(name)
         self.table.restore(name, durable.copy() if durable is not None else None,
                            self.visible_tombstones.get(name))

@@ -710,3 +710,22 @@ def test_txn_checker_finds_missing_committed_and_partial_unknown() -> None:
          {"records": [[0, "txn-0:1", None]]})
     [anomaly] = _txn_anomalies(h)
     assert anomaly.details["missing"] == ["txn-0:2"]
+
+
+def test_a_replica_in_the_final_isr_without_any_log_directory_is_a_divergence() -> None:
+    h = clustered()
+    h.events = [e for e in h.events if e.get("f") != "replica-log"]
+    for replica in range(2):
+        h.op("inspect", "replica-log", {"topic": T, "partition": 0, "replica": replica, "committed_hwm": 3},
+             {"chunks": [[0, 2, "aa"], [2, 1, "bb"]], "end": 3})
+    h.op("inspect", "replica-log", {"topic": T, "partition": 0, "replica": 2, "committed_hwm": 3}, kind=INFO,
+         error="no directory node-2/data/topics/t/0")
+    [found] = checkers.check_replica_divergence(h.ops())
+    assert "node-2 is in the final ISR but holds no log" in found.message
+    # not a replica of the partition (not in the ISR), or nothing committed: no directory is fine
+    h = clustered()
+    h.op("inspect", "replica-log", {"topic": "meta", "partition": 1, "replica": 1, "committed_hwm": 5}, kind=INFO,
+         error="no directory")
+    h.op("inspect", "replica-log", {"topic": T, "partition": 0, "replica": 2, "committed_hwm": 0}, kind=INFO,
+         error="no directory")
+    assert checkers.check_replica_divergence(h.ops()) == []

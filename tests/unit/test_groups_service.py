@@ -55,6 +55,11 @@ class ControlledLog:
     def commit_next(self) -> None:
         self.pending.pop(0).set_result(None)
 
+    def fail_last(self) -> None:
+        """The latest pending write failed while the earlier ones are still in flight (a cluster follower
+        whose earlier command the old Raft leader had already accepted, the later one not)."""
+        self.pending.pop().set_exception(BrokerError.of("request_timeout", outcome="unknown"))
+
     def fail_all(self) -> None:
         """A write failed: it and every later pending one fail (as a fenced partition does)."""
         for fut in self.pending:
@@ -149,6 +154,50 @@ async def test_a_commit_is_visible_only_once_durable_and_a_failed_one_changes_no
         await coord.commit("g", "t", member, 1, {0: 7})
     assert refused.value.error.code == "storage_unavailable"
     assert coord.fetch_offset("g", "t", 0) == 5 and coord.table.groups["g"].offsets[("t", 0)] == 5
+
+
+async def test_a_later_failed_commit_does_not_roll_back_an_earlier_one_still_in_flight():
+    """Chaos seed 2 (issue 14): commit A (p1=706) and commit B (p0=773) in flight; B fails (the Raft leader
+    changed), A then becomes durable and is acknowledged. The rollback used to put the staged state back to the
+    durable copy *before A*, so the next commit's offset snapshot wrote p1=700 over the acknowledged 706 and
+    FETCH_OFFSET went backwards (offsets scaled down here)."""
+    env = await started()
+    coord, log = env.coord, env.log
+    member = (await coord.join("g", "c", topic="t", generation=None)).member_id
+    await coord.commit("g", "t", member, 1, {0: 70, 1: 60})
+    log.auto = False
+    a = await running(coord.commit("g", "t", member, 1, {1: 76}))
+    b = await running(coord.commit("g", "t", member, 1, {0: 73}))
+    log.fail_last()  # B
+    await asyncio.wait([b])
+    assert code_of(b) == "request_timeout"
+    assert coord.table.groups["g"].offsets == {("t", 0): 70, ("t", 1): 76}  # A stays staged
+    assert coord.fetch_offset("g", "t", 1) == 60 and not a.done()  # A is not durable yet
+    log.commit_next()  # A
+    assert await a == 1
+    assert coord.fetch_offset("g", "t", 1) == 76
+    c = await running(coord.commit("g", "t", member, 1, {0: 80}))
+    log.commit_next()
+    assert await c == 1
+    assert log.appended[-1][1][0].offsets == {0: 80, 1: 76}  # the snapshot keeps the acknowledged 76
+    assert coord.fetch_offset("g", "t", 1) == 76 and coord.fetch_offset("g", "t", 0) == 80
+
+
+async def test_a_later_failed_commit_then_the_earlier_one_failing_too_rolls_back_to_durable():
+    env = await started()
+    coord, log = env.coord, env.log
+    member = (await coord.join("g", "c", topic="t", generation=None)).member_id
+    await coord.commit("g", "t", member, 1, {0: 5})
+    log.auto = False
+    a = await running(coord.commit("g", "t", member, 1, {1: 6}))
+    b = await running(coord.commit("g", "t", member, 1, {0: 7}))
+    log.fail_last()
+    await asyncio.wait([b])
+    assert coord.table.groups["g"].offsets == {("t", 0): 5, ("t", 1): 6}
+    log.fail_last()  # now A as well
+    await asyncio.wait([a])
+    assert code_of(a) == "request_timeout"
+    assert coord.table.groups["g"].offsets == coord.visible["g"].offsets == {("t", 0): 5}
 
 
 async def test_concurrent_commits_to_one_partition_apply_in_log_order():
@@ -290,6 +339,14 @@ class DurabilityMachine(RuleBasedStateMachine):
     def log_fails(self):
         self.env.log.fail_all()
         self.snapshots.clear()
+        self._step()
+
+    @precondition(lambda self: self.env.log.pending)
+    @rule()
+    def log_fails_the_latest(self):
+        """Only the latest write fails; the earlier ones may still become durable."""
+        self.env.log.fail_last()
+        self.snapshots.pop()
         self._step()
 
     @invariant()
