@@ -196,7 +196,8 @@ class Replica:
                                  reason="new leader is truncating its uncommitted tail")
 
     def check_readable(self) -> None:
-        """Raise unless this replica's HWM may be shown to clients (LIST_OFFSETS, CONSUME, STREAM, BROWSE).
+        """Raise unless this replica's HWM may be shown to clients (LIST_OFFSETS, CONSUME, STREAM, BROWSE,
+        the event-store reads).
 
         A replica with no role yet (``OPENED``: the metadata is still replaying after a restart) or not
         leading (a follower the metadata already names leader) knows only its local HWM -- a lazily written
