@@ -27,6 +27,7 @@ ends byte-identical to the leader.
 
 from __future__ import annotations
 
+import json
 import time
 from pathlib import Path
 
@@ -57,13 +58,18 @@ PREPARE_DELAY_MS = 1500
 
 
 def _poll(broker, topic: str, below: int) -> list[tuple[str, object]]:
-    """LIST_OFFSETS and CONSUME ``offset=below`` on ``broker``, once; the answers as ``(kind, value)``
-    (``("hwm", n)``, ``("records", n)``, ``("error", "code: reason")``)."""
+    """LIST_OFFSETS, DESCRIBE and CONSUME ``offset=below`` on ``broker``, once; the answers as ``(kind,
+    value)`` (``("hwm", n)``, ``("described_hwm", n)``, ``("records", n)``, ``("error", "code: reason")``)."""
     out: list[tuple[str, object]] = []
     with Connection(*broker.address, timeout_s=5) as c:
         frame = c.command(f"LIST_OFFSETS topic={topic} partition=0")
         if frame.status == Status.OK:
             out.append(("hwm", _field(frame.payload.decode(), "hwm")))
+        else:
+            out.append(("error", _error(frame)))
+        frame = c.command(f"DESCRIBE topic={topic}")
+        if frame.status == Status.OK:
+            out.append(("described_hwm", json.loads(frame.payload)["partitions"][0]["hwm"]))
         else:
             out.append(("error", _error(frame)))
         frame = c.command(f"CONSUME topic={topic} partition=0 offset={below} wait_ms=0")
@@ -119,6 +125,8 @@ def test_restarted_leader_never_shows_a_stale_hwm(cluster: Cluster) -> None:
         assert after["leader"] == before["leader"] and after["leader_epoch"] > before["leader_epoch"], (before, after)
         stale = [v for k, v in seen if k == "hwm" and v < known]  # type: ignore[operator]
         assert not stale, f"LIST_OFFSETS went back below {known}: {stale[:10]} (answers {seen[:20]})"
+        stale = [v for k, v in seen if k == "described_hwm" and v < known]  # type: ignore[operator]
+        assert not stale, f"DESCRIBE showed an HWM below {known}: {stale[:10]} (answers {seen[:20]})"
         empty = [v for k, v in seen if k == "records" and v == 0]
         assert not empty, f"CONSUME offset={known - 5} (committed) answered OK with no records: {seen[:20]}"
         errors = {str(v) for k, v in seen if k == "error"}
