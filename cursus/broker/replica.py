@@ -233,7 +233,13 @@ class Replica:
         if self._ready_future is not None and not self._ready_future.done():
             await asyncio.shield(self._ready_future)
 
-    def _not_leader(self) -> BrokerError:
+    def _not_leader(self, *, outcome_unknown: bool = False) -> BrokerError:
+        """``NOT_LEADER leader=``; with ``outcome_unknown`` (a waiter of records already appended here: they
+        may be committed by the next leader, or lost) also ``outcome=unknown``, so no client takes the
+        redirect for a refusal and resends them without idempotence (a duplicate)."""
+        if outcome_unknown:
+            return BrokerError.of("NOT_LEADER", topic=self.topic, partition=self.partition, leader=self.leader_id,
+                                  outcome="unknown")
         return BrokerError.of("NOT_LEADER", topic=self.topic, partition=self.partition, leader=self.leader_id)
 
     # ---------------------------------------------------------------------------------------- roles
@@ -269,9 +275,9 @@ class Replica:
             self.unavailable = None
             self._ready = True
             self._prepare_token = None
-            self._fail_committed_waiters(self._not_leader())
+            self._fail_committed_waiters(self._not_leader(outcome_unknown=True))
             if was_leader:
-                self._fail_waiters(self._not_leader(), durable=False)
+                self._fail_waiters(self._not_leader(outcome_unknown=True), durable=False)
         self.isr = tuple(members)
         self._pending_isr -= set(members)
         self._member_progress()  # a member the applied ISR dropped is no longer waited for
@@ -370,7 +376,7 @@ class Replica:
         self.unavailable = None
         self._ready = True
         self._prepare_token = None
-        self._fail_waiters(self._not_leader())
+        self._fail_waiters(self._not_leader(outcome_unknown=True))
         self._notify_progress()
 
     # ------------------------------------------------------------------------------- ISR and HWM
@@ -542,7 +548,8 @@ class Replica:
     def wait_durable(self, end_offset: int) -> asyncio.Future[None]:
         """A future resolved once this replica's ``durable_end_offset >= end_offset`` (acks=1; the acks=0
         byte budget release). Fails with ``storage_unavailable`` (fenced), ``topic_not_found`` (deleted)
-        or ``NOT_LEADER`` (the leader became a follower, or truncated the offsets as a new leader)."""
+        or ``NOT_LEADER`` (the leader became a follower: ``outcome=unknown``; or truncated the offsets as a new
+        leader: plain, they are gone)."""
         return self._wait(self._durable_waiters, self.durable_end_offset, end_offset)
 
     def _wait(self, waiters: list[tuple[int, int, asyncio.Future[None]]], reached: int,
@@ -553,7 +560,7 @@ class Replica:
         elif self.fenced is not None:
             fut.set_exception(self._fenced_error())
         elif self.role is not Role.LEADER:
-            fut.set_exception(self._not_leader())
+            fut.set_exception(self._not_leader(outcome_unknown=True))
         else:
             self._waiter_seq += 1
             heapq.heappush(waiters, (end_offset, self._waiter_seq, fut))
@@ -567,14 +574,14 @@ class Replica:
         A member the committed ISR dropped (a dead or lagging follower) is no longer waited for: it can
         never be elected, and the committed HWM already covers every remaining member (Kafka's rule). An
         ISR below ``min_isr`` keeps the request waiting (the caller's timeout answers outcome unknown).
-        Fails with ``NOT_LEADER`` (role or epoch change: outcome unknown), ``storage_unavailable`` (fenced)
+        Fails with ``NOT_LEADER outcome=unknown`` (role or epoch change), ``storage_unavailable`` (fenced)
         or ``topic_not_found`` (deleted). No timeout: the caller bounds it."""
         fut: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         need = (tuple(isr), min_isr)
         if self.fenced is not None:
             fut.set_exception(self._fenced_error())
         elif self.role is not Role.LEADER:
-            fut.set_exception(self._not_leader())
+            fut.set_exception(self._not_leader(outcome_unknown=True))
         elif self.hwm >= end_offset:
             self._check_members(end_offset, need, fut)
         else:

@@ -42,6 +42,12 @@ def _code(fut: asyncio.Future[None]) -> str:
     return error.error.code
 
 
+def _outcome(fut: asyncio.Future[None]) -> str | None:
+    exc = fut.exception()
+    assert isinstance(exc, BrokerError), exc
+    return exc.error.fields.get("outcome")
+
+
 async def _cluster_leader(node: Node, epoch: int, isr: tuple[str, ...], committed: int = 0) -> Commits:
     commits = Commits()
     node.replica.on_candidate_hwm = commits
@@ -128,13 +134,17 @@ async def test_waiters_fail_on_role_or_epoch_change_and_on_fencing(nodes) -> Non
     leader.become_leader(2, ("a", "b"), committed_hwm=0)  # re-elected under a new epoch
     await asyncio.sleep(0)
     assert _code(first) == "NOT_LEADER"  # outcome unknown: never a false success
+    # ... and said so (break-it finding: a plain NOT_LEADER read as a refusal made clients resend it)
+    assert _outcome(first) == "unknown"
     await leader.wait_writable()
     assert leader.leo == 0  # nothing was committed: the new epoch starts from the committed HWM
     second = leader.wait_committed(1, ("a",))
     durable = leader.wait_durable(1)
     leader.become_follower(3, "b")
     assert _code(second) == "NOT_LEADER" and _code(durable) == "NOT_LEADER"
-    assert _code(leader.wait_committed(1, ("a",))) == "NOT_LEADER"
+    assert _outcome(second) == "unknown" and _outcome(durable) == "unknown"
+    late = leader.wait_committed(1, ("a",))
+    assert _code(late) == "NOT_LEADER" and _outcome(late) == "unknown"
 
     other = nodes("c")
     await _cluster_leader(other, 1, ("c",))
