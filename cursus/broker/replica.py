@@ -275,9 +275,9 @@ class Replica:
             self.unavailable = None
             self._ready = True
             self._prepare_token = None
-            self._fail_committed_waiters(self._not_leader(outcome_unknown=True))
+            self._fail_committed_waiters(self._not_leader(), committed_hwm=committed_hwm)
             if was_leader:
-                self._fail_waiters(self._not_leader(outcome_unknown=True), durable=False)
+                self._fail_waiters(self._not_leader(), durable=False, committed_hwm=committed_hwm)
         self.isr = tuple(members)
         self._pending_isr -= set(members)
         self._member_progress()  # a member the applied ISR dropped is no longer waited for
@@ -354,9 +354,11 @@ class Replica:
             self._notify_progress()
             self._candidate_changed()
 
-    def become_follower(self, leader_epoch: int, leader_id: str) -> None:
+    def become_follower(self, leader_epoch: int, leader_id: str, *, committed_hwm: int | None = None) -> None:
         """Follow ``leader_id`` in ``leader_epoch``. Client appends are refused from now on; acks still
-        waiting on this replica fail with ``NOT_LEADER`` (their outcome is unknown: the new leader decides).
+        waiting on this replica fail with ``NOT_LEADER``: plain for records above ``committed_hwm`` (the
+        assignment's committed HWM: the new leader truncates them, they are gone), ``outcome=unknown`` for
+        records at or below it (committed, only not confirmed yet) or when ``committed_hwm`` is None.
 
         Raises:
             TransitionRefused: fenced or deleted, ``leader_epoch`` below the current one, or a leader
@@ -376,7 +378,7 @@ class Replica:
         self.unavailable = None
         self._ready = True
         self._prepare_token = None
-        self._fail_waiters(self._not_leader(outcome_unknown=True))
+        self._fail_waiters(self._not_leader(), committed_hwm=committed_hwm)
         self._notify_progress()
 
     # ------------------------------------------------------------------------------- ISR and HWM
@@ -834,23 +836,37 @@ class Replica:
         if event is not None:
             event.set()
 
-    def _fail_waiters(self, error: BrokerError, *, durable: bool = True) -> None:
-        """Fail HWM and acks=all waiters, and durable waiters unless ``durable`` is False."""
+    def _fail_waiters(self, error: BrokerError, *, durable: bool = True, committed_hwm: int | None = None) -> None:
+        """Fail HWM and acks=all waiters, and durable waiters unless ``durable`` is False, on a role or epoch
+        change: see :meth:`_lost_error` (``committed_hwm``)."""
         waiters, self._hwm_waiters = self._hwm_waiters, []
         if durable:
             waiters += self._durable_waiters
             self._durable_waiters = []
-        for _, _, fut in waiters:
+        for end, _, fut in waiters:
             if not fut.done():
-                fut.set_exception(error)
-        self._fail_committed_waiters(error)
+                fut.set_exception(self._lost_error(error, end, committed_hwm))
+        self._fail_committed_waiters(error, committed_hwm=committed_hwm)
 
-    def _fail_committed_waiters(self, error: BrokerError) -> None:
+    def _fail_committed_waiters(self, error: BrokerError, *, committed_hwm: int | None = None) -> None:
         committed, self._committed_waiters = self._committed_waiters, []
         members, self._member_waiters = self._member_waiters, []
-        for fut in [w[3] for w in committed] + [w[2] for w in members]:
+        for end, fut in [(w[0], w[3]) for w in committed] + [(w[0], w[2]) for w in members]:
             if not fut.done():
-                fut.set_exception(error)
+                fut.set_exception(self._lost_error(error, end, committed_hwm))
+
+    def _lost_error(self, error: BrokerError, end: int, committed_hwm: int | None) -> BrokerError:
+        """The answer of a waiter for records below ``end`` (appended here) when the partition moves:
+        ``error`` (a definite refusal) when ``end`` is above ``committed_hwm``, the committed HWM of the
+        assignment that moved it (the next leader truncates everything above it: the records are gone);
+        else, or without ``committed_hwm``, ``error`` with ``outcome=unknown`` (the records may be committed:
+        a client that resent them without idempotence would duplicate them). Only ``NOT_LEADER`` is
+        qualified; other errors pass unchanged."""
+        if error.error.code != "NOT_LEADER":
+            return error
+        if committed_hwm is not None and end > max(committed_hwm, self.hwm):
+            return error
+        return self._not_leader(outcome_unknown=True)
 
     def _fail_durable_above(self, offset: int) -> None:
         """A new leader truncated at ``offset``: durable waiters beyond it can never complete here."""
