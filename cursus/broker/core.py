@@ -493,7 +493,8 @@ class Broker:
                 else:
                     replica.become_leader(assignment.leader_epoch)
             elif assignment.leader is not None:
-                replica.become_follower(assignment.leader_epoch, assignment.leader)
+                replica.become_follower(assignment.leader_epoch, assignment.leader,
+                                        committed_hwm=assignment.committed_hwm if self.metadata.state.cluster else None)
                 if replica.role is Role.FOLLOWER:  # committed: safe to expose (clamped to the local LEO)
                     replica.advance_hwm(assignment.committed_hwm)
         except TransitionRefused as exc:

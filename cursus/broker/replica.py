@@ -196,7 +196,8 @@ class Replica:
                                  reason="new leader is truncating its uncommitted tail")
 
     def check_readable(self) -> None:
-        """Raise unless this replica's HWM may be shown to clients (LIST_OFFSETS, CONSUME, STREAM, BROWSE).
+        """Raise unless this replica's HWM may be shown to clients (LIST_OFFSETS, CONSUME, STREAM, BROWSE,
+        the event-store reads).
 
         A replica with no role yet (``OPENED``: the metadata is still replaying after a restart) or not
         leading (a follower the metadata already names leader) knows only its local HWM -- a lazily written
@@ -232,7 +233,13 @@ class Replica:
         if self._ready_future is not None and not self._ready_future.done():
             await asyncio.shield(self._ready_future)
 
-    def _not_leader(self) -> BrokerError:
+    def _not_leader(self, *, outcome_unknown: bool = False) -> BrokerError:
+        """``NOT_LEADER leader=``; with ``outcome_unknown`` (a waiter of records already appended here: they
+        may be committed by the next leader, or lost) also ``outcome=unknown``, so no client takes the
+        redirect for a refusal and resends them without idempotence (a duplicate)."""
+        if outcome_unknown:
+            return BrokerError.of("NOT_LEADER", topic=self.topic, partition=self.partition, leader=self.leader_id,
+                                  outcome="unknown")
         return BrokerError.of("NOT_LEADER", topic=self.topic, partition=self.partition, leader=self.leader_id)
 
     # ---------------------------------------------------------------------------------------- roles
@@ -268,9 +275,9 @@ class Replica:
             self.unavailable = None
             self._ready = True
             self._prepare_token = None
-            self._fail_committed_waiters(self._not_leader())
+            self._fail_committed_waiters(self._not_leader(), committed_hwm=committed_hwm)
             if was_leader:
-                self._fail_waiters(self._not_leader(), durable=False)
+                self._fail_waiters(self._not_leader(), durable=False, committed_hwm=committed_hwm)
         self.isr = tuple(members)
         self._pending_isr -= set(members)
         self._member_progress()  # a member the applied ISR dropped is no longer waited for
@@ -347,9 +354,11 @@ class Replica:
             self._notify_progress()
             self._candidate_changed()
 
-    def become_follower(self, leader_epoch: int, leader_id: str) -> None:
+    def become_follower(self, leader_epoch: int, leader_id: str, *, committed_hwm: int | None = None) -> None:
         """Follow ``leader_id`` in ``leader_epoch``. Client appends are refused from now on; acks still
-        waiting on this replica fail with ``NOT_LEADER`` (their outcome is unknown: the new leader decides).
+        waiting on this replica fail with ``NOT_LEADER``: plain for records above ``committed_hwm`` (the
+        assignment's committed HWM: the new leader truncates them, they are gone), ``outcome=unknown`` for
+        records at or below it (committed, only not confirmed yet) or when ``committed_hwm`` is None.
 
         Raises:
             TransitionRefused: fenced or deleted, ``leader_epoch`` below the current one, or a leader
@@ -369,7 +378,7 @@ class Replica:
         self.unavailable = None
         self._ready = True
         self._prepare_token = None
-        self._fail_waiters(self._not_leader())
+        self._fail_waiters(self._not_leader(), committed_hwm=committed_hwm)
         self._notify_progress()
 
     # ------------------------------------------------------------------------------- ISR and HWM
@@ -592,7 +601,8 @@ class Replica:
     def wait_durable(self, end_offset: int) -> asyncio.Future[None]:
         """A future resolved once this replica's ``durable_end_offset >= end_offset`` (acks=1; the acks=0
         byte budget release). Fails with ``storage_unavailable`` (fenced), ``topic_not_found`` (deleted)
-        or ``NOT_LEADER`` (the leader became a follower, or truncated the offsets as a new leader)."""
+        or ``NOT_LEADER`` (the leader became a follower: ``outcome=unknown``; or truncated the offsets as a new
+        leader: plain, they are gone)."""
         return self._wait(self._durable_waiters, self.durable_end_offset, end_offset)
 
     def _wait(self, waiters: list[tuple[int, int, asyncio.Future[None]]], reached: int,
@@ -603,7 +613,7 @@ class Replica:
         elif self.fenced is not None:
             fut.set_exception(self._fenced_error())
         elif self.role is not Role.LEADER:
-            fut.set_exception(self._not_leader())
+            fut.set_exception(self._not_leader(outcome_unknown=True))
         else:
             self._waiter_seq += 1
             heapq.heappush(waiters, (end_offset, self._waiter_seq, fut))
@@ -617,14 +627,14 @@ class Replica:
         A member the committed ISR dropped (a dead or lagging follower) is no longer waited for: it can
         never be elected, and the committed HWM already covers every remaining member (Kafka's rule). An
         ISR below ``min_isr`` keeps the request waiting (the caller's timeout answers outcome unknown).
-        Fails with ``NOT_LEADER`` (role or epoch change: outcome unknown), ``storage_unavailable`` (fenced)
+        Fails with ``NOT_LEADER outcome=unknown`` (role or epoch change), ``storage_unavailable`` (fenced)
         or ``topic_not_found`` (deleted). No timeout: the caller bounds it."""
         fut: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         need = (tuple(isr), min_isr)
         if self.fenced is not None:
             fut.set_exception(self._fenced_error())
         elif self.role is not Role.LEADER:
-            fut.set_exception(self._not_leader())
+            fut.set_exception(self._not_leader(outcome_unknown=True))
         elif self.hwm >= end_offset:
             self._check_members(end_offset, need, fut)
         else:
@@ -883,23 +893,37 @@ class Replica:
         if event is not None:
             event.set()
 
-    def _fail_waiters(self, error: BrokerError, *, durable: bool = True) -> None:
-        """Fail HWM and acks=all waiters, and durable waiters unless ``durable`` is False."""
+    def _fail_waiters(self, error: BrokerError, *, durable: bool = True, committed_hwm: int | None = None) -> None:
+        """Fail HWM and acks=all waiters, and durable waiters unless ``durable`` is False, on a role or epoch
+        change: see :meth:`_lost_error` (``committed_hwm``)."""
         waiters, self._hwm_waiters = self._hwm_waiters, []
         if durable:
             waiters += self._durable_waiters
             self._durable_waiters = []
-        for _, _, fut in waiters:
+        for end, _, fut in waiters:
             if not fut.done():
-                fut.set_exception(error)
-        self._fail_committed_waiters(error)
+                fut.set_exception(self._lost_error(error, end, committed_hwm))
+        self._fail_committed_waiters(error, committed_hwm=committed_hwm)
 
-    def _fail_committed_waiters(self, error: BrokerError) -> None:
+    def _fail_committed_waiters(self, error: BrokerError, *, committed_hwm: int | None = None) -> None:
         committed, self._committed_waiters = self._committed_waiters, []
         members, self._member_waiters = self._member_waiters, []
-        for fut in [w[3] for w in committed] + [w[2] for w in members]:
+        for end, fut in [(w[0], w[3]) for w in committed] + [(w[0], w[2]) for w in members]:
             if not fut.done():
-                fut.set_exception(error)
+                fut.set_exception(self._lost_error(error, end, committed_hwm))
+
+    def _lost_error(self, error: BrokerError, end: int, committed_hwm: int | None) -> BrokerError:
+        """The answer of a waiter for records below ``end`` (appended here) when the partition moves:
+        ``error`` (a definite refusal) when ``end`` is above ``committed_hwm``, the committed HWM of the
+        assignment that moved it (the next leader truncates everything above it: the records are gone);
+        else, or without ``committed_hwm``, ``error`` with ``outcome=unknown`` (the records may be committed:
+        a client that resent them without idempotence would duplicate them). Only ``NOT_LEADER`` is
+        qualified; other errors pass unchanged."""
+        if error.error.code != "NOT_LEADER":
+            return error
+        if committed_hwm is not None and end > max(committed_hwm, self.hwm):
+            return error
+        return self._not_leader(outcome_unknown=True)
 
     def _fail_durable_above(self, offset: int) -> None:
         """A new leader truncated at ``offset``: durable waiters beyond it can never complete here."""

@@ -805,8 +805,15 @@ class Attempts:
 
     def after_error_reply(self, err: CursusError) -> float | None:
         """A typed ERROR reply. Returns None to resend now (``target`` was redirected), a delay to retry
-        after, or raises ``err``."""
+        after, or raises ``err`` (``DeliveryUnknownError`` for a redirect with ``outcome=unknown`` of a
+        request that is not retry-safe: never resent)."""
         target = redirect_target(err)
+        if target is not None and not self.retry_safe and err.fields.get("outcome") == "unknown":
+            # the old leader applied the request and lost the partition before it was acknowledged: the
+            # new leader may hold it, so following the redirect could apply it twice
+            raise DeliveryUnknownError(
+                f"{self.label} to {format_address(self.target)} may or may not have been applied: {err}",
+                fields={**err.fields, "reason": "leader changed before the acknowledgement"}) from err
         if target is not None and self.follow_redirects and self.redirects < self.options.redirects_max:
             self.redirects += 1
             self.target = target

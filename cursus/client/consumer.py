@@ -257,11 +257,14 @@ class ConsumerCore:
 
         ``NOT_LEADER`` moves the cursor to the leader it names (or the metadata's); an unreachable leader moves
         it to the metadata's leader, backing off while the metadata still names the dead one (a failover in
-        progress); ``OFFSET_OUT_OF_RANGE`` applies ``auto_offset_reset``. Returns the reply frame, or None
-        after a reset or when ``redirects_max + 1`` attempts found no leader (the next poll tries again).
+        progress); ``OFFSET_OUT_OF_RANGE`` applies ``auto_offset_reset``; any other retryable error (e.g.
+        ``leader_not_available`` from a leader still preparing, after the client's own retries) re-reads the
+        leader and backs off. Returns the reply frame, or None after a reset or when ``redirects_max + 1``
+        attempts found no leader or no ready leader (the next poll tries again).
 
         Raises:
-            OffsetOutOfRangeError: ``auto_offset_reset="error"``; other typed errors of the request.
+            OffsetOutOfRangeError: ``auto_offset_reset="error"``; other non-retryable typed errors of the
+                request.
         """
         fields = self.fields(cursor, wait_ms)
         for attempt in range(redirects_max + 1):
@@ -280,6 +283,14 @@ class ConsumerCore:
                     earliest, latest = yield "bounds", None
                     self.reset(cursor, earliest, latest)
                 return None
+            except CursusError as exc:
+                if not exc.retryable:
+                    raise
+                # the client's own retries of a retryable refusal are spent (a new leader preparing longer
+                # than its backoff budget, leader_not_available while leaderless): CONSUME is read-only, so
+                # never surface it; ask the metadata where the leader is, back off, and try again
+                cursor.leader = yield "leader", None
+                yield "backoff", attempt
         return None
 
     def take_prefetch(self) -> Prefetch | None:

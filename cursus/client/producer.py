@@ -647,7 +647,13 @@ class ProducerCore:
             retry = behind_a_retry  # refused only because an earlier batch is missing
         elif isinstance(error, RoutingError):
             redirect = getattr(error, "leader", None) or getattr(error, "coordinator", None)
-            retry = True
+            # NOT_LEADER is a refusal before append, unless the old leader appended the batch and lost the
+            # partition while it waited for the acknowledgement (outcome=unknown): the next leader may hold
+            # it, so only an idempotent producer resends it (the broker de-duplicates)
+            unknown = written and error.fields.get("outcome") == "unknown"
+            if unknown:
+                batch.uncertain = True
+            retry = cfg.idempotent or not unknown
             if redirect is not None and redirect != batch.sent_to:
                 # a new leader: go now (a redirect to the broker that refused backs off instead); a later
                 # batch of a pipelined window finds the partition moved by the first one already

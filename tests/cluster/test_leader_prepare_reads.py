@@ -27,11 +27,12 @@ ends byte-identical to the leader.
 
 from __future__ import annotations
 
+import json
 import time
 from pathlib import Path
 
 from cursus.client.connection import Connection
-from cursus.wire import Status, decode_batch
+from cursus.wire import Command, CommandPayload, Status, decode_batch, encode_crq2
 from tests.cluster.clustersupport import Cluster, wait_for
 from tests.cluster.replsupport import (
     _field,
@@ -57,13 +58,18 @@ PREPARE_DELAY_MS = 1500
 
 
 def _poll(broker, topic: str, below: int) -> list[tuple[str, object]]:
-    """LIST_OFFSETS and CONSUME ``offset=below`` on ``broker``, once; the answers as ``(kind, value)``
-    (``("hwm", n)``, ``("records", n)``, ``("error", "code: reason")``)."""
+    """LIST_OFFSETS, DESCRIBE and CONSUME ``offset=below`` on ``broker``, once; the answers as ``(kind,
+    value)`` (``("hwm", n)``, ``("described_hwm", n)``, ``("records", n)``, ``("error", "code: reason")``)."""
     out: list[tuple[str, object]] = []
     with Connection(*broker.address, timeout_s=5) as c:
         frame = c.command(f"LIST_OFFSETS topic={topic} partition=0")
         if frame.status == Status.OK:
             out.append(("hwm", _field(frame.payload.decode(), "hwm")))
+        else:
+            out.append(("error", _error(frame)))
+        frame = c.command(f"DESCRIBE topic={topic}")
+        if frame.status == Status.OK:
+            out.append(("described_hwm", json.loads(frame.payload)["partitions"][0]["hwm"]))
         else:
             out.append(("error", _error(frame)))
         frame = c.command(f"CONSUME topic={topic} partition=0 offset={below} wait_ms=0")
@@ -119,6 +125,8 @@ def test_restarted_leader_never_shows_a_stale_hwm(cluster: Cluster) -> None:
         assert after["leader"] == before["leader"] and after["leader_epoch"] > before["leader_epoch"], (before, after)
         stale = [v for k, v in seen if k == "hwm" and v < known]  # type: ignore[operator]
         assert not stale, f"LIST_OFFSETS went back below {known}: {stale[:10]} (answers {seen[:20]})"
+        stale = [v for k, v in seen if k == "described_hwm" and v < known]  # type: ignore[operator]
+        assert not stale, f"DESCRIBE showed an HWM below {known}: {stale[:10]} (answers {seen[:20]})"
         empty = [v for k, v in seen if k == "records" and v == 0]
         assert not empty, f"CONSUME offset={known - 5} (committed) answered OK with no records: {seen[:20]}"
         errors = {str(v) for k, v in seen if k == "error"}
@@ -171,4 +179,78 @@ def test_a_follower_fetching_below_the_committed_hwm_leaves_the_isr_at_once(clus
         wait_for(lambda: _segment(follower, topic).read_bytes() == leader_bytes, 20,
                  "the follower is byte-identical to the leader again")
     finally:
+        restore_brokers(cluster)
+
+
+def _poll_events(broker, topic: str, key: str) -> list[tuple[str, object]]:
+    """STREAM_VERSION, READ_SNAPSHOT and READ_STREAM of ``key`` on ``broker``, once; the answers as
+    ``(kind, value)`` (``("version", n)``, ``("snapshot", text)``, ``("events", n)``, ``("error", ...)``)."""
+    out: list[tuple[str, object]] = []
+    with Connection(*broker.address, timeout_s=5) as c:
+        frame = c.command(f"STREAM_VERSION topic={topic} key={key}")
+        if frame.status == Status.OK:
+            out.append(("version", _field(frame.payload.decode(), "version")))
+        else:
+            out.append(("error", _error(frame)))
+        frame = c.command(f"READ_SNAPSHOT topic={topic} key={key}")
+        out.append(("snapshot", frame.payload.decode()) if frame.status == Status.OK else ("error", _error(frame)))
+        request_id = c.send(Command.READ_STREAM, encode_crq2(CommandPayload((), {"topic": topic, "key": key})))
+        envelope = c.receive(request_id, Command.READ_STREAM)
+        if envelope.status == Status.OK:
+            batch = c.receive(request_id, Command.READ_STREAM)
+            out.append(("events", len(decode_batch(batch.payload).records)))
+        else:
+            out.append(("error", _error(envelope)))
+    return out
+
+
+def test_restarted_leader_never_serves_a_stale_event_stream(cluster: Cluster) -> None:
+    """The event-store reads (STREAM_VERSION, READ_SNAPSHOT, READ_STREAM) of a restarted leader are gated like
+    CONSUME: while it prepares they refuse with ``leader_not_available``, never answer a version below one an
+    APPEND_STREAM already acknowledged (breakit finding: they answered from the stale local HWM)."""
+    topic, key = "stale-events", "agg"
+    try:
+        make_topic(cluster, topic, event_sourcing="true")
+        leader = leader_proc(cluster, topic)
+        known = 12
+        with conn(leader) as c:
+            for v in range(1, known + 1):
+                frame = wait_for(lambda v=v: (f := c.command(
+                    f"APPEND_STREAM topic={topic} key={key} version={v} message=e{v}")).status == Status.OK and f,
+                    20, f"APPEND_STREAM version {v}")
+                assert _field(frame.payload.decode(), "version") == v, frame.payload
+            frame = c.command(f"SAVE_SNAPSHOT topic={topic} key={key} version=3 message=s3")
+            assert frame.status == Status.OK, _error(frame)
+        before = partition_state(cluster, topic)
+        assert before["committed_hwm"] == known, before
+
+        leader.env["CURSUS_LEADER_PREPARE_DELAY_MS"] = str(PREPARE_DELAY_MS)
+        leader.kill()
+        leader.start(expect_ready=False)
+        seen: list[tuple[str, object]] = []
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            try:
+                answers = _poll_events(leader, topic, key)
+            except OSError:
+                time.sleep(0.02)
+                continue
+            seen.extend(answers)
+            if ("version", known) in answers and ("events", known - 3) in answers and "ready" in leader.output():
+                break
+            time.sleep(0.01)
+        else:
+            raise AssertionError(f"the restarted leader never served the committed stream: {seen[-10:]}")
+        after = partition_state(cluster, topic)
+        assert after["leader"] == before["leader"] and after["leader_epoch"] > before["leader_epoch"], (before, after)
+        stale = [v for k, v in seen if k == "version" and v != known]
+        assert not stale, f"STREAM_VERSION answered below the acknowledged {known}: {stale[:10]} ({seen[:20]})"
+        short = [v for k, v in seen if k == "events" and v != known - 3]
+        assert not short, f"READ_STREAM served a stale stream: {short[:10]} ({seen[:20]})"
+        errors = {str(v) for k, v in seen if k == "error"}
+        assert {e.partition(":")[0] for e in errors} <= {"leader_not_available", "NOT_LEADER"}, errors
+        assert any("preparing" in e for e in errors), errors
+    finally:
+        for broker in cluster.brokers:
+            broker.env.pop("CURSUS_LEADER_PREPARE_DELAY_MS", None)
         restore_brokers(cluster)

@@ -102,6 +102,20 @@ def test_error_replies_redirect_or_retry_only_when_safe() -> None:
         no_follow.after_error_reply(error_from_typed(make_error("NOT_LEADER", leader="b:2")))
 
 
+def test_a_redirect_with_an_unknown_outcome_is_followed_only_when_safe_to_repeat() -> None:
+    """Break-it finding: an old leader that appended a request and lost the partition before acknowledging it
+    answers ``NOT_LEADER outcome=unknown``; following that redirect with a request that is not retry-safe
+    (APPEND_STREAM, text PUBLISH) could apply it twice. It raises ``DeliveryUnknownError``; a read follows."""
+    unknown = error_from_typed(make_error("NOT_LEADER", leader="b:2", outcome="unknown"))
+    attempts = _attempts(retry_safe=False)
+    with pytest.raises(DeliveryUnknownError) as raised:
+        attempts.after_error_reply(unknown)
+    assert raised.value.fields["outcome"] == "unknown" and not raised.value.retryable
+    assert attempts.target == ("a", 1)
+    safe = _attempts(retry_safe=True)
+    assert safe.after_error_reply(unknown) is None and safe.target == ("b", 2)
+
+
 def test_redirects_are_bounded() -> None:
     attempts = Attempts(("a", 1), ConnectionOptions(redirects_max=2), True, "T")
     err = error_from_typed(make_error("NOT_LEADER", leader="b:2"))

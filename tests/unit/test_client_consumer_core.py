@@ -108,3 +108,41 @@ def test_consume_steps_reset_an_out_of_range_position_from_the_bounds() -> None:
         assert done.value is None and cursor.position == 4
     else:
         raise AssertionError("a reset ends the steps")
+
+
+def test_a_retryable_refusal_after_the_clients_retries_backs_off_and_never_surfaces() -> None:
+    """Break-it finding: a new leader preparing longer than the client's backoff budget (about 4-7 s) made
+    ``Consumer.poll`` raise ``leader_not_available`` (retryable) to the application. The plan now re-reads
+    the leader and backs off, and the poll ends with nothing (the next one tries again); a non-retryable
+    error still raises."""
+    from cursus.client.errors import error_from_typed
+    from cursus.wire.errors import make_error
+
+    core = _core(1)
+    cursor = core.cursors[0]
+    steps = core.consume_steps(cursor, 100, redirects_max=1)
+    assert next(steps)[0] == "consume"
+    refusal = error_from_typed(make_error("leader_not_available", topic="t", partition=0, reason="preparing"))
+    assert refusal.retryable
+    assert steps.throw(refusal) == ("leader", None)
+    assert steps.send(("b", 2)) == ("backoff", 0)
+    assert steps.send(None) == ("consume", core.fields(cursor, 100))
+    assert cursor.leader == ("b", 2)
+    assert steps.throw(refusal) == ("leader", None)
+    assert steps.send(("b", 2)) == ("backoff", 1)
+    try:
+        steps.send(None)
+    except StopIteration as done:
+        assert done.value is None
+    else:
+        raise AssertionError("the attempts are bounded")
+    steps = core.consume_steps(cursor, 100, redirects_max=1)
+    next(steps)
+    fatal = error_from_typed(make_error("NOT_AUTHORIZED_FOR_TOPIC", topic="t", operation="read"))
+    assert not fatal.retryable
+    try:
+        steps.throw(fatal)
+    except type(fatal):
+        pass
+    else:
+        raise AssertionError("a non-retryable error raises")

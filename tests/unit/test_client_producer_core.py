@@ -381,3 +381,24 @@ def test_max_in_flight_is_bounded_for_idempotent_producers() -> None:
                                 connections_per_broker=1, buffer_records=1, max_block_s=1, delivery_timeout_s=1,
                                 request_timeout_s=1, backoff=Backoff(), producer_id=None, producer_epoch=None,
                                 id_prefix="py-", max_in_flight=20).max_in_flight == 20
+
+
+def test_not_leader_with_an_unknown_outcome_is_never_resent_without_idempotence() -> None:
+    """Break-it finding: an acks=all PUBLISH appended by a leader that lost the partition while it waited
+    answered a plain ``NOT_LEADER``, which the producer took for a refusal and resent to the new leader, which
+    may already hold the batch (a silent duplicate). The broker now says ``outcome=unknown``: without
+    idempotence the batch fails with ``DeliveryUnknownError`` (the partition still moves); with idempotence
+    it is resent to the new leader (the broker de-duplicates)."""
+    unknown = error_from_typed(make_error("NOT_LEADER", leader="broker-b:9000", outcome="unknown"))
+    core = _core()
+    _send(core, b"a", partition=1)
+    batch, _ = core.poll(A, 1.0)
+    resolutions, redirect = core.failed(batch, unknown, written=True, now=1.0)
+    assert isinstance(resolutions[0][1], DeliveryUnknownError)
+    assert core.leader_of("t", 1) == B
+    assert core.poll(B, 1.0) == (None, None)  # not resent
+    core = _core(idempotent=True)
+    _send(core, b"a", partition=1)
+    batch, _ = core.poll(A, 1.0)
+    assert core.failed(batch, unknown, written=True, now=1.0) == ([], B)
+    assert core.poll(B, 1.0)[0] is batch

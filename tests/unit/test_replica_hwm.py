@@ -42,6 +42,12 @@ def _code(fut: asyncio.Future[None]) -> str:
     return error.error.code
 
 
+def _outcome(fut: asyncio.Future[None]) -> str | None:
+    exc = fut.exception()
+    assert isinstance(exc, BrokerError), exc
+    return exc.error.fields.get("outcome")
+
+
 async def _cluster_leader(node: Node, epoch: int, isr: tuple[str, ...], committed: int = 0) -> Commits:
     commits = Commits()
     node.replica.on_candidate_hwm = commits
@@ -127,14 +133,20 @@ async def test_waiters_fail_on_role_or_epoch_change_and_on_fencing(nodes) -> Non
     leader.update_replica_end("b", 2)
     leader.become_leader(2, ("a", "b"), committed_hwm=0)  # re-elected under a new epoch
     await asyncio.sleep(0)
-    assert _code(first) == "NOT_LEADER"  # outcome unknown: never a false success
+    assert _code(first) == "NOT_LEADER"  # never a false success
+    # above the committed HWM (0) of the new assignment: truncated by the new epoch, a definite refusal
+    assert _outcome(first) is None
     await leader.wait_writable()
     assert leader.leo == 0  # nothing was committed: the new epoch starts from the committed HWM
     second = leader.wait_committed(1, ("a",))
     durable = leader.wait_durable(1)
     leader.become_follower(3, "b")
     assert _code(second) == "NOT_LEADER" and _code(durable) == "NOT_LEADER"
-    assert _code(leader.wait_committed(1, ("a",))) == "NOT_LEADER"
+    # no committed HWM given: the outcome is unknown (break-it finding: a plain NOT_LEADER for records
+    # that may be committed made clients resend them)
+    assert _outcome(second) == "unknown" and _outcome(durable) == "unknown"
+    late = leader.wait_committed(1, ("a",))
+    assert _code(late) == "NOT_LEADER" and _outcome(late) == "unknown"
 
     other = nodes("c")
     await _cluster_leader(other, 1, ("c",))
@@ -295,3 +307,25 @@ async def test_a_leader_that_once_led_in_a_cluster_commits_only_what_metadata_ap
     assert leader.candidate_hwm == 2 and leader.hwm == 0
     leader.on_committed_hwm(1, 2)  # only an applied commit moves it
     assert leader.hwm == 2
+
+
+@pytest.mark.asyncio
+async def test_waiters_of_committed_records_fail_with_an_unknown_outcome_the_others_are_refused(nodes) -> None:
+    """Break-it finding: a leader deposed while an acks=all batch waited answered a plain ``NOT_LEADER`` even
+    when the batch was already committed (only a member's confirmation missing), so a client took the
+    redirect for a refusal and resent it (a duplicate without idempotence). Records at or below the moving
+    assignment's committed HWM now fail with ``outcome=unknown``; records above it (the next leader
+    truncates them) keep the plain refusal."""
+    node = nodes("a")
+    leader = node.replica
+    await _cluster_leader(node, 1, ("a", "b"))
+    leader.append(records(0, 2), 2)
+    await leader.wait_durable(2)
+    leader.append(records(2, 2), 2)
+    await leader.wait_durable(4)
+    low = leader.wait_committed(2, ("a", "b"))
+    high = leader.wait_committed(4, ("a", "b"))
+    leader.become_follower(2, "b", committed_hwm=2)
+    await asyncio.sleep(0)
+    assert _code(low) == "NOT_LEADER" and _outcome(low) == "unknown"
+    assert _code(high) == "NOT_LEADER" and _outcome(high) is None

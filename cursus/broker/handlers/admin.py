@@ -6,16 +6,26 @@ import json
 
 from cursus.broker.args import AlterTopicConfigArgs, DeleteArgs, TopicArgs, TruncateArgs
 from cursus.broker.core import Broker
+from cursus.broker.replica import Replica
 from cursus.broker.request import Request
 from cursus.metadata.topics import check_min_isr, definition_fields, is_internal_topic
 from cursus.wire.errors import BrokerError
 from cursus.wire.responses import ok_text
 
 
+def _readable(replica: Replica) -> bool:
+    """Whether :meth:`Replica.check_readable` passes (its HWM may be shown)."""
+    try:
+        replica.check_readable()
+    except BrokerError:
+        return False
+    return True
+
+
 async def handle_describe(broker: Broker, req: Request, args: TopicArgs) -> bytes:
     """DESCRIBE: the definition plus per-partition leader, replicas, ISR and leader epoch (from the metadata
-    assignment) and, where a local replica serves the partition, its log start, LEO and HWM as JSON (else
-    the committed HWM the metadata knows)."""
+    assignment) and, where a local replica leads the partition and is ready (:meth:`Replica.check_readable`),
+    its log start, LEO and HWM as JSON (else the committed HWM the metadata knows)."""
     defn = broker.topic(args.topic)
     state = broker.metadata.state
     partitions: list[dict[str, object]] = []
@@ -29,7 +39,8 @@ async def handle_describe(broker: Broker, req: Request, args: TopicArgs) -> byte
             "leader_epoch": a.leader_epoch if a else 0,
         }
         r = broker.replicas.get((defn.name, p))
-        if r is not None and a is not None and a.leader == broker.broker_id:  # offsets of the leader only
+        if r is not None and a is not None and a.leader == broker.broker_id and _readable(r):
+            # offsets of a ready leader only (a restarted leader still preparing knows only a stale HWM)
             entry.update(log_start_offset=r.log_start_offset, leo=r.leo, hwm=r.hwm)
         else:
             entry.update(hwm=a.committed_hwm if a else 0)

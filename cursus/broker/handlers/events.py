@@ -89,6 +89,17 @@ async def _events(broker: Broker, replica: Replica) -> PartitionEvents:
                              reason=type(exc).__name__) from None
 
 
+async def _read_events(broker: Broker, replica: Replica) -> PartitionEvents:
+    """:func:`_events` for a read: refused (``leader_not_available``, retryable) while the replica may not
+    show its HWM (:meth:`Replica.check_readable`: a restarted or new leader not ready yet, whose local HWM
+    may be below the committed one), so a read never answers a version or stream older than one already
+    acknowledged. Checked again after the catch-up (the role may change meanwhile)."""
+    replica.check_readable()
+    events = await _events(broker, replica)
+    replica.check_readable()
+    return events
+
+
 def _payload_digest(payload: bytes) -> str:
     return hashlib.sha256(payload).hexdigest()
 
@@ -177,7 +188,7 @@ async def handle_read_stream(broker: Broker, req: Request, args: ReadStreamArgs)
     events to serve lie below the log start answers ``stream_retention_gap`` (never a gapped stream)."""
     defn = _es_topic(broker, args.topic, req, "read", "READ_STREAM")
     replica = _replica_for_key(broker, defn, args.key)
-    events = await _events(broker, replica)
+    events = await _read_events(broker, replica)
     start = args.from_version
     snapshot = broker.events.visible_snapshot(events, args.key)
     if snapshot is not None and snapshot.version < args.from_version:
@@ -209,7 +220,7 @@ async def handle_stream_version(broker: Broker, req: Request, args: StreamKeyArg
     """STREAM_VERSION: ``OK version=N`` (committed; 0 when the aggregate has no events)."""
     defn = _es_topic(broker, args.topic, req, "read", "STREAM_VERSION")
     replica = _replica_for_key(broker, defn, args.key)
-    events = await _events(broker, replica)
+    events = await _read_events(broker, replica)
     return ok_text(version=events.index.version(args.key))
 
 
@@ -241,7 +252,7 @@ async def handle_read_snapshot(broker: Broker, req: Request, args: StreamKeyArgs
     """READ_SNAPSHOT: ``OK snapshot=null`` or ``OK snapshot={"version":N,"payload":"..."}``."""
     defn = _es_topic(broker, args.topic, req, "read", "READ_SNAPSHOT")
     replica = _replica_for_key(broker, defn, args.key)
-    events = await _events(broker, replica)
+    events = await _read_events(broker, replica)
     snapshot = broker.events.visible_snapshot(events, args.key)
     if snapshot is None:
         return b"OK snapshot=null"
@@ -283,7 +294,7 @@ async def handle_replay_proof(broker: Broker, req: Request, args: ReplayProofArg
     1..last of the match; else one of the four ``aggregate_proof_*`` errors with ``proof=<json>``."""
     defn = _replay_topic(broker, req, args.topic, "AGGREGATE_REPLAY_PROOF")
     replica = _replica_for_key(broker, defn, args.match_id, args.partition)
-    events = await _events(broker, replica)
+    events = await _read_events(broker, replica)
     result = replay_proof(defn.name, args.match_id, replica.partition, events.index.entries(args.match_id),
                           log_start_offset=replica.log_start_offset, proof_hwm=events.index.indexed_offset,
                           expected_last_sequence=args.expected_last_sequence)
@@ -301,7 +312,7 @@ async def handle_range_read(broker: Broker, req: Request, args: RangeReadArgs) -
         raise BrokerError.of("invalid_to_sequence", value=args.to_sequence, from_sequence=args.from_sequence)
     defn = _replay_topic(broker, req, args.topic, "AGGREGATE_EVENT_RANGE_READ")
     replica = _replica_for_key(broker, defn, args.match_id, args.partition)
-    events = await _events(broker, replica)
+    events = await _read_events(broker, replica)
     entries = events.index.entries(args.match_id)
     result = replay_proof(defn.name, args.match_id, replica.partition, entries,
                           log_start_offset=replica.log_start_offset, proof_hwm=events.index.indexed_offset)
