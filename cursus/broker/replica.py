@@ -113,6 +113,11 @@ class Replica:
         #: the role change, a fetch the leader accepted at an offset, or chunks appended from it). Records
         #: above it may be a divergent tail of an old epoch: the committed HWM never covers them.
         self.matched_offset = self.hwm
+        #: Leader: the offset of this epoch's first append (None until it appends). The log's epoch history
+        #: learns the epoch only when the writer thread writes that chunk; until then
+        #: :meth:`end_offset_for_epoch` must count the epoch from here, not from the LEO, which already
+        #: covers appends in flight (Finding E).
+        self._epoch_start: int | None = None
         #: Follower: replicated chunks handed to the writer and not yet durable: base -> (next offset, bytes).
         self._inflight: dict[int, tuple[int, bytes]] = {}
         #: Epoch of the last chunk handed to the writer (chunk epochs never decrease).
@@ -268,6 +273,7 @@ class Replica:
             self.role = next_role(self.role, Event.BECOME_LEADER)
             self.leader_epoch = leader_epoch
             self.leader_id = self.broker_id
+            self._epoch_start = None
             self._inflight.clear()
             self._replica_ends = {self.broker_id: self.durable_end_offset}
             self._pending_isr.clear()
@@ -370,6 +376,7 @@ class Replica:
         self.role = next_role(self.role, Event.BECOME_FOLLOWER)
         self.leader_epoch = leader_epoch
         self.leader_id = leader_id
+        self._epoch_start = None
         self.isr = ()
         self._replica_ends = {}
         self._pending_isr.clear()
@@ -477,6 +484,8 @@ class Replica:
         self.check_writable()
         assert record_count > 0
         base_offset = self.leo
+        if self._epoch_start is None:
+            self._epoch_start = base_offset
         self.leo += record_count
         self._last_chunk_epoch = self.leader_epoch
         self.writer.submit_append(self.log, base_offset, record_count, body, self, leader_epoch=self.leader_epoch)
@@ -662,10 +671,16 @@ class Replica:
     def end_offset_for_epoch(self, epoch: int) -> EpochEnd:
         """OffsetsForLeaderEpoch as this replica answers it (Kafka semantics, see
         :func:`cursus.storage.epochs.end_offset_for_epoch`). A leader whose epoch has no chunk yet counts
-        its epoch as starting at the LEO."""
+        its epoch as starting at its first append of the epoch, or at the LEO before any.
+
+        The log's history learns a new epoch only when the writer thread writes the epoch's first chunk;
+        until then the loop's LEO already covers appends in flight, so counting the epoch from the LEO
+        would answer that the previous epoch ends *after* this leader's own new records: a deposed
+        leader's divergent record at the same offsets would look matching (Finding E: the follower's HWM
+        passed its divergent record and the leader counted the follower's end in the candidate HWM)."""
         history = self.log.leader_epochs
         if self.role is Role.LEADER and (not history or history[-1][0] < self.leader_epoch):
-            history.append((self.leader_epoch, self.leo))
+            history.append((self.leader_epoch, self.leo if self._epoch_start is None else self._epoch_start))
         return end_offset_for_epoch(history, epoch, self.leo)
 
     def _check_follower(self) -> None:

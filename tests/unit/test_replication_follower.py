@@ -486,3 +486,51 @@ async def test_a_follower_of_a_compacted_topic_skips_a_gap_that_ends_the_leaders
                                                      for r in transport.opened[0].requests_seen) >= 2)
         assert follower.leo == follower.durable_end_offset == 3 and leader.hwm == 3
     assert not refused
+
+
+@pytest.mark.asyncio
+async def test_a_new_leaders_first_append_in_flight_still_ends_the_old_epoch_where_it_began(nodes) -> None:
+    """Finding E (chaos seed 10): the deposed leader (b) wrote one stale record at offset 6 in its epoch 1
+    after the new leader (a) took epoch 2 with the same log. a then appended its own record at 6, and
+    b's fetch (offset 7, last epoch 1) reached a while that append was queued on a's writer thread, before
+    the log's epoch history learned epoch 2. Counting epoch 2 from the LEO (7, the append in flight
+    included), a answered "epoch 1 ends at 7": no divergence. a counted b's end 7 in its candidate HWM,
+    and b's HWM passed its own divergent record; the next fetch diverged at 6 below that HWM, the
+    truncation was refused and b stopped replicating for good. Epoch 2 starts at a's first append (6)."""
+    import threading
+
+    a, b, metadata, clock = nodes("a"), nodes("b"), Metadata(), Clock()
+    new, old = a.open(), b.open()
+    old.become_leader(1, isr=("b", "a"))
+    new.become_follower(1, "b")
+    await publish(old, 6)
+    for chunk in stored_chunks(old):
+        new.append_replicated(chunk, 1)
+    await until(lambda: new.durable_end_offset == 6)
+    old.update_replica_end("a", 6)
+    assert old.hwm == 6
+    new.become_leader(2, isr=("a", "b"))
+    assign(metadata, "a", 2)
+    metadata.set(KEY, committed_hwm=6)
+    new.on_hwm_change = lambda r: metadata.set(KEY, committed_hwm=r.hwm)  # the leader's commits reach metadata
+    await publish(old, 1, tag="stale")  # the deposed leader's queued request, served before its role change
+    old.become_follower(2, "a")
+    old.advance_hwm(6)
+    assert (old.leo, old.hwm, old.log.leader_epochs) == (7, 6, [(1, 0)])
+
+    release = threading.Event()
+    stalled: asyncio.Future[object] = asyncio.get_running_loop().create_future()
+    a.writer.submit_call(lambda: release.wait(10), stalled)  # a's writer thread is busy
+    new.append(records(6, 1, "new"), 1)  # the new leader's first record of epoch 2, queued behind it
+    assert new.log.leader_epochs == [(1, 0)] and new.leo == 7
+    assert new.end_offset_for_epoch(1) == (1, 6)  # not (1, 7): epoch 2 starts at its first append
+
+    recorder = Recorder()
+    _, transport = start(nodes, b, metadata, clock, {"a": make_service(a, metadata, clock)}, observer=recorder)
+    await until(lambda: len(transport.opened) == 1 and bool(transport.opened[0].requests_seen))
+    assert transport.opened[0].requests_seen[0].partitions[0].fetch_offset == 7
+    await until(lambda: old.leo == 6)  # the divergence is answered while a's append is still in flight
+    assert old.hwm == 6 and new.hwm == 6 and recorder.refused == []
+    release.set()
+    await until(lambda: stored_chunks(old) == stored_chunks(new) and old.hwm == 7 and new.hwm == 7)
+    assert recorder.refused == [] and old.log.leader_epochs == [(1, 0), (2, 6)]

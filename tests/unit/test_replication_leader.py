@@ -26,6 +26,7 @@ from tests.unit.test_replication_support import (
     node_pool,
     part,
     publish,
+    records,
     stored_chunks,
     until,
 )
@@ -86,6 +87,35 @@ async def test_fencing_answers_the_design_codes_and_fields(nodes) -> None:
     assert dict(moved.error.fields) == {"topic": "t", "partition": "0", "leader": "c", "requested_leader": "a"}
     # Nothing of the refused fetches was recorded as follower progress.
     assert service.tracker.fetch_offset(KEY, "x") is None
+
+
+@pytest.mark.asyncio
+async def test_a_new_epochs_first_append_in_flight_does_not_hide_a_divergence(nodes) -> None:
+    """Finding E, leader side: a new leader's first append of its epoch is queued on the writer thread
+    (the log's epoch history does not know the epoch yet, the LEO already covers the append). A deposed
+    leader's fetch just past its own divergent record at that offset must still be answered with the
+    divergence, and its end must not count in the candidate HWM."""
+    import threading
+
+    a, metadata, clock = nodes("a"), Metadata(), Clock()
+    leader = lead(a, metadata, epoch=1, isr=("a", "b"))
+    await publish(leader, 6)
+    leader.update_replica_end("b", 6)
+    leader.become_leader(2, isr=("a", "b"))
+    metadata.set(KEY, leader_epoch=2)
+    release = threading.Event()
+    a.writer.submit_call(lambda: release.wait(10), asyncio.get_running_loop().create_future())
+    try:
+        leader.append(records(6, 1, "new"), 1)
+        assert leader.log.leader_epochs == [(1, 0)] and leader.leo == 7
+        service = make_service(a, metadata, clock)
+        (data,) = (await service.fetch("b", fetch_request("b", part(7, 2, 1)))).partitions
+        assert data.HasField("diverging_epoch") and epoch_end_from_pb(data.diverging_epoch) == EpochEnd(1, 6)
+        assert service.tracker.fetch_offset(KEY, "b") is None and leader.candidate_hwm == 6
+    finally:
+        release.set()
+    await until(lambda: leader.durable_end_offset == 7)
+    assert leader.log.leader_epochs == [(1, 0), (2, 6)] and leader.end_offset_for_epoch(1) == (1, 6)
 
 
 @pytest.mark.asyncio
