@@ -120,7 +120,7 @@ def target_topic(broker: Broker, topic: str, req: Request, command: str = "PUBLI
     defn = broker.topic(topic)
     check_topic_access(defn, "write", req.session)
     if defn.aggregate_replay and command in ("PUBLISH", "TXN_PUBLISH"):
-        raise BrokerError.of("invalid_topic_policy", topic=name, field="aggregate_replay", command=command,
+        raise BrokerError.of("invalid_topic_policy", topic=topic, field="aggregate_replay", command=command,
                              reason="aggregate replay topics take APPEND_STREAM only")
     return defn
 
