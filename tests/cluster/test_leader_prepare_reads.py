@@ -29,6 +29,8 @@ from __future__ import annotations
 
 import json
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 from cursus.client.connection import Connection
@@ -85,9 +87,56 @@ def _error(frame) -> str:
     return f"{err.code}: {err.fields.get('reason', '')}"
 
 
+def _restart_and_poll(cluster: Cluster, topic: str, leader, poll, done, what: str) -> list[tuple[str, object]]:
+    """kill -9 ``leader`` and restart it at once (same port) with a slow preparation; call ``poll()`` on it
+    from the moment it accepts until ``done(answers)`` holds and it logged "ready" (60 s). Returns every
+    answer seen. Asserts the same broker leads again in a higher epoch, that it refused only with
+    ``leader_not_available`` / ``NOT_LEADER``, and that the window was hit (a "preparing" refusal)."""
+    before = partition_state(cluster, topic)
+    leader.env["CURSUS_LEADER_PREPARE_DELAY_MS"] = str(PREPARE_DELAY_MS)
+    leader.kill()
+    leader.start(expect_ready=False)  # same port: poll it from the moment it accepts
+    seen: list[tuple[str, object]] = []
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        try:
+            answers = poll()
+        except OSError:  # not listening yet
+            time.sleep(0.02)
+            continue
+        seen.extend(answers)
+        if any(k == "error" and str(v).startswith("NOT_LEADER") for k, v in answers):
+            moved = partition_state(cluster, topic)
+            assert moved["leader"] == before["leader"], (
+                f"leadership moved: the restart took longer than broker_session_timeout_ms ({moved})")
+        if done(answers) and "ready" in leader.output():
+            break
+        time.sleep(0.01)
+    else:
+        raise AssertionError(f"the restarted leader never served {what}: {seen[-10:]}")
+    after = partition_state(cluster, topic)
+    assert after["leader"] == before["leader"] and after["leader_epoch"] > before["leader_epoch"], (before, after)
+    errors = {str(v) for k, v in seen if k == "error"}
+    assert {e.partition(":")[0] for e in errors} <= {"leader_not_available", "NOT_LEADER"}, errors
+    # the window was hit: the restarted leader answered while preparing to lead (and refused then)
+    assert any("preparing" in e for e in errors), errors
+    return seen
+
+
+@contextmanager
+def _restoring(cluster: Cluster) -> Iterator[None]:
+    """On exit: no broker keeps the slow-preparation hook, and every broker runs again."""
+    try:
+        yield
+    finally:
+        for broker in cluster.brokers:
+            broker.env.pop("CURSUS_LEADER_PREPARE_DELAY_MS", None)
+        restore_brokers(cluster)
+
+
 def test_restarted_leader_never_shows_a_stale_hwm(cluster: Cluster) -> None:
     topic = "stale-hwm"
-    try:
+    with _restoring(cluster):
         make_topic(cluster, topic)
         leader = leader_proc(cluster, topic)
         with conn(leader) as c:
@@ -97,46 +146,17 @@ def test_restarted_leader_never_shows_a_stale_hwm(cluster: Cluster) -> None:
             frame = c.command(f"LIST_OFFSETS topic={topic} partition=0")
         known = _field(frame.payload.decode(), "hwm")
         assert known == 40, frame.payload
-        before = partition_state(cluster, topic)
-        assert before["committed_hwm"] == 40, before
+        assert partition_state(cluster, topic)["committed_hwm"] == 40
 
-        leader.env["CURSUS_LEADER_PREPARE_DELAY_MS"] = str(PREPARE_DELAY_MS)
-        leader.kill()
-        leader.start(expect_ready=False)  # same port: poll it from the moment it accepts
-        seen: list[tuple[str, object]] = []
-        deadline = time.monotonic() + 60
-        while time.monotonic() < deadline:
-            try:
-                answers = _poll(leader, topic, known - 5)
-            except OSError:  # not listening yet
-                time.sleep(0.02)
-                continue
-            seen.extend(answers)
-            if any(k == "error" and str(v).startswith("NOT_LEADER") for k, v in answers):
-                moved = partition_state(cluster, topic)
-                assert moved["leader"] == before["leader"], (
-                    f"leadership moved: the restart took longer than broker_session_timeout_ms ({moved})")
-            if ("hwm", known) in answers and ("records", 5) in answers and "ready" in leader.output():
-                break
-            time.sleep(0.01)
-        else:
-            raise AssertionError(f"the restarted leader never served the committed HWM: {seen[-10:]}")
-        after = partition_state(cluster, topic)
-        assert after["leader"] == before["leader"] and after["leader_epoch"] > before["leader_epoch"], (before, after)
+        seen = _restart_and_poll(cluster, topic, leader, lambda: _poll(leader, topic, known - 5),
+                                 lambda answers: ("hwm", known) in answers and ("records", 5) in answers,
+                                 "the committed HWM")
         stale = [v for k, v in seen if k == "hwm" and v < known]  # type: ignore[operator]
         assert not stale, f"LIST_OFFSETS went back below {known}: {stale[:10]} (answers {seen[:20]})"
         stale = [v for k, v in seen if k == "described_hwm" and v < known]  # type: ignore[operator]
         assert not stale, f"DESCRIBE showed an HWM below {known}: {stale[:10]} (answers {seen[:20]})"
         empty = [v for k, v in seen if k == "records" and v == 0]
         assert not empty, f"CONSUME offset={known - 5} (committed) answered OK with no records: {seen[:20]}"
-        errors = {str(v) for k, v in seen if k == "error"}
-        assert {e.partition(":")[0] for e in errors} <= {"leader_not_available", "NOT_LEADER"}, errors
-        # the window was hit: the restarted leader answered while preparing to lead (and refused then)
-        assert any("preparing" in e for e in errors), errors
-    finally:
-        for broker in cluster.brokers:
-            broker.env.pop("CURSUS_LEADER_PREPARE_DELAY_MS", None)
-        restore_brokers(cluster)
 
 
 def _segment(broker, topic: str) -> Path:
@@ -209,7 +229,7 @@ def test_restarted_leader_never_serves_a_stale_event_stream(cluster: Cluster) ->
     CONSUME: while it prepares they refuse with ``leader_not_available``, never answer a version below one an
     APPEND_STREAM already acknowledged (breakit finding: they answered from the stale local HWM)."""
     topic, key = "stale-events", "agg"
-    try:
+    with _restoring(cluster):
         make_topic(cluster, topic, event_sourcing="true")
         leader = leader_proc(cluster, topic)
         known = 12
@@ -224,33 +244,10 @@ def test_restarted_leader_never_serves_a_stale_event_stream(cluster: Cluster) ->
         before = partition_state(cluster, topic)
         assert before["committed_hwm"] == known, before
 
-        leader.env["CURSUS_LEADER_PREPARE_DELAY_MS"] = str(PREPARE_DELAY_MS)
-        leader.kill()
-        leader.start(expect_ready=False)
-        seen: list[tuple[str, object]] = []
-        deadline = time.monotonic() + 60
-        while time.monotonic() < deadline:
-            try:
-                answers = _poll_events(leader, topic, key)
-            except OSError:
-                time.sleep(0.02)
-                continue
-            seen.extend(answers)
-            if ("version", known) in answers and ("events", known - 3) in answers and "ready" in leader.output():
-                break
-            time.sleep(0.01)
-        else:
-            raise AssertionError(f"the restarted leader never served the committed stream: {seen[-10:]}")
-        after = partition_state(cluster, topic)
-        assert after["leader"] == before["leader"] and after["leader_epoch"] > before["leader_epoch"], (before, after)
+        seen = _restart_and_poll(cluster, topic, leader, lambda: _poll_events(leader, topic, key),
+                                 lambda answers: ("version", known) in answers and ("events", known - 3) in answers,
+                                 "the committed stream")
         stale = [v for k, v in seen if k == "version" and v != known]
         assert not stale, f"STREAM_VERSION answered below the acknowledged {known}: {stale[:10]} ({seen[:20]})"
         short = [v for k, v in seen if k == "events" and v != known - 3]
         assert not short, f"READ_STREAM served a stale stream: {short[:10]} ({seen[:20]})"
-        errors = {str(v) for k, v in seen if k == "error"}
-        assert {e.partition(":")[0] for e in errors} <= {"leader_not_available", "NOT_LEADER"}, errors
-        assert any("preparing" in e for e in errors), errors
-    finally:
-        for broker in cluster.brokers:
-            broker.env.pop("CURSUS_LEADER_PREPARE_DELAY_MS", None)
-        restore_brokers(cluster)
