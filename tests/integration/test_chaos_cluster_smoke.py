@@ -4,11 +4,11 @@ longer than the election timeout and network partitions (isolate, split, one-way
 (``unshare -n``, ``ip netns``, ``nft``); skipped otherwise. The run directory stays in pytest's tmp dir.
 Longer runs: ``make chaos`` / ``make chaos-long`` (docs/chaos.md).
 
-A run that finds violations raises :class:`ChaosViolation`. While the broker anomalies the harness found
-(listed in the issue 14 closing note: a restarted leader resuming its old leader epoch, truncation below the
-committed HWM, lost acks=all writes) are open, that is an expected failure (``xfail``, not strict): set
-``KNOWN_BROKER_ANOMALIES = False`` once they are fixed, and the smoke fails on any violation. Anything else
-(the harness crashing, no faults injected, too little traffic) fails the test either way.
+A run that finds violations raises :class:`ChaosViolation` and fails the test: the broker anomalies the
+harness found (findings A to E in docs/chaos.md) are fixed, each with a deterministic regression test.
+``KNOWN_BROKER_ANOMALIES`` is the switch to set back to True (an expected, non-strict failure) only while a
+newly found anomaly is open. Anything else (the harness crashing, a fault that did not take effect, no
+faults injected, too little traffic) fails the test either way.
 """
 
 from __future__ import annotations
@@ -26,8 +26,8 @@ from tests.integration.test_chaos_smoke import _chaos
 #: (partition leader, random), pauses and partitions (isolate, split).
 SEED = 11
 DURATION_S = 70
-#: True while the broker anomalies found by the harness are open (see the module docstring).
-KNOWN_BROKER_ANOMALIES = True
+#: True only while a broker anomaly found by the harness is open (see the module docstring).
+KNOWN_BROKER_ANOMALIES = False
 
 
 class ChaosViolation(AssertionError):
