@@ -440,6 +440,40 @@ class ProducerCore:
         return was_empty or len(pstate.queue) == self.config.batch_size or \
             pstate.queued_bytes >= self.config.batch_bytes
 
+    def append_all(self, items: Sequence[tuple[str, int | None, str | None, _Pending]],
+                   due: set[Address], created: set[Address]) -> list[Resolution]:
+        """Queue records handed over in bulk, in order: ``(topic, partition or None, key text, pending)``,
+        ``pending.deadline`` holding the monotonic time ``send`` accepted it (its delivery deadline and
+        linger count from then). A None partition is routed now (sticky). Adds to ``due`` the leaders whose
+        partitions became due (new linger deadline or full batch) and to ``created`` the leaders of
+        partitions used for the first time. Returns the failures to resolve outside the lock: records too
+        large, routing errors, or every record when the producer already stopped on a terminal error."""
+        failures: list[Resolution] = []
+        route = self.route
+        append = self.append
+        partitions = self.partitions
+        for topic, chosen, key_text, pending in items:
+            if self.fatal is not None:
+                self.buffered += 1  # _fail_pendings counts it out again
+                failures.extend(self._fail_pendings([pending], self.fatal))
+                continue
+            try:
+                if chosen is None:
+                    chosen = route(topic, key_text, None)
+                known = len(partitions)
+                result = append(topic, chosen, pending, pending.deadline)
+            except CursusError as exc:  # metadata changed since send validated it
+                self.buffered += 1
+                failures.extend(self._fail_pendings([pending], exc))
+                continue
+            if len(partitions) != known:
+                created.add(partitions[(topic, chosen)].leader)
+            if isinstance(result, tuple):
+                failures.append(result)
+            elif result:
+                due.add(partitions[(topic, chosen)].leader)
+        return failures
+
     def take(self, topic: str, partition: int, now: float, sender: object = None) -> ProducerBatch | None:
         """Seal ``(topic, partition)``'s queued records into a batch now, for delivery by the caller
         (``sender``), or None when the partition already has a batch in flight (or waiting for a retry),
@@ -1039,6 +1073,19 @@ class Producer(_ProducerSettings):
         self._direct_conn: Connection | None = None
         self._threads: dict[Address, list[threading.Thread]] = {}
         self._connections: set[Connection] = set()
+        #: Records accepted by ``send`` and not yet handed to the core: ``(topic, partition or None, key text,
+        #: pending)`` in send order. ``send`` appends under ``_intake_lock`` only (never the producer lock
+        #: senders hold); the records move to the core in bulk (:meth:`_drain_locked`) when a sender passes
+        #: by, when ``_drain_at`` have gathered, or at once when no sender would pass by soon.
+        self._intake_lock = threading.Lock()
+        self._intake: list[tuple[str, int | None, str | None, _Pending]] = []
+        #: Records taken from the intake and not yet in ``core.buffered`` (the buffer limit counts them).
+        self._in_transit = 0
+        #: Sender threads running, and those sleeping with no wake-up within ``linger_ms`` (under
+        #: ``_intake_lock``): when all sleep, ``send`` hands its record to the core itself.
+        self._senders_running = 0
+        self._senders_asleep = 0
+        self._drain_at = max(1, min(self.config.batch_size, 256))
 
     # ----------------------------------------------------------------------------------------- public
 
@@ -1063,10 +1110,72 @@ class Producer(_ProducerSettings):
             TypeError: value is not bytes or str.
         """
         future = DeliveryFuture()
-        key_text, key_field = (None, None) if key is None else _key_field(key)
-        self._append(topic, _Pending(value if type(value) is bytes else _as_bytes(value), key_field, timestamp_ms,
-                                     future), key_text, partition)
+        if key is None:
+            key_text = key_field = None
+        else:
+            key_text, key_field = _key_field(key)
+        pending = _Pending(value if type(value) is bytes else _as_bytes(value), key_field, timestamp_ms, future)
+        core = self._core
+        state = core.topics.get(topic)
+        if state is None:
+            self._load_metadata(topic)
+            state = core.topics[topic]
+        metadata = state.metadata
+        # Routing that depends only on metadata is done here (a bad partition raises to the caller); sticky
+        # records are routed as they reach the core, in order.
+        if partition is not None or metadata.partitions < 1 or (key_text is not None
+                                                                 and metadata.partitioner == "hash_key"):
+            chosen: int | None = core.route(topic, key_text, partition)
+        else:
+            chosen = None
+        pending.deadline = time.monotonic()  # when send accepted it (ProducerCore.append_all)
+        with self._intake_lock:
+            if self._closed or core.closing:
+                raise ClientClosedError("producer is closed")
+            if core.fatal is not None:
+                raise core.fatal
+            intake = self._intake
+            room = core.buffered + len(intake) + self._in_transit < self.config.buffer_records
+            if room:
+                intake.append((topic, chosen, key_text, pending))
+                if len(intake) < self._drain_at and self._senders_asleep < self._senders_running:
+                    return future  # a sender passes by soon and takes it to the core
+        if room:
+            self._drain()
+        else:  # the buffer is full: wait for room under the producer lock
+            self._append(topic, pending, key_text, partition)
         return future
+
+    def _drain(self) -> None:
+        """Hand the intake to the core now (from ``send``)."""
+        with self._lock:
+            resolutions = self._drain_locked()
+        if resolutions:
+            _resolve_sync(resolutions)
+
+    def _drain_locked(self) -> list[Resolution]:
+        """Move the intake's records to the core in send order (call with the producer lock held), start
+        senders for new leaders and wake those with a batch due. Returns failures to resolve outside the
+        lock."""
+        with self._intake_lock:
+            items = self._intake
+            if not items:
+                return []
+            self._intake = []
+            self._in_transit = len(items)
+        due: set[Address] = set()
+        created: set[Address] = set()
+        try:
+            resolutions = self._core.append_all(items, due, created)
+        finally:
+            self._in_transit = 0
+        for address in created:
+            self._ensure_senders(address)
+        for address in due:
+            self._ready_for(address).notify()
+        if resolutions:
+            self._cond.notify_all()
+        return resolutions
 
     def _append(self, topic: str, pending: _Pending, key_text: str | None, partition: int | None,
                 take: bool = False) -> tuple[int, ProducerBatch | None]:
@@ -1075,25 +1184,36 @@ class Producer(_ProducerSettings):
         core = self._core
         if topic not in core.topics:
             self._load_metadata(topic)
-        with self._lock:
-            if self._closed or core.closing:
-                raise ClientClosedError("producer is closed")
-            if core.fatal is not None:
-                raise core.fatal
-            if core.buffered >= self.config.buffer_records:
-                self._wait_for_room()
-            chosen = core.route(topic, key_text, partition)
-            known = len(core.partitions)
-            now = time.monotonic()
-            due = core.append(topic, chosen, pending, now)
-            if len(core.partitions) != known:  # a new partition: its leader may need senders
-                self._ensure_senders(core.leader_of(topic, chosen))
-            if isinstance(due, tuple):  # refused (too large): nobody holds the future yet
-                _resolve_sync([due])
-                return chosen, None
-            batch = core.take(topic, chosen, now, _DIRECT) if take else None
-            if due and batch is None:
-                self._ready_for(core.leader_of(topic, chosen)).notify()
+        drained: list[Resolution] = []
+        try:
+            with self._lock:
+                drained = self._drain_locked()  # records sent before this one reach the core first
+                return self._append_locked(topic, pending, key_text, partition, take)
+        finally:
+            if drained:
+                _resolve_sync(drained)
+
+    def _append_locked(self, topic: str, pending: _Pending, key_text: str | None, partition: int | None,
+                       take: bool) -> tuple[int, ProducerBatch | None]:
+        core = self._core
+        if self._closed or core.closing:
+            raise ClientClosedError("producer is closed")
+        if core.fatal is not None:
+            raise core.fatal
+        if core.buffered >= self.config.buffer_records:
+            self._wait_for_room()
+        chosen = core.route(topic, key_text, partition)
+        known = len(core.partitions)
+        now = time.monotonic()
+        due = core.append(topic, chosen, pending, now)
+        if len(core.partitions) != known:  # a new partition: its leader may need senders
+            self._ensure_senders(core.leader_of(topic, chosen))
+        if isinstance(due, tuple):  # refused (too large): nobody holds the future yet
+            _resolve_sync([due])
+            return chosen, None
+        batch = core.take(topic, chosen, now, _DIRECT) if take else None
+        if due and batch is None:
+            self._ready_for(core.leader_of(topic, chosen)).notify()
         return chosen, batch
 
     def _ready_for(self, address: Address) -> threading.Condition:
@@ -1171,18 +1291,28 @@ class Producer(_ProducerSettings):
             RequestTimeoutError: records were still pending after ``timeout_s`` seconds.
         """
         deadline = None if timeout_s is None else time.monotonic() + timeout_s
+        core = self._core
         with self._cond:
-            core = self._core
             core.flushing += 1
             self._wake_all()
-            try:
-                while core.buffered > 0:
-                    remaining = None if deadline is None else deadline - time.monotonic()
-                    if remaining is not None and remaining <= 0:
-                        raise RequestTimeoutError(f"flush timed out with {core.buffered} record(s) pending")
-                    self._cond.wait(remaining)
-            finally:
+        try:
+            while True:
+                with self._cond:
+                    drained = self._drain_locked()  # every record sent before flush() is covered
+                    if not drained:
+                        if core.buffered <= 0 and not self._intake:
+                            break
+                        remaining = None if deadline is None else deadline - time.monotonic()
+                        if remaining is not None and remaining <= 0:
+                            raise RequestTimeoutError(f"flush timed out with {core.buffered} record(s) pending")
+                        if not self._intake:
+                            self._cond.wait(remaining)
+                        continue
+                _resolve_sync(drained)  # outside the lock: done-callbacks may call send()
+        finally:
+            with self._cond:
                 core.flushing -= 1
+        with self._cond:
             failure = core.take_failures()
         if failure is not None:
             raise failure
@@ -1198,7 +1328,8 @@ class Producer(_ProducerSettings):
         with self._cond:
             if self._closed:
                 return
-            self._core.closing = True
+            with self._intake_lock:  # no send() gets into the intake after this (it raises)
+                self._core.closing = True
             self._cond.notify_all()
             self._wake_all()
         failure: BaseException | None = None
@@ -1208,7 +1339,8 @@ class Producer(_ProducerSettings):
             failure = exc
         except RequestTimeoutError:
             with self._cond:
-                resolutions = self._core.abort(ClientClosedError("producer closed before delivery"))
+                resolutions = self._drain_locked()
+                resolutions.extend(self._core.abort(ClientClosedError("producer closed before delivery")))
             _resolve_sync(resolutions)
         self._stop()
         with self._cond:
@@ -1263,6 +1395,8 @@ class Producer(_ProducerSettings):
         if address in self._threads or self._stopping:
             return
         threads = []
+        with self._intake_lock:
+            self._senders_running += self.config.connections_per_broker
         for index in range(self.config.connections_per_broker):
             thread = threading.Thread(target=self._sender, args=(address,), daemon=True,
                                       name=f"cursus-producer-{address[0]}:{address[1]}-{index}")
@@ -1275,23 +1409,42 @@ class Producer(_ProducerSettings):
         """The next batch for ``sender`` (``room`` more requests may be in flight on its connection);
         ``block``: wait until one is due (else None at once when none is)."""
         core = self._core
+        linger_s = self.config.linger_s
+        intake_lock = self._intake_lock
         while True:
             with self._lock:
                 ready = self._ready_for(address)
                 while True:
                     if self._stopping:
                         return None
+                    resolutions = self._drain_locked() if self._intake else []
                     now = time.monotonic()
                     if now >= core.next_expiry:  # records past their delivery deadline, wherever queued
                         expired = core.expire(now)
                         if expired:
+                            resolutions.extend(expired)
                             self._cond.notify_all()
-                            break
+                    if resolutions:
+                        break
                     batch, wait = core.poll(address, now, sender, room)
                     if batch is not None or not block:
                         return batch
-                    ready.wait(_idle_wait(wait, core.next_expiry - now))
-            _resolve_sync(expired)  # outside the lock: done-callbacks may call send()
+                    timeout = _idle_wait(wait, core.next_expiry - now)
+                    # Sleeping beyond linger_ms (or with no deadline): send() must not leave records in the
+                    # intake for this sender. Checked with the intake empty, atomically with send().
+                    asleep = timeout is None or timeout > linger_s
+                    with intake_lock:
+                        if self._intake:
+                            continue
+                        if asleep:
+                            self._senders_asleep += 1
+                    try:
+                        ready.wait(timeout)
+                    finally:
+                        if asleep:
+                            with intake_lock:
+                                self._senders_asleep -= 1
+            _resolve_sync(resolutions)  # outside the lock: done-callbacks may call send()
 
     def _sender(self, address: Address) -> None:
         """Sender thread: one connection to ``address`` with up to ``max_in_flight`` requests in flight;
@@ -1311,6 +1464,8 @@ class Producer(_ProducerSettings):
                 else:
                     return
         finally:
+            with self._intake_lock:
+                self._senders_running -= 1
             if conn is not None:
                 conn.close()
                 with self._lock:
@@ -1432,7 +1587,8 @@ class Producer(_ProducerSettings):
             if thread is not threading.current_thread():
                 thread.join(timeout=5)
         with self._cond:  # batches left waiting for a retry by senders that stopped
-            resolutions = self._core.abort(ClientClosedError("producer closed before delivery"))
+            resolutions = self._drain_locked()
+            resolutions.extend(self._core.abort(ClientClosedError("producer closed before delivery")))
         _resolve_sync(resolutions)
         self._client.close()
         self._refresh_client.close()
