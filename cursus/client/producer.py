@@ -450,28 +450,64 @@ class ProducerCore:
         large, routing errors, or every record when the producer already stopped on a terminal error."""
         failures: list[Resolution] = []
         route = self.route
-        append = self.append
         partitions = self.partitions
+        cfg = self.config
+        timeout_s = cfg.delivery_timeout_s
+        batch_size = cfg.batch_size
+        batch_bytes = cfg.batch_bytes
+        limit = cfg.max_record_bytes
+        topic_state: _TopicState | None = None
+        last_topic = None
         for topic, chosen, key_text, pending in items:
             if self.fatal is not None:
                 self.buffered += 1  # _fail_pendings counts it out again
                 failures.extend(self._fail_pendings([pending], self.fatal))
                 continue
             try:
+                sticky = chosen is None
                 if chosen is None:
-                    chosen = route(topic, key_text, None)
-                known = len(partitions)
-                result = append(topic, chosen, pending, pending.deadline)
+                    if topic != last_topic or topic_state is None:
+                        topic_state = self.topics[topic]
+                        last_topic = topic
+                    count = topic_state.metadata.partitions
+                    chosen = topic_state.sticky % count if count > 0 else route(topic, key_text, None)
+                pstate = partitions.get((topic, chosen))
+                existed = pstate is not None
+                if pstate is None or pending.size > limit:  # the general path: new partition, maybe too large
+                    known = len(partitions)
+                    result = self.append(topic, chosen, pending, pending.deadline)
+                    pstate = partitions[(topic, chosen)]
+                    if len(partitions) != known:
+                        created.add(pstate.leader)
+                    if isinstance(result, tuple):
+                        failures.append(result)
+                        continue
+                    queued = len(pstate.queue)
+                    if result:
+                        due.add(pstate.leader)
+                else:  # ProducerCore.append, inline (this runs once per record)
+                    queue = pstate.queue
+                    now = pending.deadline
+                    if not queue:
+                        pstate.first_enqueued = now
+                        due.add(pstate.leader)
+                    pending.deadline = deadline = now + timeout_s
+                    if deadline < self.next_expiry:
+                        self.next_expiry = deadline
+                    queue.append(pending)
+                    pstate.queued_bytes += pending.size
+                    self.buffered += 1
+                    queued = len(queue)
+                    if queued == batch_size or pstate.queued_bytes >= batch_bytes:
+                        due.add(pstate.leader)
+                if sticky and existed and queued >= batch_size:
+                    # this record filled the batch: the next one starts the next partition (as route())
+                    assert topic_state is not None
+                    topic_state.sticky = chosen + 1
             except CursusError as exc:  # metadata changed since send validated it
                 self.buffered += 1
                 failures.extend(self._fail_pendings([pending], exc))
                 continue
-            if len(partitions) != known:
-                created.add(partitions[(topic, chosen)].leader)
-            if isinstance(result, tuple):
-                failures.append(result)
-            elif result:
-                due.add(partitions[(topic, chosen)].leader)
         return failures
 
     def take(self, topic: str, partition: int, now: float, sender: object = None) -> ProducerBatch | None:
@@ -568,13 +604,15 @@ class ProducerCore:
         """The PUBLISH payload of ``batch`` (computed once, kept for retries). Pure: call outside locks."""
         if batch.payload is None:
             pstate = batch.state
-            encode = pstate.encoder.encode
             seq = batch.seq_start
-            records = [encode(p.value, p.key_field, p.timestamp, seq + i) for i, p in enumerate(batch.pendings)]
+            pendings = batch.pendings
+            count = len(pendings)
+            records = pstate.encoder.encode_run(list(map(_value_of, pendings)), list(map(_key_field_of, pendings)),
+                                                list(map(_timestamp_of, pendings)), seq)
             header = encode_batch_header(pstate.topic, pstate.partition, acks=self.config.acks,
                                          flags=1 if self.config.idempotent else 0, seq_start=seq,
-                                         seq_end=seq + len(records) - 1, record_count=len(records))
-            batch.payload = header + b"".join(records)
+                                         seq_end=seq + count - 1, record_count=count)
+            batch.payload = header + records
         return batch.payload
 
     # ----------------------------------------------------------------------------------------- outcomes
@@ -846,6 +884,9 @@ def _seq_start(batch: ProducerBatch) -> int:
 
 
 _future_of = operator.attrgetter("future")
+_value_of = operator.attrgetter("value")
+_key_field_of = operator.attrgetter("key_field")
+_timestamp_of = operator.attrgetter("timestamp")
 
 
 def parse_ack(frame: Frame) -> int:
