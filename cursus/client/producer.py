@@ -53,6 +53,7 @@ Both drive the same sans-IO :class:`ProducerCore`, which owns every decision:
 from __future__ import annotations
 
 import asyncio
+import functools
 import itertools
 import json
 import logging
@@ -120,6 +121,8 @@ _ACKS = {"0": "0", "none": "0", "1": "1", "": "1", "leader": "1", "-1": "-1", "a
 _RECORD_OVERHEAD_BYTES = 64
 _FAILURES_KEPT_MAX = 100
 _METADATA_REFRESH_INTERVAL_S = 0.2
+_time = time.time
+_monotonic = time.monotonic
 #: Batches per producer and partition the broker remembers for de-duplication (facts decision 13), so the
 #: most an idempotent producer may have in flight per connection (Kafka's rule too).
 MAX_IN_FLIGHT_IDEMPOTENT = 5
@@ -190,13 +193,14 @@ class _Pending:
 
     __slots__ = ("value", "key_field", "timestamp", "future", "size", "deadline")
 
-    def __init__(self, value: bytes, key_field: bytes | None, timestamp: int | None, future: Any) -> None:
+    def __init__(self, value: bytes, key_field: bytes | None, timestamp: int | None, future: Any,
+                 deadline: float = 0.0) -> None:
         #: Monotonic seconds after which the record fails (``send`` time plus ``delivery_timeout_s``, set
-        #: by :meth:`ProducerCore.append`).
-        self.deadline = 0.0
+        #: by :meth:`ProducerCore.append`; until then the time ``send`` accepted it).
+        self.deadline = deadline
         self.value = value
         self.key_field = key_field
-        self.timestamp = int(time.time() * 1000) if timestamp is None else timestamp  # CreateTime, as Kafka
+        self.timestamp = int(_time() * 1000) if timestamp is None else timestamp  # CreateTime, as Kafka
         self.future = future
         self.size = len(value) + (len(key_field) if key_field else 0) + _RECORD_OVERHEAD_BYTES
 
@@ -632,7 +636,7 @@ class ProducerCore:
         offsets: Iterable[int | None] = repeat(None) if last_offset is None else \
             range(last_offset - count + 1, last_offset + 1)
         # One metadata tuple per record, built by C iterators (this runs once per record acknowledged).
-        metadata = map(RecordMetadata._make, zip(repeat(pstate.topic), repeat(pstate.partition), offsets,
+        metadata = map(_new_metadata, zip(repeat(pstate.topic), repeat(pstate.partition), offsets,
                                                  repeat(cfg.producer_id), repeat(pstate.epoch),
                                                  range(seq, seq + count)))
         self._settle(pstate)
@@ -884,6 +888,8 @@ def _seq_start(batch: ProducerBatch) -> int:
 
 
 _future_of = operator.attrgetter("future")
+#: RecordMetadata from a 6-tuple, in C (``RecordMetadata._make`` is a Python function: once per record).
+_new_metadata = functools.partial(tuple.__new__, RecordMetadata)
 _value_of = operator.attrgetter("value")
 _key_field_of = operator.attrgetter("key_field")
 _timestamp_of = operator.attrgetter("timestamp")
@@ -977,15 +983,16 @@ class DeliveryFuture(Future):
 
 def _resolve_sync(resolutions: Iterable[Resolution]) -> None:
     slow: list[Resolution] = []
+    finished = _FUTURE_FINISHED
     with _LAZY_FUTURE_LOCK:  # nobody can start waiting on an untouched future meanwhile
         for resolution in resolutions:
-            future = resolution[0]
+            future, value, is_error = resolution
             if type(future) is DeliveryFuture and "_condition" not in future.__dict__:
-                if resolution[2]:
-                    future._exception = resolution[1]
+                if is_error:
+                    future._exception = value
                 else:
-                    future._result = resolution[1]
-                future._state = _FUTURE_FINISHED
+                    future._result = value
+                future._state = finished
             else:
                 slow.append(resolution)
     for future, value, is_error in slow:
@@ -1126,7 +1133,9 @@ class Producer(_ProducerSettings):
         #: ``_intake_lock``): when all sleep, ``send`` hands its record to the core itself.
         self._senders_running = 0
         self._senders_asleep = 0
-        self._drain_at = max(1, min(self.config.batch_size, 256))
+        #: ``send`` hands the intake to the core itself once it holds this many records.
+        self._drain_before = max(1, min(self.config.batch_size, 256)) - 1
+        self._buffer_records = self.config.buffer_records
 
     # ----------------------------------------------------------------------------------------- public
 
@@ -1155,7 +1164,8 @@ class Producer(_ProducerSettings):
             key_text = key_field = None
         else:
             key_text, key_field = _key_field(key)
-        pending = _Pending(value if type(value) is bytes else _as_bytes(value), key_field, timestamp_ms, future)
+        pending = _Pending(value if type(value) is bytes else _as_bytes(value), key_field, timestamp_ms, future,
+                           _monotonic())  # accepted now (ProducerCore.append_all)
         core = self._core
         state = core.topics.get(topic)
         if state is None:
@@ -1169,17 +1179,15 @@ class Producer(_ProducerSettings):
             chosen: int | None = core.route(topic, key_text, partition)
         else:
             chosen = None
-        pending.deadline = time.monotonic()  # when send accepted it (ProducerCore.append_all)
         with self._intake_lock:
-            if self._closed or core.closing:
-                raise ClientClosedError("producer is closed")
-            if core.fatal is not None:
-                raise core.fatal
+            if core.closing or core.fatal is not None:  # closing is set (under this lock) before _closed
+                raise core.fatal or ClientClosedError("producer is closed")
             intake = self._intake
-            room = core.buffered + len(intake) + self._in_transit < self.config.buffer_records
+            queued = len(intake)
+            room = core.buffered + queued + self._in_transit < self._buffer_records
             if room:
                 intake.append((topic, chosen, key_text, pending))
-                if len(intake) < self._drain_at and self._senders_asleep < self._senders_running:
+                if queued < self._drain_before and self._senders_asleep < self._senders_running:
                     return future  # a sender passes by soon and takes it to the core
         if room:
             self._drain()
