@@ -624,6 +624,14 @@ class ProducerCore:
     def succeed(self, batch: ProducerBatch, last_offset: int | None) -> Iterator[Resolution]:
         """The broker acknowledged ``batch`` (``last_offset`` None for acks=0). The resolutions are built
         lazily, as the caller applies them (outside its lock: they read only the sealed batch)."""
+        futures, metadata, overtaken = self.succeed_split(batch, last_offset)
+        results = zip(futures, metadata, repeat(False))
+        return itertools.chain(results, overtaken) if overtaken else results
+
+    def succeed_split(self, batch: ProducerBatch, last_offset: int | None) -> tuple[
+            Iterator[Any], Iterator[RecordMetadata], list[Resolution]]:
+        """:meth:`succeed` as (the batch's futures, their :class:`RecordMetadata` in the same order, other
+        resolutions: earlier batches that can no longer be resent), all lazy but the last."""
         pstate = batch.state
         self._land(pstate)
         if batch.seq_end > pstate.acked_end:
@@ -640,8 +648,7 @@ class ProducerCore:
                                                  repeat(cfg.producer_id), repeat(pstate.epoch),
                                                  range(seq, seq + count)))
         self._settle(pstate)
-        results = zip(map(_future_of, batch.pendings), metadata, repeat(False))
-        return itertools.chain(results, overtaken) if overtaken else results
+        return map(_future_of, batch.pendings), metadata, overtaken
 
     def _logged(self, pstate: _PartitionState, batch: ProducerBatch) -> list[Resolution]:
         """``batch`` is (or may be) in the log. Without idempotence, the partition's earlier batches waiting
@@ -1003,6 +1010,22 @@ def _resolve_sync(resolutions: Iterable[Resolution]) -> None:
                 future.set_result(value)
         except InvalidStateError:  # cancelled by the caller
             pass
+
+
+def _resolve_ok(futures: Iterable[Any], metadata: Iterable[RecordMetadata]) -> None:
+    """Complete each future with its metadata (a delivered batch: the common case of :func:`_resolve_sync`,
+    without a resolution tuple per record)."""
+    slow: list[Resolution] = []
+    finished = _FUTURE_FINISHED
+    with _LAZY_FUTURE_LOCK:  # nobody can start waiting on an untouched future meanwhile
+        for future, meta in zip(futures, metadata, strict=True):
+            if type(future) is DeliveryFuture and "_condition" not in (fields := future.__dict__):
+                fields["_result"] = meta
+                fields["_state"] = finished
+            else:
+                slow.append((future, meta, False))
+    if slow:
+        _resolve_sync(slow)
 
 
 def _resolve_async(resolutions: Iterable[Resolution]) -> None:
@@ -1603,9 +1626,10 @@ class Producer(_ProducerSettings):
         """Apply one attempt's outcome (the core decides: done, retry later, failed) and resolve futures."""
         core = self._core
         resolutions: Iterable[Resolution]
+        succeeded = None
         with self._lock:
             if error is None:
-                resolutions = core.succeed(batch, last_offset)
+                futures, metadata, resolutions = succeeded = core.succeed_split(batch, last_offset)
             else:
                 resolutions, redirect = core.failed(batch, error, written=written, now=time.monotonic())
                 if redirect is not None:
@@ -1616,6 +1640,8 @@ class Producer(_ProducerSettings):
                 # redirect may just have changed)
                 self._ready_for(batch.state.leader).notify()
             self._cond.notify_all()
+        if succeeded is not None:
+            _resolve_ok(futures, metadata)
         _resolve_sync(resolutions)
         if _needs_refresh(error):
             self._refresh_metadata(batch.topic)
