@@ -45,6 +45,10 @@ Both drive the same sans-IO :class:`ProducerCore`, which owns every decision:
   then moves to the next producer epoch at sequence 1 (the producer stays usable).
 * **Wake-ups**: the sender threads of each leader wait on their own condition, so a batch becoming due
   wakes a sender that can send it.
+* **Intake** (:class:`Producer`): ``send`` appends the record to an intake list under a lock of its own
+  (never the producer lock the senders hold); the records reach the core in bulk and in order
+  (:meth:`ProducerCore.append_all`) when a sender passes by, every 256 records, or at once when every
+  sender sleeps beyond ``linger_ms``; ``flush``, ``close`` and ``produce`` take them first.
 * **Results**: ``send`` returns a future per record resolving to :class:`RecordMetadata` (offset None for
   acks=0) or failing with a :class:`~cursus.client.errors.CursusError`. ``flush``/``close`` wait for every
   record and raise :class:`~cursus.client.errors.DeliveryFailedError` if any failed since the last flush.
