@@ -45,8 +45,8 @@ Both drive the same sans-IO :class:`ProducerCore`, which owns every decision:
   then moves to the next producer epoch at sequence 1 (the producer stays usable).
 * **Wake-ups**: the sender threads of each leader wait on their own condition, so a batch becoming due
   wakes a sender that can send it.
-* **Intake** (:class:`Producer`): ``send`` appends the record to an intake list under a lock of its own
-  (never the producer lock the senders hold); the records reach the core in bulk and in order
+* **Intake** (:class:`Producer`): ``send`` appends the record to an intake deque without a lock (never
+  the producer lock the senders hold); the records reach the core in bulk and in order
   (:meth:`ProducerCore.append_all`) when a sender passes by, every 256 records, or at once when every
   sender sleeps beyond ``linger_ms``; ``flush``, ``close`` and ``produce`` take them first.
 * **Results**: ``send`` returns a future per record resolving to :class:`RecordMetadata` (offset None for
@@ -1149,15 +1149,15 @@ class Producer(_ProducerSettings):
         self._threads: dict[Address, list[threading.Thread]] = {}
         self._connections: set[Connection] = set()
         #: Records accepted by ``send`` and not yet handed to the core: ``(topic, partition or None, key text,
-        #: pending)`` in send order. ``send`` appends under ``_intake_lock`` only (never the producer lock
-        #: senders hold); the records move to the core in bulk (:meth:`_drain_locked`) when a sender passes
-        #: by, when ``_drain_at`` have gathered, or at once when no sender would pass by soon.
-        self._intake_lock = threading.Lock()
-        self._intake: list[tuple[str, int | None, str | None, _Pending]] = []
+        #: pending)`` in send order. ``send`` appends without any lock (``deque.append`` is atomic; never the
+        #: producer lock senders hold); the records move to the core in bulk (:meth:`_drain_locked`, under the
+        #: producer lock) when a sender passes by, when 256 have gathered, or at once when no sender would
+        #: pass by soon.
+        self._intake: deque[tuple[str, int | None, str | None, _Pending]] = deque()
         #: Records taken from the intake and not yet in ``core.buffered`` (the buffer limit counts them).
         self._in_transit = 0
-        #: Sender threads running, and those sleeping with no wake-up within ``linger_ms`` (under
-        #: ``_intake_lock``): when all sleep, ``send`` hands its record to the core itself.
+        #: Sender threads running, and those sleeping with no wake-up within ``linger_ms`` (changed under the
+        #: producer lock, read by ``send`` without it): when all sleep, ``send`` hands its record over itself.
         self._senders_running = 0
         self._senders_asleep = 0
         #: ``send`` hands the intake to the core itself once it holds this many records.
@@ -1206,21 +1206,33 @@ class Producer(_ProducerSettings):
             chosen: int | None = core.route(topic, key_text, partition)
         else:
             chosen = None
-        with self._intake_lock:
-            if core.closing or core.fatal is not None:  # closing is set (under this lock) before _closed
-                raise core.fatal or ClientClosedError("producer is closed")
-            intake = self._intake
-            queued = len(intake)
-            room = core.buffered + queued + self._in_transit < self._buffer_records
-            if room:
-                intake.append((topic, chosen, key_text, pending))
-                if queued < self._drain_before and self._senders_asleep < self._senders_running:
-                    return future  # a sender passes by soon and takes it to the core
-        if room:
-            self._drain()
-        else:  # the buffer is full: wait for room under the producer lock
-            self._append(topic, pending, key_text, partition)
+        if core.fatal is not None:
+            raise core.fatal
+        intake = self._intake
+        queued = len(intake)
+        if core.buffered + queued + self._in_transit >= self._buffer_records:
+            self._append(topic, pending, key_text, partition)  # the buffer is full: wait for room, locked
+            return future
+        # No lock: deque.append is atomic. The checks after the append pair with the senders' (which
+        # count themselves asleep before looking at the intake) and close()'s (closing set before its
+        # last drain): either they see this record, or this thread sees them and acts.
+        item = (topic, chosen, key_text, pending)
+        intake.append(item)
+        if core.closing:
+            self._withdraw(item)
+        elif queued >= self._drain_before or self._senders_asleep >= self._senders_running:
+            self._drain()  # enough gathered, or no sender passes by soon: hand them to the core now
         return future
+
+    def _withdraw(self, item: tuple[str, int | None, str | None, _Pending]) -> None:
+        """``send`` raced ``close``: take the record back (ClientClosedError) unless a drain already moved it
+        to the core (then flush delivers it, or close fails it)."""
+        with self._lock:
+            try:
+                self._intake.remove(item)
+            except ValueError:
+                return
+        raise ClientClosedError("producer is closed")
 
     def _drain(self) -> None:
         """Hand the intake to the core now (from ``send``)."""
@@ -1233,12 +1245,13 @@ class Producer(_ProducerSettings):
         """Move the intake's records to the core in send order (call with the producer lock held), start
         senders for new leaders and wake those with a batch due. Returns failures to resolve outside the
         lock."""
-        with self._intake_lock:
-            items = self._intake
-            if not items:
-                return []
-            self._intake = []
-            self._in_transit = len(items)
+        intake = self._intake
+        count = len(intake)
+        if not count:
+            return []
+        self._in_transit = count  # before the records leave the intake: the buffer limit always counts them
+        popleft = intake.popleft
+        items = [popleft() for _ in range(count)]  # send() may append meanwhile (at the other end)
         due: set[Address] = set()
         created: set[Address] = set()
         try:
@@ -1404,8 +1417,7 @@ class Producer(_ProducerSettings):
         with self._cond:
             if self._closed:
                 return
-            with self._intake_lock:  # no send() gets into the intake after this (it raises)
-                self._core.closing = True
+            self._core.closing = True  # send() takes back (and refuses) a record it appends after this
             self._cond.notify_all()
             self._wake_all()
         failure: BaseException | None = None
@@ -1471,8 +1483,7 @@ class Producer(_ProducerSettings):
         if address in self._threads or self._stopping:
             return
         threads = []
-        with self._intake_lock:
-            self._senders_running += self.config.connections_per_broker
+        self._senders_running += self.config.connections_per_broker
         for index in range(self.config.connections_per_broker):
             thread = threading.Thread(target=self._sender, args=(address,), daemon=True,
                                       name=f"cursus-producer-{address[0]}:{address[1]}-{index}")
@@ -1486,7 +1497,6 @@ class Producer(_ProducerSettings):
         ``block``: wait until one is due (else None at once when none is)."""
         core = self._core
         linger_s = self.config.linger_s
-        intake_lock = self._intake_lock
         while True:
             with self._lock:
                 ready = self._ready_for(address)
@@ -1508,18 +1518,19 @@ class Producer(_ProducerSettings):
                     timeout = _idle_wait(wait, core.next_expiry - now)
                     # Sleeping beyond linger_ms (or with no deadline): send() must not leave records in the
                     # intake for this sender. Checked with the intake empty, atomically with send().
+                    # Count this sender asleep first, then look (send() appends first, then looks at the
+                    # count): one of the two sees the other. The counts change under the producer lock only.
                     asleep = timeout is None or timeout > linger_s
-                    with intake_lock:
+                    if asleep:
+                        self._senders_asleep += 1
                         if self._intake:
+                            self._senders_asleep -= 1
                             continue
-                        if asleep:
-                            self._senders_asleep += 1
                     try:
                         ready.wait(timeout)
                     finally:
                         if asleep:
-                            with intake_lock:
-                                self._senders_asleep -= 1
+                            self._senders_asleep -= 1
             _resolve_sync(resolutions)  # outside the lock: done-callbacks may call send()
 
     def _sender(self, address: Address) -> None:
@@ -1540,7 +1551,7 @@ class Producer(_ProducerSettings):
                 else:
                     return
         finally:
-            with self._intake_lock:
+            with self._lock:
                 self._senders_running -= 1
             if conn is not None:
                 conn.close()
