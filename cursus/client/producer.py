@@ -45,6 +45,10 @@ Both drive the same sans-IO :class:`ProducerCore`, which owns every decision:
   then moves to the next producer epoch at sequence 1 (the producer stays usable).
 * **Wake-ups**: the sender threads of each leader wait on their own condition, so a batch becoming due
   wakes a sender that can send it.
+* **Intake** (:class:`Producer`): ``send`` appends the record to an intake deque without a lock (never
+  the producer lock the senders hold); the records reach the core in bulk and in order
+  (:meth:`ProducerCore.append_all`) when a sender passes by, every 256 records, or at once when every
+  sender sleeps beyond ``linger_ms``; ``flush``, ``close`` and ``produce`` take them first.
 * **Results**: ``send`` returns a future per record resolving to :class:`RecordMetadata` (offset None for
   acks=0) or failing with a :class:`~cursus.client.errors.CursusError`. ``flush``/``close`` wait for every
   record and raise :class:`~cursus.client.errors.DeliveryFailedError` if any failed since the last flush.
@@ -53,6 +57,7 @@ Both drive the same sans-IO :class:`ProducerCore`, which owns every decision:
 from __future__ import annotations
 
 import asyncio
+import functools
 import itertools
 import json
 import logging
@@ -120,6 +125,8 @@ _ACKS = {"0": "0", "none": "0", "1": "1", "": "1", "leader": "1", "-1": "-1", "a
 _RECORD_OVERHEAD_BYTES = 64
 _FAILURES_KEPT_MAX = 100
 _METADATA_REFRESH_INTERVAL_S = 0.2
+_time = time.time
+_monotonic = time.monotonic
 #: Batches per producer and partition the broker remembers for de-duplication (facts decision 13), so the
 #: most an idempotent producer may have in flight per connection (Kafka's rule too).
 MAX_IN_FLIGHT_IDEMPOTENT = 5
@@ -190,13 +197,14 @@ class _Pending:
 
     __slots__ = ("value", "key_field", "timestamp", "future", "size", "deadline")
 
-    def __init__(self, value: bytes, key_field: bytes | None, timestamp: int | None, future: Any) -> None:
+    def __init__(self, value: bytes, key_field: bytes | None, timestamp: int | None, future: Any,
+                 deadline: float = 0.0) -> None:
         #: Monotonic seconds after which the record fails (``send`` time plus ``delivery_timeout_s``, set
-        #: by :meth:`ProducerCore.append`).
-        self.deadline = 0.0
+        #: by :meth:`ProducerCore.append`; until then the time ``send`` accepted it).
+        self.deadline = deadline
         self.value = value
         self.key_field = key_field
-        self.timestamp = int(time.time() * 1000) if timestamp is None else timestamp  # CreateTime, as Kafka
+        self.timestamp = int(_time() * 1000) if timestamp is None else timestamp  # CreateTime, as Kafka
         self.future = future
         self.size = len(value) + (len(key_field) if key_field else 0) + _RECORD_OVERHEAD_BYTES
 
@@ -440,6 +448,76 @@ class ProducerCore:
         return was_empty or len(pstate.queue) == self.config.batch_size or \
             pstate.queued_bytes >= self.config.batch_bytes
 
+    def append_all(self, items: Sequence[tuple[str, int | None, str | None, _Pending]],
+                   due: set[Address], created: set[Address]) -> list[Resolution]:
+        """Queue records handed over in bulk, in order: ``(topic, partition or None, key text, pending)``,
+        ``pending.deadline`` holding the monotonic time ``send`` accepted it (its delivery deadline and
+        linger count from then). A None partition is routed now (sticky). Adds to ``due`` the leaders whose
+        partitions became due (new linger deadline or full batch) and to ``created`` the leaders of
+        partitions used for the first time. Returns the failures to resolve outside the lock: records too
+        large, routing errors, or every record when the producer already stopped on a terminal error."""
+        failures: list[Resolution] = []
+        route = self.route
+        partitions = self.partitions
+        cfg = self.config
+        timeout_s = cfg.delivery_timeout_s
+        batch_size = cfg.batch_size
+        batch_bytes = cfg.batch_bytes
+        limit = cfg.max_record_bytes
+        topic_state: _TopicState | None = None
+        last_topic = None
+        for topic, chosen, key_text, pending in items:
+            if self.fatal is not None:
+                self.buffered += 1  # _fail_pendings counts it out again
+                failures.extend(self._fail_pendings([pending], self.fatal))
+                continue
+            try:
+                sticky = chosen is None
+                if chosen is None:
+                    if topic != last_topic or topic_state is None:
+                        topic_state = self.topics[topic]
+                        last_topic = topic
+                    count = topic_state.metadata.partitions
+                    chosen = topic_state.sticky % count if count > 0 else route(topic, key_text, None)
+                pstate = partitions.get((topic, chosen))
+                existed = pstate is not None
+                if pstate is None or pending.size > limit:  # the general path: new partition, maybe too large
+                    known = len(partitions)
+                    result = self.append(topic, chosen, pending, pending.deadline)
+                    pstate = partitions[(topic, chosen)]
+                    if len(partitions) != known:
+                        created.add(pstate.leader)
+                    if isinstance(result, tuple):
+                        failures.append(result)
+                        continue
+                    queued = len(pstate.queue)
+                    if result:
+                        due.add(pstate.leader)
+                else:  # ProducerCore.append, inline (this runs once per record)
+                    queue = pstate.queue
+                    now = pending.deadline
+                    if not queue:
+                        pstate.first_enqueued = now
+                        due.add(pstate.leader)
+                    pending.deadline = deadline = now + timeout_s
+                    if deadline < self.next_expiry:
+                        self.next_expiry = deadline
+                    queue.append(pending)
+                    pstate.queued_bytes += pending.size
+                    self.buffered += 1
+                    queued = len(queue)
+                    if queued == batch_size or pstate.queued_bytes >= batch_bytes:
+                        due.add(pstate.leader)
+                if sticky and existed and queued >= batch_size:
+                    # this record filled the batch: the next one starts the next partition (as route())
+                    assert topic_state is not None
+                    topic_state.sticky = chosen + 1
+            except CursusError as exc:  # metadata changed since send validated it
+                self.buffered += 1
+                failures.extend(self._fail_pendings([pending], exc))
+                continue
+        return failures
+
     def take(self, topic: str, partition: int, now: float, sender: object = None) -> ProducerBatch | None:
         """Seal ``(topic, partition)``'s queued records into a batch now, for delivery by the caller
         (``sender``), or None when the partition already has a batch in flight (or waiting for a retry),
@@ -534,13 +612,15 @@ class ProducerCore:
         """The PUBLISH payload of ``batch`` (computed once, kept for retries). Pure: call outside locks."""
         if batch.payload is None:
             pstate = batch.state
-            encode = pstate.encoder.encode
             seq = batch.seq_start
-            records = [encode(p.value, p.key_field, p.timestamp, seq + i) for i, p in enumerate(batch.pendings)]
+            pendings = batch.pendings
+            count = len(pendings)
+            records = pstate.encoder.encode_run(list(map(_value_of, pendings)), list(map(_key_field_of, pendings)),
+                                                list(map(_timestamp_of, pendings)), seq)
             header = encode_batch_header(pstate.topic, pstate.partition, acks=self.config.acks,
                                          flags=1 if self.config.idempotent else 0, seq_start=seq,
-                                         seq_end=seq + len(records) - 1, record_count=len(records))
-            batch.payload = header + b"".join(records)
+                                         seq_end=seq + count - 1, record_count=count)
+            batch.payload = header + records
         return batch.payload
 
     # ----------------------------------------------------------------------------------------- outcomes
@@ -548,6 +628,14 @@ class ProducerCore:
     def succeed(self, batch: ProducerBatch, last_offset: int | None) -> Iterator[Resolution]:
         """The broker acknowledged ``batch`` (``last_offset`` None for acks=0). The resolutions are built
         lazily, as the caller applies them (outside its lock: they read only the sealed batch)."""
+        futures, metadata, overtaken = self.succeed_split(batch, last_offset)
+        results = zip(futures, metadata, repeat(False))
+        return itertools.chain(results, overtaken) if overtaken else results
+
+    def succeed_split(self, batch: ProducerBatch, last_offset: int | None) -> tuple[
+            Iterator[Any], Iterator[RecordMetadata], list[Resolution]]:
+        """:meth:`succeed` as (the batch's futures, their :class:`RecordMetadata` in the same order, other
+        resolutions: earlier batches that can no longer be resent), all lazy but the last."""
         pstate = batch.state
         self._land(pstate)
         if batch.seq_end > pstate.acked_end:
@@ -560,12 +648,11 @@ class ProducerCore:
         offsets: Iterable[int | None] = repeat(None) if last_offset is None else \
             range(last_offset - count + 1, last_offset + 1)
         # One metadata tuple per record, built by C iterators (this runs once per record acknowledged).
-        metadata = map(RecordMetadata._make, zip(repeat(pstate.topic), repeat(pstate.partition), offsets,
+        metadata = map(_new_metadata, zip(repeat(pstate.topic), repeat(pstate.partition), offsets,
                                                  repeat(cfg.producer_id), repeat(pstate.epoch),
                                                  range(seq, seq + count)))
         self._settle(pstate)
-        results = zip(map(_future_of, batch.pendings), metadata, repeat(False))
-        return itertools.chain(results, overtaken) if overtaken else results
+        return map(_future_of, batch.pendings), metadata, overtaken
 
     def _logged(self, pstate: _PartitionState, batch: ProducerBatch) -> list[Resolution]:
         """``batch`` is (or may be) in the log. Without idempotence, the partition's earlier batches waiting
@@ -818,6 +905,11 @@ def _seq_start(batch: ProducerBatch) -> int:
 
 
 _future_of = operator.attrgetter("future")
+#: RecordMetadata from a 6-tuple, in C (``RecordMetadata._make`` is a Python function: once per record).
+_new_metadata = functools.partial(tuple.__new__, RecordMetadata)
+_value_of = operator.attrgetter("value")
+_key_field_of = operator.attrgetter("key_field")
+_timestamp_of = operator.attrgetter("timestamp")
 
 
 def parse_ack(frame: Frame) -> int:
@@ -908,15 +1000,16 @@ class DeliveryFuture(Future):
 
 def _resolve_sync(resolutions: Iterable[Resolution]) -> None:
     slow: list[Resolution] = []
+    finished = _FUTURE_FINISHED
     with _LAZY_FUTURE_LOCK:  # nobody can start waiting on an untouched future meanwhile
         for resolution in resolutions:
-            future = resolution[0]
+            future, value, is_error = resolution
             if type(future) is DeliveryFuture and "_condition" not in future.__dict__:
-                if resolution[2]:
-                    future._exception = resolution[1]
+                if is_error:
+                    future._exception = value
                 else:
-                    future._result = resolution[1]
-                future._state = _FUTURE_FINISHED
+                    future._result = value
+                future._state = finished
             else:
                 slow.append(resolution)
     for future, value, is_error in slow:
@@ -927,6 +1020,22 @@ def _resolve_sync(resolutions: Iterable[Resolution]) -> None:
                 future.set_result(value)
         except InvalidStateError:  # cancelled by the caller
             pass
+
+
+def _resolve_ok(futures: Iterable[Any], metadata: Iterable[RecordMetadata]) -> None:
+    """Complete each future with its metadata (a delivered batch: the common case of :func:`_resolve_sync`,
+    without a resolution tuple per record)."""
+    slow: list[Resolution] = []
+    finished = _FUTURE_FINISHED
+    with _LAZY_FUTURE_LOCK:  # nobody can start waiting on an untouched future meanwhile
+        for future, meta in zip(futures, metadata, strict=True):
+            if type(future) is DeliveryFuture and "_condition" not in (fields := future.__dict__):
+                fields["_result"] = meta
+                fields["_state"] = finished
+            else:
+                slow.append((future, meta, False))
+    if slow:
+        _resolve_sync(slow)
 
 
 def _resolve_async(resolutions: Iterable[Resolution]) -> None:
@@ -1045,6 +1154,21 @@ class Producer(_ProducerSettings):
         self._direct_conn: Connection | None = None
         self._threads: dict[Address, list[threading.Thread]] = {}
         self._connections: set[Connection] = set()
+        #: Records accepted by ``send`` and not yet handed to the core: ``(topic, partition or None, key text,
+        #: pending)`` in send order. ``send`` appends without any lock (``deque.append`` is atomic; never the
+        #: producer lock senders hold); the records move to the core in bulk (:meth:`_drain_locked`, under the
+        #: producer lock) when a sender passes by, when 256 have gathered, or at once when no sender would
+        #: pass by soon.
+        self._intake: deque[tuple[str, int | None, str | None, _Pending]] = deque()
+        #: Records taken from the intake and not yet in ``core.buffered`` (the buffer limit counts them).
+        self._in_transit = 0
+        #: Sender threads running, and those sleeping with no wake-up within ``linger_ms`` (changed under the
+        #: producer lock, read by ``send`` without it): when all sleep, ``send`` hands its record over itself.
+        self._senders_running = 0
+        self._senders_asleep = 0
+        #: ``send`` hands the intake to the core itself once it holds this many records.
+        self._drain_before = max(1, min(self.config.batch_size, 256)) - 1
+        self._buffer_records = self.config.buffer_records
 
     # ----------------------------------------------------------------------------------------- public
 
@@ -1069,10 +1193,84 @@ class Producer(_ProducerSettings):
             TypeError: value is not bytes or str.
         """
         future = DeliveryFuture()
-        key_text, key_field = (None, None) if key is None else _key_field(key)
-        self._append(topic, _Pending(value if type(value) is bytes else _as_bytes(value), key_field, timestamp_ms,
-                                     future), key_text, partition)
+        if key is None:
+            key_text = key_field = None
+        else:
+            key_text, key_field = _key_field(key)
+        pending = _Pending(value if type(value) is bytes else _as_bytes(value), key_field, timestamp_ms, future,
+                           _monotonic())  # accepted now (ProducerCore.append_all)
+        core = self._core
+        state = core.topics.get(topic)
+        if state is None:
+            self._load_metadata(topic)
+            state = core.topics[topic]
+        metadata = state.metadata
+        # Routing that depends only on metadata is done here (a bad partition raises to the caller); sticky
+        # records are routed as they reach the core, in order.
+        if partition is not None or metadata.partitions < 1 or (key_text is not None
+                                                                 and metadata.partitioner == "hash_key"):
+            chosen: int | None = core.route(topic, key_text, partition)
+        else:
+            chosen = None
+        if core.fatal is not None:
+            raise core.fatal
+        intake = self._intake
+        queued = len(intake)
+        if core.buffered + queued + self._in_transit >= self._buffer_records:
+            self._append(topic, pending, key_text, partition)  # the buffer is full: wait for room, locked
+            return future
+        # No lock: deque.append is atomic. The checks after the append pair with the senders' (which
+        # count themselves asleep before looking at the intake) and close()'s (closing set before its
+        # last drain): either they see this record, or this thread sees them and acts.
+        item = (topic, chosen, key_text, pending)
+        intake.append(item)
+        if core.closing:
+            self._withdraw(item)
+        elif queued >= self._drain_before or self._senders_asleep >= self._senders_running:
+            self._drain()  # enough gathered, or no sender passes by soon: hand them to the core now
         return future
+
+    def _withdraw(self, item: tuple[str, int | None, str | None, _Pending]) -> None:
+        """``send`` raced ``close``: take the record back (ClientClosedError) unless a drain already moved it
+        to the core (then flush delivers it, or close fails it)."""
+        with self._lock:
+            try:
+                self._intake.remove(item)
+            except ValueError:
+                return
+        raise ClientClosedError("producer is closed")
+
+    def _drain(self) -> None:
+        """Hand the intake to the core now (from ``send``)."""
+        with self._lock:
+            resolutions = self._drain_locked()
+        if resolutions:
+            _resolve_sync(resolutions)
+
+    def _drain_locked(self) -> list[Resolution]:
+        """Move the intake's records to the core in send order (call with the producer lock held), start
+        senders for new leaders and wake those with a batch due. Returns failures to resolve outside the
+        lock."""
+        intake = self._intake
+        count = len(intake)
+        if not count:
+            return []
+        self._in_transit = count  # before the records leave the intake: the buffer limit always counts them
+        popleft = intake.popleft
+        items = [popleft() for _ in range(count)]  # send() may append meanwhile (at the other end)
+        due: set[Address] = set()
+        created: set[Address] = set()
+        try:
+            resolutions = self._core.append_all(items, due, created)
+        finally:
+            self._in_transit = 0
+        for address in created:
+            self._ensure_senders(address)
+        for address in due:
+            self._ready_for(address).notify()
+        if resolutions:
+            self._cond.notify_all()
+        return resolutions
 
     def _append(self, topic: str, pending: _Pending, key_text: str | None, partition: int | None,
                 take: bool = False) -> tuple[int, ProducerBatch | None]:
@@ -1081,25 +1279,36 @@ class Producer(_ProducerSettings):
         core = self._core
         if topic not in core.topics:
             self._load_metadata(topic)
-        with self._lock:
-            if self._closed or core.closing:
-                raise ClientClosedError("producer is closed")
-            if core.fatal is not None:
-                raise core.fatal
-            if core.buffered >= self.config.buffer_records:
-                self._wait_for_room()
-            chosen = core.route(topic, key_text, partition)
-            known = len(core.partitions)
-            now = time.monotonic()
-            due = core.append(topic, chosen, pending, now)
-            if len(core.partitions) != known:  # a new partition: its leader may need senders
-                self._ensure_senders(core.leader_of(topic, chosen))
-            if isinstance(due, tuple):  # refused (too large): nobody holds the future yet
-                _resolve_sync([due])
-                return chosen, None
-            batch = core.take(topic, chosen, now, _DIRECT) if take else None
-            if due and batch is None:
-                self._ready_for(core.leader_of(topic, chosen)).notify()
+        drained: list[Resolution] = []
+        try:
+            with self._lock:
+                drained = self._drain_locked()  # records sent before this one reach the core first
+                return self._append_locked(topic, pending, key_text, partition, take)
+        finally:
+            if drained:
+                _resolve_sync(drained)
+
+    def _append_locked(self, topic: str, pending: _Pending, key_text: str | None, partition: int | None,
+                       take: bool) -> tuple[int, ProducerBatch | None]:
+        core = self._core
+        if self._closed or core.closing:
+            raise ClientClosedError("producer is closed")
+        if core.fatal is not None:
+            raise core.fatal
+        if core.buffered >= self.config.buffer_records:
+            self._wait_for_room()
+        chosen = core.route(topic, key_text, partition)
+        known = len(core.partitions)
+        now = time.monotonic()
+        due = core.append(topic, chosen, pending, now)
+        if len(core.partitions) != known:  # a new partition: its leader may need senders
+            self._ensure_senders(core.leader_of(topic, chosen))
+        if isinstance(due, tuple):  # refused (too large): nobody holds the future yet
+            _resolve_sync([due])
+            return chosen, None
+        batch = core.take(topic, chosen, now, _DIRECT) if take else None
+        if due and batch is None:
+            self._ready_for(core.leader_of(topic, chosen)).notify()
         return chosen, batch
 
     def _ready_for(self, address: Address) -> threading.Condition:
@@ -1177,18 +1386,28 @@ class Producer(_ProducerSettings):
             RequestTimeoutError: records were still pending after ``timeout_s`` seconds.
         """
         deadline = None if timeout_s is None else time.monotonic() + timeout_s
+        core = self._core
         with self._cond:
-            core = self._core
             core.flushing += 1
             self._wake_all()
-            try:
-                while core.buffered > 0:
-                    remaining = None if deadline is None else deadline - time.monotonic()
-                    if remaining is not None and remaining <= 0:
-                        raise RequestTimeoutError(f"flush timed out with {core.buffered} record(s) pending")
-                    self._cond.wait(remaining)
-            finally:
+        try:
+            while True:
+                with self._cond:
+                    drained = self._drain_locked()  # every record sent before flush() is covered
+                    if not drained:
+                        if core.buffered <= 0 and not self._intake:
+                            break
+                        remaining = None if deadline is None else deadline - time.monotonic()
+                        if remaining is not None and remaining <= 0:
+                            raise RequestTimeoutError(f"flush timed out with {core.buffered} record(s) pending")
+                        if not self._intake:
+                            self._cond.wait(remaining)
+                        continue
+                _resolve_sync(drained)  # outside the lock: done-callbacks may call send()
+        finally:
+            with self._cond:
                 core.flushing -= 1
+        with self._cond:
             failure = core.take_failures()
         if failure is not None:
             raise failure
@@ -1204,7 +1423,7 @@ class Producer(_ProducerSettings):
         with self._cond:
             if self._closed:
                 return
-            self._core.closing = True
+            self._core.closing = True  # send() takes back (and refuses) a record it appends after this
             self._cond.notify_all()
             self._wake_all()
         failure: BaseException | None = None
@@ -1214,7 +1433,8 @@ class Producer(_ProducerSettings):
             failure = exc
         except RequestTimeoutError:
             with self._cond:
-                resolutions = self._core.abort(ClientClosedError("producer closed before delivery"))
+                resolutions = self._drain_locked()
+                resolutions.extend(self._core.abort(ClientClosedError("producer closed before delivery")))
             _resolve_sync(resolutions)
         self._stop()
         with self._cond:
@@ -1269,6 +1489,7 @@ class Producer(_ProducerSettings):
         if address in self._threads or self._stopping:
             return
         threads = []
+        self._senders_running += self.config.connections_per_broker
         for index in range(self.config.connections_per_broker):
             thread = threading.Thread(target=self._sender, args=(address,), daemon=True,
                                       name=f"cursus-producer-{address[0]}:{address[1]}-{index}")
@@ -1281,23 +1502,42 @@ class Producer(_ProducerSettings):
         """The next batch for ``sender`` (``room`` more requests may be in flight on its connection);
         ``block``: wait until one is due (else None at once when none is)."""
         core = self._core
+        linger_s = self.config.linger_s
         while True:
             with self._lock:
                 ready = self._ready_for(address)
                 while True:
                     if self._stopping:
                         return None
+                    resolutions = self._drain_locked() if self._intake else []
                     now = time.monotonic()
                     if now >= core.next_expiry:  # records past their delivery deadline, wherever queued
                         expired = core.expire(now)
                         if expired:
+                            resolutions.extend(expired)
                             self._cond.notify_all()
-                            break
+                    if resolutions:
+                        break
                     batch, wait = core.poll(address, now, sender, room)
                     if batch is not None or not block:
                         return batch
-                    ready.wait(_idle_wait(wait, core.next_expiry - now))
-            _resolve_sync(expired)  # outside the lock: done-callbacks may call send()
+                    timeout = _idle_wait(wait, core.next_expiry - now)
+                    # Sleeping beyond linger_ms (or with no deadline): send() must not leave records in the
+                    # intake for this sender. Checked with the intake empty, atomically with send().
+                    # Count this sender asleep first, then look (send() appends first, then looks at the
+                    # count): one of the two sees the other. The counts change under the producer lock only.
+                    asleep = timeout is None or timeout > linger_s
+                    if asleep:
+                        self._senders_asleep += 1
+                        if self._intake:
+                            self._senders_asleep -= 1
+                            continue
+                    try:
+                        ready.wait(timeout)
+                    finally:
+                        if asleep:
+                            self._senders_asleep -= 1
+            _resolve_sync(resolutions)  # outside the lock: done-callbacks may call send()
 
     def _sender(self, address: Address) -> None:
         """Sender thread: one connection to ``address`` with up to ``max_in_flight`` requests in flight;
@@ -1317,6 +1557,8 @@ class Producer(_ProducerSettings):
                 else:
                     return
         finally:
+            with self._lock:
+                self._senders_running -= 1
             if conn is not None:
                 conn.close()
                 with self._lock:
@@ -1405,9 +1647,10 @@ class Producer(_ProducerSettings):
         """Apply one attempt's outcome (the core decides: done, retry later, failed) and resolve futures."""
         core = self._core
         resolutions: Iterable[Resolution]
+        succeeded = None
         with self._lock:
             if error is None:
-                resolutions = core.succeed(batch, last_offset)
+                futures, metadata, resolutions = succeeded = core.succeed_split(batch, last_offset)
             else:
                 resolutions, redirect = core.failed(batch, error, written=written, now=time.monotonic())
                 if redirect is not None:
@@ -1418,6 +1661,8 @@ class Producer(_ProducerSettings):
                 # redirect may just have changed)
                 self._ready_for(batch.state.leader).notify()
             self._cond.notify_all()
+        if succeeded is not None:
+            _resolve_ok(futures, metadata)
         _resolve_sync(resolutions)
         if _needs_refresh(error):
             self._refresh_metadata(batch.topic)
@@ -1438,7 +1683,8 @@ class Producer(_ProducerSettings):
             if thread is not threading.current_thread():
                 thread.join(timeout=5)
         with self._cond:  # batches left waiting for a retry by senders that stopped
-            resolutions = self._core.abort(ClientClosedError("producer closed before delivery"))
+            resolutions = self._drain_locked()
+            resolutions.extend(self._core.abort(ClientClosedError("producer closed before delivery")))
         _resolve_sync(resolutions)
         self._client.close()
         self._refresh_client.close()
