@@ -39,12 +39,13 @@ def test_a_follower_rebuilt_after_compact_was_switched_to_delete_copies_the_gaps
     wait_for(lambda: all(_policy(b, topic) == "delete" for b in cluster.brokers), 10, "every broker applied delete")
     with Connection(*leader.address, timeout_s=10) as c:
         latest.update(_publish(c, topic, 400, 20, acks="all"))  # [400, 420): contiguous, after the gaps
+    victim = _rebuild_a_follower_from_an_empty_disk(cluster, topic, leader)  # rejoins the ISR (fails closed before)
+    wait_isr(cluster, topic, 3, via=leader, timeout=30)
+    # the old leader's records now (a cleaner pass begun before the switch may have ended after it; none
+    # starts since): what the rebuilt replica copied
     before = read_partition(cluster, topic)
     offsets = [r.offset for r in before]
     assert offsets != list(range(len(offsets))) and offsets[-20:] == list(range(400, 420))  # gaps below 400
-
-    victim = _rebuild_a_follower_from_an_empty_disk(cluster, topic, leader)  # rejoins the ISR (fails closed before)
-    wait_isr(cluster, topic, 3, via=leader, timeout=30)
     _elect(cluster, topic, victim, 420)
     assert _offsets(victim, topic)["leo"] == 420
     with Connection(*victim.address, timeout_s=10) as c:
