@@ -497,8 +497,9 @@ class Replica:
         included: its base offset, leader epoch and append time are kept, so the stored bytes are
         identical). Follower only. Returns the offset after the chunk.
 
-        A chunk at the LEO is appended. With ``allow_gap`` (a compacted topic: the leader's cleaned
-        segments leave offset gaps) a chunk *above* the LEO is appended too, after an offset gap
+        A chunk at the LEO is appended. With ``allow_gap`` (the leader says its log has cleaned segments,
+        which leave offset gaps: the fetch reply's ``cleaned_gaps``, whatever the topic's current cleanup
+        policy) a chunk *above* the LEO is appended too, after an offset gap
         (:meth:`PartitionLog.skip_gap`), exactly as the leader stores it. A chunk identical to one already
         appended (or in flight) at its offset is a no-op (a retried fetch). Anything else is refused,
         nothing is appended. ``checked`` is :func:`check_replicated_chunk` of exactly these bytes, run by
@@ -547,7 +548,7 @@ class Replica:
         return header.next_offset
 
     def skip_replicated_gap(self, offset: int, leader_epoch: int) -> None:
-        """Follower of a compacted topic: the leader of ``leader_epoch`` stores no chunk from this LEO up to
+        """Follower of a log with cleaned segments: the leader of ``leader_epoch`` stores no chunk from this LEO up to
         ``offset``, the end of its written log (a gap its cleaner left at the end of its log: the fetch
         reply's ``skip_to``). Continue the log at ``offset`` without records (:meth:`PartitionLog.skip_gap`,
         fsynced at once: the next fetch starts at the durable end). A no-op at or below the LEO.

@@ -22,10 +22,14 @@ byte bounds), reads the one ``FetchResponse`` and applies it per partition:
   (retention deleted what we lack, e.g. our storage was lost) drops our log and starts it empty at the
   leader's log start (``Replica.restart_at``, Kafka's follower handling); any other ``OFFSET_OUT_OF_RANGE``
   stops the partition;
-* a compacted topic (``gaps_allowed``): chunks of the leader's cleaned segments keep their offsets and
-  leave gaps; they are appended as stored, gaps included (``append_replicated(allow_gap=True)``); a reply
-  with ``skip_to`` and no chunks (our fetch offset lies in a gap at the end of the leader's log) continues
-  our log there (``Replica.skip_replicated_gap``), so an idle topic's follower still reaches the leader's LEO;
+* gaps (:func:`gaps_allowed`): chunks of the leader's cleaned segments keep their offsets and leave gaps;
+  in a reply that says the leader's log has them (``cleaned_gaps``, for the leader epoch we fetched with)
+  they are appended as stored, gaps included (``append_replicated(allow_gap=True)``), and a reply with
+  ``skip_to`` and no chunks (our fetch offset lies in a gap at the end of the leader's log) continues our
+  log there (``Replica.skip_replicated_gap``), so an idle topic's follower still reaches the leader's LEO.
+  The permission follows the leader's log, not the topic's current cleanup policy: a topic switched from
+  compact to delete keeps its gaps. A gap in a reply without ``cleaned_gaps`` (a log never cleaned) is
+  refused (``OFFSET_OUT_OF_RANGE``, quarantine) and its ``skip_to`` ignored;
 * a refused append (``version_conflict``, ``corrupt_log_data``, ``OFFSET_OUT_OF_RANGE`` gap, ...) stops
   fetching that partition until its leader epoch changes (quarantine: the leader shrinks it out of the ISR
   by lag); it is logged and reported to the observer.
@@ -136,6 +140,14 @@ def last_fetched_epoch(replica: Replica, fetch_offset: int) -> int:
     return epoch
 
 
+def gaps_allowed(part: pb.PartitionFetch, reply: pb.PartitionData) -> bool:
+    """Whether ``reply`` (the leader's answer to ``part``) may take our log over an offset gap: the leader
+    says its log has cleaned segments (``cleaned_gaps``), in the leader epoch we fetched with. It follows
+    the leader's log, not the topic's cleanup policy (a topic switched from compact to delete keeps the
+    gaps its cleaner left); a gap in a log never cleaned stays a refusal."""
+    return reply.cleaned_gaps and reply.leader_epoch == part.leader_epoch
+
+
 class ReplicaFetcherManager:
     """One :class:`FetchSession` per leader broker of the local follower replicas.
 
@@ -150,17 +162,14 @@ class ReplicaFetcherManager:
         observer: metrics hooks.
         run_blocking: ``async (size_bytes, fn) -> fn()``, e.g. ``broker.offload.run``: the CRC and record
             walk of fetched chunks run through it (off the loop for large responses, like client batches).
-        gaps_allowed: ``topic -> bool``: True for a compacted topic, whose fetched chunks may skip offsets.
     """
 
     def __init__(self, local_broker_id: str, replicas_lookup: Callable[[], Mapping[PartitionKey, Replica]],
                  leader_address_of: Callable[[str], str | None], open_stream: Callable[[str], Any],
                  config: FetcherConfig, clock: Callable[[], int], *,
                  assignment_lookup: Callable[[str, int], PartitionAssignment | None],
-                 observer: FollowerObserver | None = None, run_blocking: RunBlocking = run_inline,
-                 gaps_allowed: Callable[[str], bool] = lambda topic: False) -> None:
+                 observer: FollowerObserver | None = None, run_blocking: RunBlocking = run_inline) -> None:
         self.broker_id = local_broker_id
-        self.gaps_allowed = gaps_allowed
         self.run_blocking = run_blocking
         self.replicas = replicas_lookup
         self.leader_address_of = leader_address_of
@@ -356,9 +365,9 @@ class FetchSession:
             else:
                 if part.last_fetched_epoch >= 0 or part.fetch_offset == 0:
                     replica.leader_matches(part.fetch_offset)  # the leader checked our lineage up to there
-                if data.chunks and await self._append(key, replica, part, data.chunks):
+                if data.chunks and await self._append(key, replica, part, data):
                     appended.append(replica)
-                elif not data.chunks and data.skip_to and self._skip_gap(key, replica, part, data.skip_to):
+                elif not data.chunks and data.skip_to and self._skip_gap(key, replica, part, data):
                     appended.append(replica)
                 if (replica.role is Role.FOLLOWER and replica.leader_epoch == part.leader_epoch
                         and replica.leader_id == self.leader_id):  # the chunk check may have awaited
@@ -366,7 +375,9 @@ class FetchSession:
         if appended:
             await asyncio.gather(*(wait_durable(r, r.leo) for r in appended))
 
-    async def _append(self, key: PartitionKey, replica: Replica, part: pb.PartitionFetch, data: bytes) -> bool:
+    async def _append(self, key: PartitionKey, replica: Replica, part: pb.PartitionFetch,
+                      reply: pb.PartitionData) -> bool:
+        data = reply.chunks
         try:
             chunks = split_chunks(data)
         except ValueError as exc:
@@ -377,7 +388,7 @@ class FetchSession:
         if (replica.role is not Role.FOLLOWER or replica.leader_epoch != part.leader_epoch
                 or replica.leader_id != self.leader_id):
             return False  # the role changed during the check: the next request decides
-        allow_gap = self.manager.gaps_allowed(key[0])
+        allow_gap = gaps_allowed(part, reply)
         try:
             for chunk, header in zip(chunks, headers, strict=True):
                 if header is None:
@@ -390,11 +401,14 @@ class FetchSession:
         self.manager.observer.chunk_bytes_in(self.leader_id, key, len(data))
         return True
 
-    def _skip_gap(self, key: PartitionKey, replica: Replica, part: pb.PartitionFetch, skip_to: int) -> bool:
-        """The leader stores no chunk from our fetch offset up to ``skip_to``, the end of its written log (a
-        gap its cleaner left there): a compacted topic continues its log at ``skip_to`` (True: wait until it
-        is durable). Ignored for other topics (they refuse gaps) and for a stale fetch offset."""
-        if not self.manager.gaps_allowed(key[0]) or part.fetch_offset != replica.leo or skip_to <= replica.leo:
+    def _skip_gap(self, key: PartitionKey, replica: Replica, part: pb.PartitionFetch,
+                  reply: pb.PartitionData) -> bool:
+        """The leader stores no chunk from our fetch offset up to ``reply.skip_to``, the end of its written
+        log (a gap its cleaner left there): continue our log at ``skip_to`` (True: wait until it is
+        durable). Ignored unless :func:`gaps_allowed` (a log never cleaned has no gaps) and for a stale
+        fetch offset."""
+        skip_to = reply.skip_to
+        if not gaps_allowed(part, reply) or part.fetch_offset != replica.leo or skip_to <= replica.leo:
             return False
         try:
             replica.skip_replicated_gap(skip_to, part.leader_epoch)

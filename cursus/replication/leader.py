@@ -18,9 +18,13 @@ One :class:`LeaderFetchService` per broker serves every follower's fetch stream
    response (the first chunk of a partition may exceed the bound, so progress is always possible). The
    start partition rotates between responses so a catching-up partition cannot starve the others. Reads
    run through ``run_blocking`` (the broker's offload pool for large reads).
-5. **trailing gap** (compacted topics): a fetch offset in a gap the cleaner left at the end of the log
-   (no chunk up to the written end) is answered with ``skip_to`` = that end, so the follower reaches the
-   leader's LEO without waiting for the next append (:func:`trailing_gap_end`).
+5. **gaps**: every answer with chunks or none says whether this log has cleaned segments
+   (``cleaned_gaps``, ``PartitionLog.has_compacted_segments`` sampled after the read: once a read served
+   a chunk after a gap it stays true, short of a reset). The follower accepts a gap only then: the
+   permission follows the log, not the topic's current cleanup policy (a topic switched from compact to
+   delete keeps its gaps). A fetch offset in a gap the cleaner left at the end of the log (no chunk up to
+   the written end) is answered with ``skip_to`` = that end, so the follower reaches the leader's LEO
+   without waiting for the next append (:func:`trailing_gap_end`).
 6. **long poll**: when no partition has chunks, an error, a divergence or a new HWM for this follower,
    the request waits (progress listeners of the replicas + an ``asyncio.Event``) up to ``max_wait_ms``.
 
@@ -402,9 +406,11 @@ class LeaderFetchService:
                 return self._diverging(replica, part, EpochEnd(first.leader_epoch, first.base_offset)), 0
         if chunks:
             self._observer.chunk_bytes_out(follower_id, slot.key, len(chunks))
+        # after the read: a chunk served after a gap was read while the log had cleaned segments already
+        gaps = replica.log.has_compacted_segments()
         return pb.PartitionData(topic=part.topic, partition=part.partition, leader_epoch=replica.leader_epoch,
                                 hwm=replica.hwm, log_start_offset=replica.log_start_offset, leo=replica.leo,
-                                chunks=chunks, skip_to=skip_to or 0), len(chunks)
+                                chunks=chunks, skip_to=skip_to or 0, cleaned_gaps=gaps), len(chunks)
 
     # ----------------------------------------------------------------------------- ISR maintenance
 

@@ -108,7 +108,7 @@ class ReplicationNode:
                           backoff_ms=config.replica_fetch_backoff_ms,
                           reconnect_backoff_ms=config.replica_fetch_backoff_ms),
             monotonic_ms, assignment_lookup=lambda t, p: broker.metadata.state.assignment(t, p), observer=observer,
-            run_blocking=broker.offload.run, gaps_allowed=lambda topic: _compacted(broker, topic))
+            run_blocking=broker.offload.run)
         self.server = InternalServer(
             config.host, config.internal_broker_port, self.leader, tls=tls,
             token=TokenCheck(config.internal_auth_token, config.internal_auth_token_next),
@@ -189,8 +189,3 @@ class ReplicationNode:
         await self.server.stop(0.5)
         await self.client.close()
 
-
-def _compacted(broker: Broker, topic: str) -> bool:
-    """True when ``topic``'s cleanup policy compacts (its cleaned segments leave offset gaps)."""
-    defn = broker.metadata.get(topic)
-    return defn is not None and "compact" in defn.policy.cleanup_policy

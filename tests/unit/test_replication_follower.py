@@ -452,21 +452,43 @@ async def test_followers_fetch_written_chunks_while_the_leader_fsyncs_but_the_hw
     assert stored_chunks(follower) == stored_chunks(leader)
 
 
-@pytest.mark.asyncio
-@pytest.mark.parametrize("compacted", [True, False])
-async def test_a_follower_of_a_compacted_topic_skips_a_gap_that_ends_the_leaders_log(nodes, compacted) -> None:
-    """The leader's log ends in a gap its cleaner left (records [0, 3), then nothing up to its LEO 8): the
-    fetch at 3 gets ``skip_to=8``; a compacted topic's follower continues its log at 8 (durably) and the
-    HWM reaches 8 without another append; another topic's follower ignores the hint (it refuses gaps)."""
+def _leader_log_with_a_gap(node: Node, after: int = 0) -> None:
+    """Records [0, 3), a gap up to 8 (as the cleaner leaves one), then ``after`` records from 8."""
     from cursus.storage import PartitionLog
     from tests.unit.test_storage_support import record_for, records_section, small_config
 
-    a, b, metadata, clock = nodes("a"), nodes("b"), Metadata(), Clock()
-    prepared = PartitionLog.open(a.directory / "t-0", small_config(segment_bytes=64 * 1024))
+    prepared = PartitionLog.open(node.directory / "t-0", small_config(segment_bytes=64 * 1024))
     prepared.append_chunk(0, 3, records_section([record_for(i) for i in range(3)]), leader_epoch=1)
     prepared.skip_gap(8)
+    if after:
+        prepared.append_chunk(8, after, records_section([record_for(8 + i) for i in range(after)]), leader_epoch=1)
     prepared.flush()
     prepared.close()
+
+
+def _gap_tamper(mode: str) -> Callable[[pb.FetchResponse], pb.FetchResponse] | None:
+    """``flag``: the leader's answers as they are; ``no_flag``: as from a log never cleaned (no
+    ``cleaned_gaps``); ``other_epoch``: the flag in an answer naming another leader epoch."""
+    def tamper(response: pb.FetchResponse) -> pb.FetchResponse:
+        for data in response.partitions:
+            if mode == "no_flag":
+                data.cleaned_gaps = False
+            elif mode == "other_epoch" and not data.HasField("error"):
+                data.leader_epoch = 2
+        return response
+    return None if mode == "flag" else tamper
+
+
+@pytest.mark.asyncio
+@pytest.mark.parametrize("mode", ["flag", "no_flag", "other_epoch"])
+async def test_a_follower_skips_a_gap_that_ends_the_leaders_log_only_when_the_leader_says_its_log_has_gaps(
+        nodes, mode) -> None:
+    """The leader's log ends in a gap its cleaner left (records [0, 3), then nothing up to its LEO 8): the
+    fetch at 3 gets ``skip_to=8`` and ``cleaned_gaps``; the follower continues its log at 8 (durably) and
+    the HWM reaches 8 without another append, whatever the topic's policy (the manager has no policy
+    input). Without the flag, or with it for another leader epoch, the hint is ignored (a gap is refused)."""
+    a, b, metadata, clock = nodes("a"), nodes("b"), Metadata(), Clock()
+    _leader_log_with_a_gap(a)
     assign(metadata, "a", 1)
     leader, follower = a.open(), b.open()
     assert leader.leo == 8
@@ -475,9 +497,12 @@ async def test_a_follower_of_a_compacted_topic_skips_a_gap_that_ends_the_leaders
     observer = FollowerObserver()
     refused: list[TypedError] = []
     observer.append_refused = lambda key, error: refused.append(error)  # type: ignore[method-assign]
-    _, transport = start(nodes, b, metadata, clock, {"a": make_service(a, metadata, clock)},
-                         gaps_allowed=lambda topic: compacted, observer=observer)
-    if compacted:
+    transport = Transport("b", {"a": make_service(a, metadata, clock)})
+    transport.tamper = _gap_tamper(mode)
+    manager = make_manager(b, metadata, clock, transport, observer=observer)
+    nodes.managers.append(manager)
+    manager.refresh()
+    if mode == "flag":
         await until(lambda: follower.durable_end_offset == 8 and leader.hwm == 8 and follower.hwm == 8)
         assert follower.log.log_end_offset == follower.log.durable_end_offset == 8
         assert stored_chunks(follower) == stored_chunks(leader)
@@ -486,6 +511,38 @@ async def test_a_follower_of_a_compacted_topic_skips_a_gap_that_ends_the_leaders
                                                      for r in transport.opened[0].requests_seen) >= 2)
         assert follower.leo == follower.durable_end_offset == 3 and leader.hwm == 3
     assert not refused
+
+
+@pytest.mark.asyncio
+@pytest.mark.parametrize("mode", ["flag", "no_flag", "other_epoch"])
+async def test_a_chunk_after_a_gap_is_copied_only_when_the_leader_says_its_log_has_gaps(nodes, mode) -> None:
+    """Issue 18 (a topic switched from compact to delete keeps its gaps): the leader's log holds [0, 3), a
+    gap, [8, 10). With ``cleaned_gaps`` in the fetched epoch a follower from empty copies it byte for byte,
+    gap included; otherwise the chunk at 8 is refused (``OFFSET_OUT_OF_RANGE``: a log never cleaned has no
+    gaps) and the partition stops (quarantine, fail closed) at 3."""
+    a, b, metadata, clock = nodes("a"), nodes("b"), Metadata(), Clock()
+    _leader_log_with_a_gap(a, after=2)
+    assign(metadata, "a", 1)
+    leader, follower = a.open(), b.open()
+    assert leader.leo == 10
+    leader.become_leader(1, isr=("a", "b"))
+    follower.become_follower(1, "a")
+    recorder = Recorder()
+    transport = Transport("b", {"a": make_service(a, metadata, clock)})
+    transport.tamper = _gap_tamper(mode)
+    manager = make_manager(b, metadata, clock, transport, observer=recorder)
+    nodes.managers.append(manager)
+    manager.refresh()
+    if mode == "flag":
+        await until(lambda: follower.durable_end_offset == 10 and leader.hwm == 10 and follower.hwm == 10)
+        assert stored_chunks(follower) == stored_chunks(leader)
+        assert follower.log.has_compacted_segments()  # as a leader it says so in turn
+        assert not recorder.refused
+    else:
+        await until(lambda: bool(recorder.refused))
+        assert [e.code for _, e in recorder.refused] == ["OFFSET_OUT_OF_RANGE"]
+        await until(lambda: follower.durable_end_offset == 3)
+        assert follower.leo == 3 and manager.sessions["a"].stopped == {KEY: 1}
 
 
 @pytest.mark.asyncio

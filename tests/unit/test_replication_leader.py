@@ -294,3 +294,34 @@ async def test_isr_shrinks_a_lagging_or_dead_follower_and_expands_it_after_catch
     leader.become_leader(2, isr=("a", "c"))
     metadata.set(KEY, leader_epoch=2, isr=("a", "c"))
     assert await service.maintain() == []
+
+
+@pytest.mark.asyncio
+async def test_answers_say_whether_the_log_has_cleaned_gaps_whatever_the_topic_policy(nodes) -> None:
+    """``cleaned_gaps`` follows the leader's log (it has cleaned segments), not a topic policy: false for
+    a log never cleaned, true for one with a cleaner's gap, on the chunks after the gap and on the
+    ``skip_to`` answer of a trailing gap alike (issue 18: a topic switched from compact to delete)."""
+    from cursus.storage import PartitionLog
+    from tests.unit.test_storage_support import record_for, records_section, small_config
+
+    a, b, metadata, clock = nodes("a"), nodes("b"), Metadata(), Clock()
+    plain = lead(a, metadata, replicas=("a", "b"))
+    await publish(plain, 3)
+    service = make_service(a, metadata, clock)
+    data = (await service.fetch("b", fetch_request("b", part(0)))).partitions[0]
+    assert data.chunks and not data.cleaned_gaps
+
+    prepared = PartitionLog.open(b.directory / "t-0", small_config(segment_bytes=64 * 1024))
+    prepared.append_chunk(0, 3, records_section([record_for(i) for i in range(3)]), leader_epoch=1)
+    prepared.skip_gap(8)
+    prepared.append_chunk(8, 2, records_section([record_for(8 + i) for i in range(2)]), leader_epoch=1)
+    prepared.skip_gap(12)
+    prepared.flush()
+    prepared.close()
+    gapped = lead(b, metadata, replicas=("b", "a"))
+    service = make_service(b, metadata, clock)
+    after_gap = (await service.fetch("a", fetch_request("a", part(3, last_epoch=1)))).partitions[0]
+    assert [decode_header(c, 0).base_offset for c in split_chunks(after_gap.chunks)] == [8]
+    assert after_gap.cleaned_gaps and not after_gap.skip_to
+    trailing = (await service.fetch("a", fetch_request("a", part(10, last_epoch=1)))).partitions[0]
+    assert not trailing.chunks and trailing.skip_to == 12 == gapped.leo and trailing.cleaned_gaps

@@ -24,7 +24,7 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n$cursus/internal/v1/replication.proto\x12\x12\x63ursus.internal.v1\"\x83\x01\n\x0c\x46\x65tchRequest\x12\x13\n\x0b\x66ollower_id\x18\x01 \x01(\t\x12\x13\n\x0bmax_wait_ms\x18\x02 \x01(\r\x12\x11\n\tmax_bytes\x18\x03 \x01(\r\x12\x36\n\npartitions\x18\x04 \x03(\x0b\x32\".cursus.internal.v1.PartitionFetch\"\xa6\x01\n\x0ePartitionFetch\x12\r\n\x05topic\x18\x01 \x01(\t\x12\x11\n\tpartition\x18\x02 \x01(\r\x12\x14\n\x0c\x66\x65tch_offset\x18\x03 \x01(\x04\x12\x1a\n\x12last_fetched_epoch\x18\x04 \x01(\x03\x12\x14\n\x0cleader_epoch\x18\x05 \x01(\x04\x12\x17\n\x0flifecycle_epoch\x18\x06 \x01(\x04\x12\x11\n\tmax_bytes\x18\x07 \x01(\r\"F\n\rFetchResponse\x12\x35\n\npartitions\x18\x01 \x03(\x0b\x32!.cursus.internal.v1.PartitionData\"\x83\x02\n\rPartitionData\x12\r\n\x05topic\x18\x01 \x01(\t\x12\x11\n\tpartition\x18\x02 \x01(\r\x12(\n\x05\x65rror\x18\x03 \x01(\x0b\x32\x19.cursus.internal.v1.Error\x12\x14\n\x0cleader_epoch\x18\x04 \x01(\x04\x12\x0b\n\x03hwm\x18\x05 \x01(\x04\x12\x18\n\x10log_start_offset\x18\x06 \x01(\x04\x12\x0b\n\x03leo\x18\x07 \x01(\x04\x12\x0e\n\x06\x63hunks\x18\x08 \x01(\x0c\x12;\n\x0f\x64iverging_epoch\x18\t \x01(\x0b\x32\".cursus.internal.v1.DivergingEpoch\x12\x0f\n\x07skip_to\x18\n \x01(\x04\"3\n\x0e\x44ivergingEpoch\x12\r\n\x05\x65poch\x18\x01 \x01(\x03\x12\x12\n\nend_offset\x18\x02 \x01(\x04\"\x8c\x01\n\x05\x45rror\x12\x0c\n\x04\x63ode\x18\x01 \x01(\t\x12\x0f\n\x07message\x18\x02 \x01(\t\x12\x35\n\x06\x66ields\x18\x03 \x03(\x0b\x32%.cursus.internal.v1.Error.FieldsEntry\x1a-\n\x0b\x46ieldsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\"\x8b\x01\n\x0fSnapshotRequest\x12\x11\n\tleader_id\x18\x01 \x01(\t\x12\r\n\x05topic\x18\x02 \x01(\t\x12\x11\n\tpartition\x18\x03 \x01(\r\x12\x14\n\x0cleader_epoch\x18\x04 \x01(\x04\x12\x0b\n\x03key\x18\x05 \x01(\t\x12\x0f\n\x07version\x18\x06 \x01(\x04\x12\x0f\n\x07payload\x18\x07 \x01(\t\"<\n\x10SnapshotResponse\x12(\n\x05\x65rror\x18\x01 \x01(\x0b\x32\x19.cursus.internal.v1.Error\"\xe0\x01\n\x10TxnRecordRequest\x12\x16\n\x0e\x63oordinator_id\x18\x01 \x01(\t\x12\r\n\x05topic\x18\x02 \x01(\t\x12\x11\n\tpartition\x18\x03 \x01(\r\x12\x0e\n\x06record\x18\x04 \x01(\x0c\x12\x19\n\x11\x63oordinator_epoch\x18\x05 \x01(\x04\x12\x18\n\x10transactional_id\x18\x06 \x01(\t\x12\x13\n\x0bproducer_id\x18\x07 \x01(\t\x12\x16\n\x0eproducer_epoch\x18\x08 \x01(\r\x12\x0c\n\x04kind\x18\t \x01(\t\x12\x12\n\ntimeout_ms\x18\n \x01(\r\"u\n\x11TxnRecordResponse\x12(\n\x05\x65rror\x18\x01 \x01(\x0b\x32\x19.cursus.internal.v1.Error\x12\x12\n\nend_offset\x18\x02 \x01(\x04\x12\x11\n\tduplicate\x18\x03 \x01(\x08\x12\x0f\n\x07records\x18\x04 \x01(\x04\x32\x9f\x02\n\x0bReplication\x12P\n\x05\x46\x65tch\x12 .cursus.internal.v1.FetchRequest\x1a!.cursus.internal.v1.FetchResponse(\x01\x30\x01\x12^\n\x11ReplicateSnapshot\x12#.cursus.internal.v1.SnapshotRequest\x1a$.cursus.internal.v1.SnapshotResponse\x12^\n\x0f\x41ppendTxnRecord\x12$.cursus.internal.v1.TxnRecordRequest\x1a%.cursus.internal.v1.TxnRecordResponseb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n$cursus/internal/v1/replication.proto\x12\x12\x63ursus.internal.v1\"\x83\x01\n\x0c\x46\x65tchRequest\x12\x13\n\x0b\x66ollower_id\x18\x01 \x01(\t\x12\x13\n\x0bmax_wait_ms\x18\x02 \x01(\r\x12\x11\n\tmax_bytes\x18\x03 \x01(\r\x12\x36\n\npartitions\x18\x04 \x03(\x0b\x32\".cursus.internal.v1.PartitionFetch\"\xa6\x01\n\x0ePartitionFetch\x12\r\n\x05topic\x18\x01 \x01(\t\x12\x11\n\tpartition\x18\x02 \x01(\r\x12\x14\n\x0c\x66\x65tch_offset\x18\x03 \x01(\x04\x12\x1a\n\x12last_fetched_epoch\x18\x04 \x01(\x03\x12\x14\n\x0cleader_epoch\x18\x05 \x01(\x04\x12\x17\n\x0flifecycle_epoch\x18\x06 \x01(\x04\x12\x11\n\tmax_bytes\x18\x07 \x01(\r\"F\n\rFetchResponse\x12\x35\n\npartitions\x18\x01 \x03(\x0b\x32!.cursus.internal.v1.PartitionData\"\x99\x02\n\rPartitionData\x12\r\n\x05topic\x18\x01 \x01(\t\x12\x11\n\tpartition\x18\x02 \x01(\r\x12(\n\x05\x65rror\x18\x03 \x01(\x0b\x32\x19.cursus.internal.v1.Error\x12\x14\n\x0cleader_epoch\x18\x04 \x01(\x04\x12\x0b\n\x03hwm\x18\x05 \x01(\x04\x12\x18\n\x10log_start_offset\x18\x06 \x01(\x04\x12\x0b\n\x03leo\x18\x07 \x01(\x04\x12\x0e\n\x06\x63hunks\x18\x08 \x01(\x0c\x12;\n\x0f\x64iverging_epoch\x18\t \x01(\x0b\x32\".cursus.internal.v1.DivergingEpoch\x12\x0f\n\x07skip_to\x18\n \x01(\x04\x12\x14\n\x0c\x63leaned_gaps\x18\x0b \x01(\x08\"3\n\x0e\x44ivergingEpoch\x12\r\n\x05\x65poch\x18\x01 \x01(\x03\x12\x12\n\nend_offset\x18\x02 \x01(\x04\"\x8c\x01\n\x05\x45rror\x12\x0c\n\x04\x63ode\x18\x01 \x01(\t\x12\x0f\n\x07message\x18\x02 \x01(\t\x12\x35\n\x06\x66ields\x18\x03 \x03(\x0b\x32%.cursus.internal.v1.Error.FieldsEntry\x1a-\n\x0b\x46ieldsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\"\x8b\x01\n\x0fSnapshotRequest\x12\x11\n\tleader_id\x18\x01 \x01(\t\x12\r\n\x05topic\x18\x02 \x01(\t\x12\x11\n\tpartition\x18\x03 \x01(\r\x12\x14\n\x0cleader_epoch\x18\x04 \x01(\x04\x12\x0b\n\x03key\x18\x05 \x01(\t\x12\x0f\n\x07version\x18\x06 \x01(\x04\x12\x0f\n\x07payload\x18\x07 \x01(\t\"<\n\x10SnapshotResponse\x12(\n\x05\x65rror\x18\x01 \x01(\x0b\x32\x19.cursus.internal.v1.Error\"\xe0\x01\n\x10TxnRecordRequest\x12\x16\n\x0e\x63oordinator_id\x18\x01 \x01(\t\x12\r\n\x05topic\x18\x02 \x01(\t\x12\x11\n\tpartition\x18\x03 \x01(\r\x12\x0e\n\x06record\x18\x04 \x01(\x0c\x12\x19\n\x11\x63oordinator_epoch\x18\x05 \x01(\x04\x12\x18\n\x10transactional_id\x18\x06 \x01(\t\x12\x13\n\x0bproducer_id\x18\x07 \x01(\t\x12\x16\n\x0eproducer_epoch\x18\x08 \x01(\r\x12\x0c\n\x04kind\x18\t \x01(\t\x12\x12\n\ntimeout_ms\x18\n \x01(\r\"u\n\x11TxnRecordResponse\x12(\n\x05\x65rror\x18\x01 \x01(\x0b\x32\x19.cursus.internal.v1.Error\x12\x12\n\nend_offset\x18\x02 \x01(\x04\x12\x11\n\tduplicate\x18\x03 \x01(\x08\x12\x0f\n\x07records\x18\x04 \x01(\x04\x32\x9f\x02\n\x0bReplication\x12P\n\x05\x46\x65tch\x12 .cursus.internal.v1.FetchRequest\x1a!.cursus.internal.v1.FetchResponse(\x01\x30\x01\x12^\n\x11ReplicateSnapshot\x12#.cursus.internal.v1.SnapshotRequest\x1a$.cursus.internal.v1.SnapshotResponse\x12^\n\x0f\x41ppendTxnRecord\x12$.cursus.internal.v1.TxnRecordRequest\x1a%.cursus.internal.v1.TxnRecordResponseb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -40,21 +40,21 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_FETCHRESPONSE']._serialized_start=363
   _globals['_FETCHRESPONSE']._serialized_end=433
   _globals['_PARTITIONDATA']._serialized_start=436
-  _globals['_PARTITIONDATA']._serialized_end=695
-  _globals['_DIVERGINGEPOCH']._serialized_start=697
-  _globals['_DIVERGINGEPOCH']._serialized_end=748
-  _globals['_ERROR']._serialized_start=751
-  _globals['_ERROR']._serialized_end=891
-  _globals['_ERROR_FIELDSENTRY']._serialized_start=846
-  _globals['_ERROR_FIELDSENTRY']._serialized_end=891
-  _globals['_SNAPSHOTREQUEST']._serialized_start=894
-  _globals['_SNAPSHOTREQUEST']._serialized_end=1033
-  _globals['_SNAPSHOTRESPONSE']._serialized_start=1035
-  _globals['_SNAPSHOTRESPONSE']._serialized_end=1095
-  _globals['_TXNRECORDREQUEST']._serialized_start=1098
-  _globals['_TXNRECORDREQUEST']._serialized_end=1322
-  _globals['_TXNRECORDRESPONSE']._serialized_start=1324
-  _globals['_TXNRECORDRESPONSE']._serialized_end=1441
-  _globals['_REPLICATION']._serialized_start=1444
-  _globals['_REPLICATION']._serialized_end=1731
+  _globals['_PARTITIONDATA']._serialized_end=717
+  _globals['_DIVERGINGEPOCH']._serialized_start=719
+  _globals['_DIVERGINGEPOCH']._serialized_end=770
+  _globals['_ERROR']._serialized_start=773
+  _globals['_ERROR']._serialized_end=913
+  _globals['_ERROR_FIELDSENTRY']._serialized_start=868
+  _globals['_ERROR_FIELDSENTRY']._serialized_end=913
+  _globals['_SNAPSHOTREQUEST']._serialized_start=916
+  _globals['_SNAPSHOTREQUEST']._serialized_end=1055
+  _globals['_SNAPSHOTRESPONSE']._serialized_start=1057
+  _globals['_SNAPSHOTRESPONSE']._serialized_end=1117
+  _globals['_TXNRECORDREQUEST']._serialized_start=1120
+  _globals['_TXNRECORDREQUEST']._serialized_end=1344
+  _globals['_TXNRECORDRESPONSE']._serialized_start=1346
+  _globals['_TXNRECORDRESPONSE']._serialized_end=1463
+  _globals['_REPLICATION']._serialized_start=1466
+  _globals['_REPLICATION']._serialized_end=1753
 # @@protoc_insertion_point(module_scope)

@@ -43,7 +43,7 @@ class FetchResponse(_message.Message):
     def __init__(self, partitions: _Optional[_Iterable[_Union[PartitionData, _Mapping]]] = ...) -> None: ...
 
 class PartitionData(_message.Message):
-    __slots__ = ("topic", "partition", "error", "leader_epoch", "hwm", "log_start_offset", "leo", "chunks", "diverging_epoch", "skip_to")
+    __slots__ = ("topic", "partition", "error", "leader_epoch", "hwm", "log_start_offset", "leo", "chunks", "diverging_epoch", "skip_to", "cleaned_gaps")
     TOPIC_FIELD_NUMBER: _ClassVar[int]
     PARTITION_FIELD_NUMBER: _ClassVar[int]
     ERROR_FIELD_NUMBER: _ClassVar[int]
@@ -54,6 +54,7 @@ class PartitionData(_message.Message):
     CHUNKS_FIELD_NUMBER: _ClassVar[int]
     DIVERGING_EPOCH_FIELD_NUMBER: _ClassVar[int]
     SKIP_TO_FIELD_NUMBER: _ClassVar[int]
+    CLEANED_GAPS_FIELD_NUMBER: _ClassVar[int]
     topic: str
     partition: int
     error: Error
@@ -64,7 +65,8 @@ class PartitionData(_message.Message):
     chunks: bytes
     diverging_epoch: DivergingEpoch
     skip_to: int
-    def __init__(self, topic: _Optional[str] = ..., partition: _Optional[int] = ..., error: _Optional[_Union[Error, _Mapping]] = ..., leader_epoch: _Optional[int] = ..., hwm: _Optional[int] = ..., log_start_offset: _Optional[int] = ..., leo: _Optional[int] = ..., chunks: _Optional[bytes] = ..., diverging_epoch: _Optional[_Union[DivergingEpoch, _Mapping]] = ..., skip_to: _Optional[int] = ...) -> None: ...
+    cleaned_gaps: bool
+    def __init__(self, topic: _Optional[str] = ..., partition: _Optional[int] = ..., error: _Optional[_Union[Error, _Mapping]] = ..., leader_epoch: _Optional[int] = ..., hwm: _Optional[int] = ..., log_start_offset: _Optional[int] = ..., leo: _Optional[int] = ..., chunks: _Optional[bytes] = ..., diverging_epoch: _Optional[_Union[DivergingEpoch, _Mapping]] = ..., skip_to: _Optional[int] = ..., cleaned_gaps: _Optional[bool] = ...) -> None: ...
 
 class DivergingEpoch(_message.Message):
     __slots__ = ("epoch", "end_offset")
