@@ -586,8 +586,10 @@ async def test_a_new_leaders_first_append_in_flight_still_ends_the_old_epoch_whe
     _, transport = start(nodes, b, metadata, clock, {"a": make_service(a, metadata, clock)}, observer=recorder)
     await until(lambda: len(transport.opened) == 1 and bool(transport.opened[0].requests_seen))
     assert transport.opened[0].requests_seen[0].partitions[0].fetch_offset == 7
-    await until(lambda: old.leo == 6)  # the divergence is answered while a's append is still in flight
-    assert old.hwm == 6 and new.hwm == 6 and recorder.refused == []
+    # the divergence is answered while a's append is still in flight: b truncates to 6, fetches from 6, and
+    # a's HWM counts b's end 6 (b's truncation and its next fetch are separate steps: wait for both)
+    await until(lambda: old.leo == 6 and new.hwm == 6)
+    assert old.hwm == 6 and recorder.refused == [] and not stalled.done()
     release.set()
     await until(lambda: stored_chunks(old) == stored_chunks(new) and old.hwm == 7 and new.hwm == 7)
     assert recorder.refused == [] and old.log.leader_epochs == [(1, 0), (2, 6)]
