@@ -56,6 +56,9 @@ def _topic_with_records(cluster: Cluster, topic: str, count: int, **fields: str)
     wait_isr(cluster, topic, 3)
     leader = leader_proc(cluster, topic)
     with Connection(*leader.address, timeout_s=10) as c:
+        # the ISR is metadata; the leader opens its replica a moment later (leader_not_available until then)
+        wait_for(lambda: c.command(f"LIST_OFFSETS topic={topic} partition=0").status.name == "OK", 20,
+                 "the leader's replica ready")
         return leader, _publish(c, topic, 0, count, acks="all")
 
 
