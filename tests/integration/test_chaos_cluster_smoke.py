@@ -27,7 +27,7 @@ from tests.integration.test_chaos_smoke import _chaos
 SEED = 11
 DURATION_S = 70
 #: True only while a broker anomaly found by the harness is open (see the module docstring).
-KNOWN_BROKER_ANOMALIES = False
+KNOWN_BROKER_ANOMALIES = True
 
 
 class ChaosViolation(AssertionError):
@@ -40,7 +40,7 @@ pytestmark = [pytest.mark.slow, pytest.mark.timeout(240),
 
 
 @pytest.mark.xfail(KNOWN_BROKER_ANOMALIES, raises=ChaosViolation, strict=False,
-                   reason="open broker anomalies found by the cluster harness (issue 14 closing note)")
+                   reason="open broker anomaly: finding F in docs/chaos.md (a paused leader serves a stale HWM after it resumes)")
 def test_cluster_chaos_smoke_kill_pause_partition(tmp_path: Path) -> None:
     out = tmp_path / "chaos-cluster"
     proc = _chaos("run", "--nodes", "3", "--duration", str(DURATION_S), "--faults", "kill,pause,partition",
