@@ -456,6 +456,8 @@ class Broker:
         plog, producers = opened
         replica = Replica(topic, partition, plog, self.writer, broker_id=self.broker_id)
         replica.on_leader_ready = self._leader_ready
+        if isinstance(self.metadata, RaftMetadata):  # cluster: reads need this broker's heartbeat lease
+            replica.lease = self.metadata.controller.lease_valid
         self.hwm_committer.attach(replica)
         # The role and leader epoch come from the partition's assignment (standalone: this broker leads
         # every partition with a one-member ISR, epoch 0 as the reference reports).

@@ -113,6 +113,9 @@ class Replica:
         #: the role change, a fetch the leader accepted at an offset, or chunks appended from it). Records
         #: above it may be a divergent tail of an old epoch: the committed HWM never covers them.
         self.matched_offset = self.hwm
+        #: The broker's read lease (cluster: :meth:`cursus.cluster.controller.Controller.lease_valid`); a
+        #: leader whose lease expired refuses reads. ``None`` (standalone): always valid.
+        self.lease: Callable[[], bool] | None = None
         #: Leader: the offset of this epoch's first append (None until it appends). The log's epoch history
         #: learns the epoch only when the writer thread writes that chunk; until then
         #: :meth:`end_offset_for_epoch` must count the epoch from here, not from the LEO, which already
@@ -218,9 +221,12 @@ class Replica:
         if self.role is Role.LEADER:
             if self.unavailable is not None:
                 raise self.unavailable
-            if self._ready:
+            if not self._ready:
+                reason = "new leader is preparing; its HWM is not known yet"
+            elif self.lease is not None and not self.lease():
+                reason = "leader lease expired: waiting for this broker's heartbeat"
+            else:
                 return
-            reason = "new leader is preparing; its HWM is not known yet"
         elif self.role in (Role.OPENED, Role.FOLLOWER):
             reason = ("replica has no role yet" if self.role is Role.OPENED
                       else "replica is not leading yet")

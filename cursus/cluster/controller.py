@@ -32,6 +32,14 @@ def overdue(last_seen: Mapping[str, float], active: Iterable[str], now: float, t
     return sorted(b for b in active if now - last_seen.get(b, now) > timeout)
 
 
+def lease_valid(sent: float | None, now: float, timeout: float, interval: float) -> bool:
+    """The read lease: True while this broker's latest applied own heartbeat was *submitted* (``sent``,
+    monotonic seconds) less than ``timeout - interval`` seconds before ``now``. The controller fences only
+    ``timeout`` after it applied a heartbeat (applied after it was sent), so until then no other broker can
+    have been made leader of this broker's partitions. ``None`` (no own heartbeat applied yet): invalid."""
+    return sent is not None and now - sent < timeout - interval
+
+
 class Controller:
     """Heartbeats for ``local`` and, on the Raft leader, fencing of silent brokers.
 
@@ -54,14 +62,30 @@ class Controller:
         self.last_seen: dict[str, float] = {}
         self._leading = False
         self._task: asyncio.Task[None] | None = None
+        #: Own heartbeats submitted and not yet applied here: request id -> monotonic submit time.
+        self._sent: dict[str, float] = {}
+        #: Submit time of the latest own heartbeat applied here (the read lease's start), or None.
+        self.own_heartbeat_sent: float | None = None
 
     def heartbeat_command(self) -> BrokerHeartbeat:
-        return BrokerHeartbeat(uuid.uuid4().hex, self.local, self.coordinator_shards)
+        command = BrokerHeartbeat(uuid.uuid4().hex, self.local, self.coordinator_shards)
+        self._sent[command.request_id] = self._clock()
+        while len(self._sent) > 64:  # never applied (lost proposals): drop the oldest
+            del self._sent[next(iter(self._sent))]
+        return command
 
     def observe(self, command: Command | None) -> None:
         """Applied-command observer (event loop): remember when each broker's heartbeat was applied."""
         if isinstance(command, BrokerHeartbeat):
             self.last_seen[command.broker.id] = self._clock()
+            if command.broker.id == self.local.id:
+                sent = self._sent.pop(command.request_id, None)
+                if sent is not None and (self.own_heartbeat_sent is None or sent > self.own_heartbeat_sent):
+                    self.own_heartbeat_sent = sent
+
+    def lease_valid(self) -> bool:
+        """May this broker's leader replicas serve reads (:func:`lease_valid`)? O(1), event loop."""
+        return lease_valid(self.own_heartbeat_sent, self._clock(), self.timeout, self.interval)
 
     async def tick(self) -> list[str]:
         """One round: heartbeat, then (leader only) fence overdue brokers. Returns the brokers fenced."""
