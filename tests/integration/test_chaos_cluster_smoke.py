@@ -5,7 +5,7 @@ longer than the election timeout and network partitions (isolate, split, one-way
 Longer runs: ``make chaos`` / ``make chaos-long`` (docs/chaos.md).
 
 A run that finds violations raises :class:`ChaosViolation` and fails the test: the broker anomalies the
-harness found (findings A to E in docs/chaos.md) are fixed, each with a deterministic regression test.
+harness found (findings A to F in docs/chaos.md) are fixed, each with a deterministic regression test.
 ``KNOWN_BROKER_ANOMALIES`` is the switch to set back to True (an expected, non-strict failure) only while a
 newly found anomaly is open. Anything else (the harness crashing, a fault that did not take effect, no
 faults injected, too little traffic) fails the test either way.
@@ -27,7 +27,7 @@ from tests.integration.test_chaos_smoke import _chaos
 SEED = 11
 DURATION_S = 70
 #: True only while a broker anomaly found by the harness is open (see the module docstring).
-KNOWN_BROKER_ANOMALIES = True
+KNOWN_BROKER_ANOMALIES = False
 
 
 class ChaosViolation(AssertionError):
@@ -40,7 +40,7 @@ pytestmark = [pytest.mark.slow, pytest.mark.timeout(240),
 
 
 @pytest.mark.xfail(KNOWN_BROKER_ANOMALIES, raises=ChaosViolation, strict=False,
-                   reason="open broker anomaly: finding F in docs/chaos.md (a paused leader serves a stale HWM after it resumes)")
+                   reason="an open broker anomaly found by the cluster harness (docs/chaos.md)")
 def test_cluster_chaos_smoke_kill_pause_partition(tmp_path: Path) -> None:
     out = tmp_path / "chaos-cluster"
     proc = _chaos("run", "--nodes", "3", "--duration", str(DURATION_S), "--faults", "kill,pause,partition",
