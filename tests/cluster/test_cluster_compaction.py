@@ -187,13 +187,17 @@ def test_group_offsets_survive_a_cleaner_pass_and_a_leader_kill(cluster: Cluster
     from tests.cluster.test_cluster_groups import RoutingConnection
 
     topic = "compacted-grouped"
+    committed = 101  # inside the cleaned range: offset 101 itself is gone (key k5 is written again later)
     leader, latest = _topic_with_records(cluster, topic, 300, cleanup_policy="compact")
+    # A first pass may end below the committed offset (the cleaner runs while the records arrive); offset 101
+    # is gone once a pass ends above the next write of its key (eight keys in turn: offset 109).
+    superseded_by = committed + len(KEYS)
     for broker in cluster.brokers:
-        wait_for(lambda b=broker: _cleaned_ends(b, topic), 30, f"{broker.log_dir.name} cleans")
+        wait_for(lambda b=broker: max(_cleaned_ends(b, topic), default=0) > superseded_by, 30,
+                 f"{broker.log_dir.name} cleans past offset {superseded_by}")
     routed = RoutingConnection([b.address for b in cluster.brokers])
     try:
         joined = ok_fields(routed.command(f"JOIN_GROUP topic={topic} group=cg member=m"))
-        committed = 101  # inside the cleaned range: offset 101 itself is gone (key k5 is written again later)
         frame = routed.command(f"COMMIT_OFFSET topic={topic} partition=0 group=cg offset={committed} "
                                f"member={joined['member']} generation={joined['generation']}")
         assert frame.status.name == "OK", frame
