@@ -138,7 +138,7 @@ def _append_and_ack(
     broker: Broker, replica: Replica, mode: str, buf: bytearray, positions: array.array | list[int], body: memoryview,
     record_count: int, *, producer: tuple[str, int, int, int] | None, idempotent: bool,
 ) -> Pending | NoReply:
-    """Dedup check (idempotent), stamp offsets, append; then the wait for the promised durability and the
+    """Writability check, dedup check (idempotent), stamp offsets, append; then the wait for the promised durability and the
     AckResponse as a :class:`Pending` (so the session can read the next request meanwhile).
 
     Everything that must follow arrival order (the dedup check, the offsets, the append, the producer
@@ -146,6 +146,9 @@ def _append_and_ack(
     offset fields in ``buf``; ``body`` is the records section inside ``buf`` that becomes the stored chunk.
     """
     producer_id, epoch, first_seq, last_seq = producer or ("", 0, 0, 0)
+    # Writable first: a new leader's table is the one rebuilt from its truncated log only once it is ready;
+    # before, a retry could match a batch its preparation is cutting and be acked at other records' offsets.
+    replica.check_writable()
     table = broker.producer_table(replica.topic, replica.partition)
     stamp = now_ms()
     if idempotent:
@@ -155,7 +158,6 @@ def _append_and_ack(
             # the original may still be in flight: never ack before it is as safe as its mode promises
             return _pending_ack(broker, replica, mode, end, replica.isr, "duplicate",
                                 (end - 1, producer_id, epoch, first_seq, last_seq))
-    replica.check_writable()
     base_offset = replica.leo
     isr = replica.isr  # captured at the append: acks=all waits for exactly these members
     stamp_offsets(buf, positions, base_offset)
