@@ -84,6 +84,7 @@ def test_bad_arguments_get_typed_errors_and_the_connection_stays(conn: Connectio
         f"APPEND_STREAM topic={t} key=k version={1 << 63} message=x": "invalid_version",
         f"APPEND_STREAM topic={t} key=k version=1 schema_version=-1 message=x": "invalid_schema_version",
         f"APPEND_STREAM topic={t} key=k version=1": "missing_message",
+        f"APPEND_STREAM topic={t} key=k version=1 producerId=p seqNum=1 epoch=-5 message=x": "invalid_epoch",
         f"APPEND_STREAM topic={t} key=k version=2 message=x": "version_conflict",
         f"APPEND_STREAM topic={topic_name}-plain key=k version=1 message=x": "event_sourcing_not_enabled",
         f"APPEND_STREAM topic={topic_name}-absent key=k version=1 message=x": "topic_not_found",
