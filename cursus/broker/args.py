@@ -143,7 +143,8 @@ class PublishArgs(Args):
     message: str = param(required=True, empty_ok=True)
     idempotent: bool = param("isIdempotent", kind="bool", default=False, invalid="invalid_is_idempotent")
     seq_num: int = param("seqNum", kind="int", default=0, minimum=0, maximum=U64_MAX, invalid="invalid_seq_num")
-    epoch: int = param(kind="int", default=0, invalid="invalid_epoch")
+    epoch: int = param(kind="int", default=0, invalid="invalid_epoch",
+                       doc="idempotent (isIdempotent=true or CBV2 flag bit 0): < 0 is invalid_epoch")
     key: str | None = param(empty_ok=True)
     partition: int = param(kind="int", default=-1, minimum=-1, maximum=I32_MAX, invalid="invalid_partition",
                            doc="-1 or omitted: the broker chooses")
@@ -393,7 +394,7 @@ class AppendStreamArgs(Args):
     producer_id: str = param("producerId", aliases=("producer_id",), default="")
     seq_num: int = param("seqNum", aliases=("seq_num",), kind="int", default=0, minimum=0, maximum=U64_MAX,
                          invalid="invalid_seq_num")
-    epoch: int = param(kind="int", default=0, invalid="invalid_epoch")
+    epoch: int = param(kind="int", default=0, minimum=0, invalid="invalid_epoch", doc=">= 0 (a producer epoch)")
     message: str = param(required=True, empty_ok=True, missing="missing_message")
 
 

@@ -39,6 +39,16 @@ def module_cluster(name: str, **settings: Any) -> Callable[..., Iterator[Cluster
     return cluster
 
 
+def restored_cluster(name: str, **settings: Any) -> tuple[Callable[..., Iterator[Cluster]], Callable[..., Any]]:
+    """:func:`module_cluster` plus an autouse fixture that runs :func:`restore_brokers` after every test.
+    Use it as ``cluster, all_brokers_running = restored_cluster("name", ...)`` at module level."""
+    @pytest.fixture(autouse=True)
+    def all_brokers_running(cluster: Cluster) -> Iterator[None]:
+        yield
+        restore_brokers(cluster)
+    return module_cluster(name, **settings), all_brokers_running
+
+
 def restore_brokers(cluster: Cluster) -> None:
     """Resume every paused broker, restart every dead one, and wait (30 s) until the cluster counts every
     broker active: a failed test must not leave the next one with a dead broker."""

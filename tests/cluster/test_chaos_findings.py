@@ -14,31 +14,20 @@ restart, and ``apply`` moves the partitions it leads to leader epoch + 1 (``curs
 
 from __future__ import annotations
 
-from pathlib import Path
-
-import pytest
-
 from cursus.client.connection import Connection
 from tests.cluster.clustersupport import Cluster, wait_for
 from tests.cluster.replsupport import (
     AcksAllWriter,
     check_history,
     leader_proc,
+    module_cluster,
     partition_state,
     read_partition,
     wait_isr,
 )
 from tests.integration.helpers import create_topic
 
-
-@pytest.fixture(scope="module")
-def cluster(tmp_path_factory: pytest.TempPathFactory, pki) -> Cluster:
-    c = Cluster(Path(tmp_path_factory.mktemp("chaos-findings")), pki)
-    try:
-        c.start()
-        yield c
-    finally:
-        c.stop()
+cluster = module_cluster("chaos-findings")
 
 
 

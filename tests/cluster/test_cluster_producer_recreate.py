@@ -11,7 +11,6 @@ import asyncio
 import threading
 import time
 from concurrent.futures import Future
-from pathlib import Path
 
 import pytest
 
@@ -19,6 +18,7 @@ from cursus.client.admin import Admin, AsyncAdmin
 from cursus.client.errors import CursusError, DeliveryFailedError
 from cursus.client.producer import AsyncProducer, Producer
 from tests.cluster.clustersupport import Cluster, wait_for, wait_topic_ready
+from tests.cluster.replsupport import module_cluster
 
 pytestmark = pytest.mark.timeout(240)
 
@@ -28,14 +28,7 @@ SLACK_S = 6.0
 ROUNDS = 3
 
 
-@pytest.fixture(scope="module")
-def cluster(tmp_path_factory: pytest.TempPathFactory, pki) -> Cluster:
-    c = Cluster(Path(tmp_path_factory.mktemp("recreate")), pki)
-    try:
-        c.start()
-        yield c
-    finally:
-        c.stop()
+cluster = module_cluster("recreate")
 
 
 def _bootstrap(cluster: Cluster) -> list[str]:

@@ -59,27 +59,31 @@ cluster = module_cluster("leader-prepare-reads", log_recovery_point_interval_ms=
 PREPARE_DELAY_MS = 1500
 
 
-def _poll(broker, topic: str, below: int) -> list[tuple[str, object]]:
-    """LIST_OFFSETS, DESCRIBE and CONSUME ``offset=below`` on ``broker``, once; the answers as ``(kind,
-    value)`` (``("hwm", n)``, ``("described_hwm", n)``, ``("records", n)``, ``("error", "code: reason")``)."""
+def _answers(broker, asks) -> list[tuple[str, object]]:
+    """Each ``(kind, ask, value)`` of ``asks`` once, in order, on one connection to ``broker``: ``ask(c)``
+    sends a request and returns its answer frame; an OK answer is ``(kind, value(c, frame))``, any other
+    ``("error", "code: reason")``."""
     out: list[tuple[str, object]] = []
     with Connection(*broker.address, timeout_s=5) as c:
-        frame = c.command(f"LIST_OFFSETS topic={topic} partition=0")
-        if frame.status == Status.OK:
-            out.append(("hwm", _field(frame.payload.decode(), "hwm")))
-        else:
-            out.append(("error", _error(frame)))
-        frame = c.command(f"DESCRIBE topic={topic}")
-        if frame.status == Status.OK:
-            out.append(("described_hwm", json.loads(frame.payload)["partitions"][0]["hwm"]))
-        else:
-            out.append(("error", _error(frame)))
-        frame = c.command(f"CONSUME topic={topic} partition=0 offset={below} wait_ms=0")
-        if frame.status == Status.OK:
-            out.append(("records", len(decode_batch(frame.payload).records) if frame.payload else 0))
-        else:
-            out.append(("error", _error(frame)))
+        for kind, ask, value in asks:
+            frame = ask(c)
+            out.append((kind, value(c, frame)) if frame.status == Status.OK else ("error", _error(frame)))
     return out
+
+
+def _command(text: str):
+    return lambda c: c.command(text)
+
+
+def _poll(broker, topic: str, below: int) -> list[tuple[str, object]]:
+    """LIST_OFFSETS, DESCRIBE and CONSUME ``offset=below`` on ``broker``, once (:func:`_answers`: ``("hwm",
+    n)``, ``("described_hwm", n)``, ``("records", n)``)."""
+    return _answers(broker, [
+        ("hwm", _command(f"LIST_OFFSETS topic={topic} partition=0"), lambda c, f: _field(f.payload.decode(), "hwm")),
+        ("described_hwm", _command(f"DESCRIBE topic={topic}"),
+         lambda c, f: json.loads(f.payload)["partitions"][0]["hwm"]),
+        ("records", _command(f"CONSUME topic={topic} partition=0 offset={below} wait_ms=0"),
+         lambda c, f: len(decode_batch(f.payload).records) if f.payload else 0)])
 
 
 def _error(frame) -> str:
@@ -203,25 +207,17 @@ def test_a_follower_fetching_below_the_committed_hwm_leaves_the_isr_at_once(clus
 
 
 def _poll_events(broker, topic: str, key: str) -> list[tuple[str, object]]:
-    """STREAM_VERSION, READ_SNAPSHOT and READ_STREAM of ``key`` on ``broker``, once; the answers as
-    ``(kind, value)`` (``("version", n)``, ``("snapshot", text)``, ``("events", n)``, ``("error", ...)``)."""
-    out: list[tuple[str, object]] = []
-    with Connection(*broker.address, timeout_s=5) as c:
-        frame = c.command(f"STREAM_VERSION topic={topic} key={key}")
-        if frame.status == Status.OK:
-            out.append(("version", _field(frame.payload.decode(), "version")))
-        else:
-            out.append(("error", _error(frame)))
-        frame = c.command(f"READ_SNAPSHOT topic={topic} key={key}")
-        out.append(("snapshot", frame.payload.decode()) if frame.status == Status.OK else ("error", _error(frame)))
-        request_id = c.send(Command.READ_STREAM, encode_crq2(CommandPayload((), {"topic": topic, "key": key})))
-        envelope = c.receive(request_id, Command.READ_STREAM)
-        if envelope.status == Status.OK:
-            batch = c.receive(request_id, Command.READ_STREAM)
-            out.append(("events", len(decode_batch(batch.payload).records)))
-        else:
-            out.append(("error", _error(envelope)))
-    return out
+    """STREAM_VERSION, READ_SNAPSHOT and READ_STREAM of ``key`` on ``broker``, once (:func:`_answers`:
+    ``("version", n)``, ``("snapshot", text)``, ``("events", n)``)."""
+    def read_stream(c):
+        return c.receive(c.send(Command.READ_STREAM, encode_crq2(CommandPayload((), {"topic": topic, "key": key}))),
+                         Command.READ_STREAM)
+    return _answers(broker, [
+        ("version", _command(f"STREAM_VERSION topic={topic} key={key}"),
+         lambda c, f: _field(f.payload.decode(), "version")),
+        ("snapshot", _command(f"READ_SNAPSHOT topic={topic} key={key}"), lambda c, f: f.payload.decode()),
+        ("events", read_stream,
+         lambda c, f: len(decode_batch(c.receive(f.request_id, Command.READ_STREAM).payload).records))])
 
 
 def test_restarted_leader_never_serves_a_stale_event_stream(cluster: Cluster) -> None:

@@ -19,14 +19,14 @@ from tests.cluster.replsupport import (
     conn,
     leader_proc,
     make_topic,
-    module_cluster,
     partition_state,
     publish_ok,
-    restore_brokers,
+    restored_cluster,
 )
 from tests.integration.helpers import error_of
 
-cluster = module_cluster("leader-read-lease", broker_session_timeout_ms=1500, broker_heartbeat_interval_ms=200)
+cluster, all_brokers_running = restored_cluster("leader-read-lease", broker_session_timeout_ms=1500,
+                                                broker_heartbeat_interval_ms=200)
 
 
 def _poll(broker, topic: str, offset: int) -> list[tuple[str, object]]:
@@ -45,37 +45,34 @@ def _poll(broker, topic: str, offset: int) -> list[tuple[str, object]]:
 
 def test_resumed_deposed_leader_never_shows_an_older_hwm(cluster: Cluster) -> None:
     topic = "read-lease"
-    try:
-        make_topic(cluster, topic)
-        old = leader_proc(cluster, topic)
-        with conn(old) as c:
-            for i in range(10):
-                publish_ok(c, topic, [f"a{i}-{k}".encode() for k in range(5)])
-        old_hwm = wait_for(lambda: partition_state(cluster, topic)["committed_hwm"] == 50 and 50, 10,
-                           "the committed HWM applied")
-        others = [b for b in cluster.brokers if b is not old]
-        old.pause()
-        new = wait_for(lambda: (p := leader_proc(cluster, topic, via=others[0])) is not None and p is not old and p,
-                       30, "another broker leads")
-        with conn(new) as c:
-            for i in range(10):
-                publish_ok(c, topic, [f"b{i}-{k}".encode() for k in range(5)])
-        committed = wait_for(lambda: (h := partition_state(cluster, topic, via=others[0])["committed_hwm"]) >= 100
-                             and h, 10, "the new committed HWM")
-        old.resume()
-        seen: list[tuple[str, object]] = []
-        deadline = time.monotonic() + 4
-        while time.monotonic() < deadline:
-            try:
-                seen.extend(_poll(old, topic, old_hwm))
-            except OSError:
-                time.sleep(0.01)
-        stale = [v for k, v in seen if k == "hwm" and v < committed]  # type: ignore[operator]
-        assert not stale, f"the resumed node showed HWM {stale[:5]} < committed {committed}: {seen[:10]}"
-        empty = [v for k, v in seen if k == "records" and v == 0]
-        assert not empty, f"CONSUME offset={old_hwm} (committed) answered OK with no records: {seen[:10]}"
-        errors = {v for k, v in seen if k == "error"}
-        assert errors <= {"leader_not_available", "NOT_LEADER"}, errors
-        assert seen, "no answer from the resumed node"
-    finally:
-        restore_brokers(cluster)
+    make_topic(cluster, topic)
+    old = leader_proc(cluster, topic)
+    with conn(old) as c:
+        for i in range(10):
+            publish_ok(c, topic, [f"a{i}-{k}".encode() for k in range(5)])
+    old_hwm = wait_for(lambda: partition_state(cluster, topic)["committed_hwm"] == 50 and 50, 10,
+                       "the committed HWM applied")
+    others = [b for b in cluster.brokers if b is not old]
+    old.pause()
+    new = wait_for(lambda: (p := leader_proc(cluster, topic, via=others[0])) is not None and p is not old and p,
+                   30, "another broker leads")
+    with conn(new) as c:
+        for i in range(10):
+            publish_ok(c, topic, [f"b{i}-{k}".encode() for k in range(5)])
+    committed = wait_for(lambda: (h := partition_state(cluster, topic, via=others[0])["committed_hwm"]) >= 100
+                         and h, 10, "the new committed HWM")
+    old.resume()
+    seen: list[tuple[str, object]] = []
+    deadline = time.monotonic() + 4
+    while time.monotonic() < deadline:
+        try:
+            seen.extend(_poll(old, topic, old_hwm))
+        except OSError:
+            time.sleep(0.01)
+    stale = [v for k, v in seen if k == "hwm" and v < committed]  # type: ignore[operator]
+    assert not stale, f"the resumed node showed HWM {stale[:5]} < committed {committed}: {seen[:10]}"
+    empty = [v for k, v in seen if k == "records" and v == 0]
+    assert not empty, f"CONSUME offset={old_hwm} (committed) answered OK with no records: {seen[:10]}"
+    errors = {v for k, v in seen if k == "error"}
+    assert errors <= {"leader_not_available", "NOT_LEADER"}, errors
+    assert seen, "no answer from the resumed node"

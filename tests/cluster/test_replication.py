@@ -12,8 +12,6 @@ import subprocess
 import sys
 import time
 
-import pytest
-
 from cursus.wire import Batch, Command, Record, Status, encode_batch
 from tests.cluster.clustersupport import Cluster, wait_for
 from tests.cluster.raftsupport import closed_by_peer
@@ -24,11 +22,10 @@ from tests.cluster.replsupport import (
     conn,
     leader_proc,
     make_topic,
-    module_cluster,
     partition_state,
     publish_ok,
     read_partition,
-    restore_brokers,
+    restored_cluster,
     status,
     wait_isr,
 )
@@ -36,13 +33,7 @@ from tests.integration.helpers import error_of, ok_fields, publish_batch
 
 # replica lag above the broker session timeout, as with the defaults (10 s vs 3 s): a dead follower is
 # fenced (out of the ISR) while it still counts as recently caught up
-cluster = module_cluster("replication", replica_lag_time_max_ms=4000)
-
-
-@pytest.fixture(autouse=True)
-def all_brokers_running(cluster: Cluster):
-    yield
-    restore_brokers(cluster)
+cluster, all_brokers_running = restored_cluster("replication", replica_lag_time_max_ms=4000)
 
 
 def offsets(broker, topic: str) -> dict[str, int]:

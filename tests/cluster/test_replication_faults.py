@@ -28,22 +28,15 @@ from tests.cluster.replsupport import (
     conn,
     leader_proc,
     make_topic,
-    module_cluster,
     partition_state,
     publish_ok,
     read_partition,
-    restore_brokers,
+    restored_cluster,
     wait_isr,
 )
 from tests.integration.helpers import error_of, publish_batch
 
-cluster = module_cluster("replication-faults", broker_session_timeout_ms=20000)
-
-
-@pytest.fixture(autouse=True)
-def all_brokers_running(cluster: Cluster):
-    yield
-    restore_brokers(cluster)
+cluster, all_brokers_running = restored_cluster("replication-faults", broker_session_timeout_ms=20000)
 
 
 def test_a_leader_whose_log_ends_below_the_committed_hwm_hands_over(cluster: Cluster) -> None:

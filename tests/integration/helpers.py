@@ -8,6 +8,7 @@ from collections.abc import Callable
 from typing import TypeVar
 
 from cursus.client.connection import Connection
+from cursus.client.consumer import Consumer
 from cursus.wire import Batch, Frame, Record, Status, TypedError, decode_batch, decode_error, encode_batch
 
 T = TypeVar("T")
@@ -101,3 +102,21 @@ def wait_for(predicate: Callable[[], T], timeout_s: float = 10.0, what: str = "c
         if time.monotonic() >= deadline:
             raise AssertionError(f"timed out waiting for {what}")
         time.sleep(interval_s)
+
+
+def sdk_address(broker) -> str:
+    """``host:port`` of ``broker``: the SDK's bootstrap form."""
+    host, port = broker.address
+    return f"{host}:{port}"
+
+
+def read_values(broker, topic: str, expected: int, timeout_s: float = 20.0) -> list[bytes]:
+    """The values of ``topic`` from the earliest offset, read with the SDK :class:`Consumer`: polled until
+    ``expected`` arrived or ``timeout_s`` passed, then once more, so that a duplicate would show."""
+    got: list[bytes] = []
+    with Consumer(topic, sdk_address(broker), wait_ms=50, start="earliest") as consumer:
+        deadline = time.monotonic() + timeout_s
+        while len(got) < expected and time.monotonic() < deadline:
+            got.extend(r.value for r in consumer.poll(0.2))
+        got.extend(r.value for r in consumer.poll(0.2))  # nothing more (no duplicate)
+    return got

@@ -84,6 +84,7 @@ def test_bad_arguments_get_typed_errors_and_the_connection_stays(conn: Connectio
         f"APPEND_STREAM topic={t} key=k version={1 << 63} message=x": "invalid_version",
         f"APPEND_STREAM topic={t} key=k version=1 schema_version=-1 message=x": "invalid_schema_version",
         f"APPEND_STREAM topic={t} key=k version=1": "missing_message",
+        f"APPEND_STREAM topic={t} key=k version=1 producerId=p seqNum=1 epoch=-5 message=x": "invalid_epoch",
         f"APPEND_STREAM topic={t} key=k version=2 message=x": "version_conflict",
         f"APPEND_STREAM topic={topic_name}-plain key=k version=1 message=x": "event_sourcing_not_enabled",
         f"APPEND_STREAM topic={topic_name}-absent key=k version=1 message=x": "topic_not_found",
@@ -105,6 +106,9 @@ def test_bad_arguments_get_typed_errors_and_the_connection_stays(conn: Connectio
     too_big = conn.call(Command.SAVE_SNAPSHOT, {"topic": t, "key": "big-snap", "version": "1",
                                                 "message": "s" * (2 * 1024 * 1024)})
     assert error_of(too_big).code == "message_too_large"
+    long_key = conn.call(Command.APPEND_STREAM, {"topic": t, "key": "k" * (2 * 1024 * 1024), "version": "1",
+                                                 "message": "x"})
+    assert error_of(long_key).code == "message_too_large"  # the key counts toward max_message_bytes
     version_conflict = error_of(conn.command(f"APPEND_STREAM topic={t} key=k version=2 message=x"))
     assert version_conflict.fields["current"] == "0" and version_conflict.fields["expected"] == "2"
     snap = error_of(conn.command(f"SAVE_SNAPSHOT topic={t} key=k version=3 message=s"))

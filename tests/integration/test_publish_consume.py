@@ -193,6 +193,27 @@ def test_idempotent_producer_duplicates_gaps_and_fencing(shared_broker, topic_na
         assert [r.payload for r in consume_all(conn, topic_name, 0)] == [b"a", b"b", b"c", b"d"]
 
 
+def test_idempotent_publish_with_a_negative_epoch_is_refused(shared_broker, topic_name):
+    """An epoch is >= 0 (facts: u64 on disk): refused with ``invalid_epoch`` before anything is appended or
+    any producer state changes; epoch 0 stays valid and the connection stays usable."""
+    with connect(shared_broker) as conn:
+        create_topic(conn, topic_name, idempotent="true")
+        err = error_of(publish_batch(conn, topic_name, 0, [b"a"], acks="all", producer=("p-neg", -5, 1),
+                                     idempotent=True))
+        assert (err.code, err.fields["value"]) == ("invalid_epoch", "-5")
+        err = error_of(conn.command(f"PUBLISH topic={topic_name} producerId=p-neg isIdempotent=true acks=all "
+                                    "seqNum=1 epoch=-5 message=a"))
+        assert (err.code, err.fields["value"]) == ("invalid_epoch", "-5")
+        # no state: the same producer's session starts at seq 1 with epoch 0
+        ack = ack_of(publish_batch(conn, topic_name, 0, [b"b"], acks="all", producer=("p-neg", 0, 1),
+                                   idempotent=True))
+        assert (ack["last_offset"], ack["producer_epoch"], ack["seq_start"]) == (0, 0, 1)
+        ack = ack_of(conn.command(f"PUBLISH topic={topic_name} producerId=p-neg isIdempotent=true acks=all "
+                                  "seqNum=2 epoch=0 message=c"))
+        assert ack["last_offset"] == 1
+        assert [r.payload for r in consume_all(conn, topic_name, 0)] == [b"b", b"c"]
+
+
 def test_batch_partition_validation(shared_broker, topic_name):
     with connect(shared_broker) as conn:
         create_topic(conn, topic_name, partitions=2)

@@ -10,32 +10,18 @@ import time
 
 import pytest
 
-from cursus.client import Admin, ClientClosedError, Consumer, Producer
+from cursus.client import Admin, ClientClosedError, Producer
+from tests.integration.helpers import read_values, sdk_address
 
 pytestmark = pytest.mark.timeout(60)
 
 
-def _addr(broker) -> str:
-    host, port = broker.address
-    return f"{host}:{port}"
-
-
-def _read_all(broker, topic: str, expected: int) -> list[bytes]:
-    got: list[bytes] = []
-    with Consumer(topic, _addr(broker), wait_ms=50, start="earliest") as consumer:
-        deadline = time.monotonic() + 20
-        while len(got) < expected and time.monotonic() < deadline:
-            got.extend(r.value for r in consumer.poll(0.2))
-        got.extend(r.value for r in consumer.poll(0.2))  # nothing more (no duplicate)
-    return got
-
-
 def test_threads_keep_their_order_and_every_record_lands_once(shared_broker, topic_name):
     threads_n, per_thread = 4, 3000
-    with Admin(_addr(shared_broker)) as admin:
+    with Admin(sdk_address(shared_broker)) as admin:
         admin.create_topic(topic_name, 1)
     futures: dict[int, list] = {}
-    with Producer(_addr(shared_broker), batch_size=200, linger_ms=2) as producer:
+    with Producer(sdk_address(shared_broker), batch_size=200, linger_ms=2) as producer:
         start = threading.Barrier(threads_n)
 
         def body(index: int) -> None:
@@ -48,7 +34,7 @@ def test_threads_keep_their_order_and_every_record_lands_once(shared_broker, top
         for worker in workers:
             worker.join()
         producer.flush()
-    values = _read_all(shared_broker, topic_name, threads_n * per_thread)
+    values = read_values(shared_broker, topic_name, threads_n * per_thread)
     assert len(values) == threads_n * per_thread
     assert len(set(values)) == len(values)
     for index in range(threads_n):
@@ -60,9 +46,9 @@ def test_threads_keep_their_order_and_every_record_lands_once(shared_broker, top
 
 
 def test_a_record_without_followers_leaves_within_linger(shared_broker, topic_name):
-    with Admin(_addr(shared_broker)) as admin:
+    with Admin(sdk_address(shared_broker)) as admin:
         admin.create_topic(topic_name, 2)
-    with Producer(_addr(shared_broker), batch_size=1000, linger_ms=30) as producer:
+    with Producer(sdk_address(shared_broker), batch_size=1000, linger_ms=30) as producer:
         for round_ in range(3):  # again after the senders went idle (asleep with nothing due)
             futures = [producer.send(topic_name, b"r%d-%d" % (round_, n)) for n in range(5)]
             for future in futures:
@@ -71,9 +57,9 @@ def test_a_record_without_followers_leaves_within_linger(shared_broker, topic_na
 
 
 def test_close_racing_send_leaves_no_future_pending(shared_broker, topic_name):
-    with Admin(_addr(shared_broker)) as admin:
+    with Admin(sdk_address(shared_broker)) as admin:
         admin.create_topic(topic_name, 2)
-    producer = Producer(_addr(shared_broker), batch_size=100, linger_ms=1)
+    producer = Producer(sdk_address(shared_broker), batch_size=100, linger_ms=1)
     futures: list = []
     refused = threading.Event()
 

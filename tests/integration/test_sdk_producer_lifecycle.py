@@ -10,26 +10,11 @@ import asyncio
 
 import pytest
 
-from cursus.client import Admin, AsyncProducer, Consumer, CursusError, DeliveryFailedError, Producer
+from cursus.client import Admin, AsyncProducer, CursusError, DeliveryFailedError, Producer
 from cursus.client.errors import SequenceError, TopicNotFoundError
+from tests.integration.helpers import read_values, sdk_address
 
 pytestmark = pytest.mark.timeout(90)
-
-
-def _addr(broker) -> str:
-    host, port = broker.address
-    return f"{host}:{port}"
-
-
-def _values(broker, topic: str, expected: int) -> list[bytes]:
-    got: list[bytes] = []
-    with Consumer(topic, _addr(broker), wait_ms=50) as consumer:
-        for _ in range(100):
-            got.extend(r.value for r in consumer.poll(0.2))
-            if len(got) >= expected:
-                break
-        got.extend(r.value for r in consumer.poll(0.2))  # nothing more (no duplicate)
-    return got
 
 
 def _produce_after_reset(producer: Producer, topic: str, value: bytes) -> None:
@@ -43,9 +28,9 @@ def _produce_after_reset(producer: Producer, topic: str, value: bytes) -> None:
 
 
 def test_idempotent_producer_keeps_working_after_truncate(shared_broker, topic_name):
-    with Admin(_addr(shared_broker)) as admin:
+    with Admin(sdk_address(shared_broker)) as admin:
         admin.create_topic(topic_name, 1)
-        with Producer(_addr(shared_broker), idempotent=True, max_in_flight=5, batch_size=3, linger_ms=1) as producer:
+        with Producer(sdk_address(shared_broker), idempotent=True, max_in_flight=5, batch_size=3, linger_ms=1) as producer:
             futures = [producer.send(topic_name, b"old%d" % i) for i in range(30)]
             producer.flush()
             assert [f.result().offset for f in futures] == list(range(30))
@@ -58,13 +43,13 @@ def test_idempotent_producer_keeps_working_after_truncate(shared_broker, topic_n
                 assert all(isinstance(e, SequenceError) for e in exc.errors), exc
             assert [f.result().offset for f in futures] == list(range(1, 21))
             assert futures[0].result().producer_epoch == producer.producer_epoch + 1
-    assert _values(shared_broker, topic_name, 21) == [b"first"] + [b"new%d" % i for i in range(20)]
+    assert read_values(shared_broker, topic_name, 21) == [b"first"] + [b"new%d" % i for i in range(20)]
 
 
 def test_idempotent_producer_keeps_working_after_delete_and_recreate(shared_broker, topic_name):
-    with Admin(_addr(shared_broker)) as admin:
+    with Admin(sdk_address(shared_broker)) as admin:
         admin.create_topic(topic_name, 2)
-        with Producer(_addr(shared_broker), idempotent=True, max_in_flight=5, batch_size=3, linger_ms=1) as producer:
+        with Producer(sdk_address(shared_broker), idempotent=True, max_in_flight=5, batch_size=3, linger_ms=1) as producer:
             for p in (0, 1):
                 producer.produce(topic_name, b"old", partition=p, timeout_s=10)
             admin.delete_topic(topic_name)
@@ -77,14 +62,14 @@ def test_idempotent_producer_keeps_working_after_delete_and_recreate(shared_brok
                 producer.flush()
             except DeliveryFailedError:
                 pass
-    assert sorted(_values(shared_broker, topic_name, 2)) == [b"new-0", b"new-1"]
+    assert sorted(read_values(shared_broker, topic_name, 2)) == [b"new-0", b"new-1"]
 
 
 def test_async_idempotent_producer_keeps_working_after_truncate(shared_broker, topic_name):
     async def scenario() -> None:
-        with Admin(_addr(shared_broker)) as admin:
+        with Admin(sdk_address(shared_broker)) as admin:
             admin.create_topic(topic_name, 1)
-            async with AsyncProducer(_addr(shared_broker), idempotent=True, max_in_flight=5) as producer:
+            async with AsyncProducer(sdk_address(shared_broker), idempotent=True, max_in_flight=5) as producer:
                 assert (await producer.send_and_wait(topic_name, b"old")).offset == 0
                 admin.truncate_topic(topic_name)
                 try:
@@ -98,4 +83,4 @@ def test_async_idempotent_producer_keeps_working_after_truncate(shared_broker, t
                     pass
 
     asyncio.run(scenario())
-    assert _values(shared_broker, topic_name, 2) == [b"first", b"second"]
+    assert read_values(shared_broker, topic_name, 2) == [b"first", b"second"]

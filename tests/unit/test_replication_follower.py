@@ -77,21 +77,45 @@ def assign(metadata: Metadata, leader: str, epoch: int, replicas: tuple[str, ...
 
 
 def start(nodes, follower, metadata: Metadata, clock: Callable[[], int], services: dict[str, LeaderFetchService],
+          *, tamper: Callable[[pb.FetchResponse], pb.FetchResponse] | None = None, fail_opens: int = 0,
           **kwargs) -> tuple[ReplicaFetcherManager, Transport]:
+    """A manager for ``follower`` over a :class:`Transport` into ``services`` (``tamper``/``fail_opens`` set on
+    it first), refreshed once; ``kwargs`` go to :func:`make_manager`."""
     transport = Transport(follower.broker_id, services)
+    transport.tamper, transport.fail_opens = tamper, fail_opens
     manager = make_manager(follower, metadata, clock, transport, **kwargs)
     nodes.managers.append(manager)
     manager.refresh()
     return manager, transport
 
 
-@pytest.mark.asyncio
-async def test_a_follower_catches_up_from_empty_byte_identical_and_learns_the_hwm(nodes) -> None:
-    a, b, metadata, clock = nodes("a"), nodes("b"), Metadata(), Clock()
-    assign(metadata, "a", 1)
+def lead_and_follow(a: Node, b: Node, metadata: Metadata):
+    """a leads leader epoch 1 (ISR a, b), b follows it, and ``metadata`` says so; (leader, follower)."""
     leader, follower = a.open(), b.open()
     leader.become_leader(1, isr=("a", "b"))
     follower.become_follower(1, "a")
+    assign(metadata, "a", 1)
+    return leader, follower
+
+
+async def both_hold_six(nodes):
+    """b leads leader epoch 1 and both b and a hold offsets [0, 6); (a, b, metadata, clock, new, old) with
+    new = a's replica (following b), old = b's."""
+    a, b, metadata, clock = nodes("a"), nodes("b"), Metadata(), Clock()
+    new, old = a.open(), b.open()
+    old.become_leader(1, isr=("b", "a"))
+    new.become_follower(1, "b")
+    await publish(old, 6)
+    for chunk in stored_chunks(old):
+        new.append_replicated(chunk, 1)
+    await until(lambda: new.durable_end_offset == 6)
+    return a, b, metadata, clock, new, old
+
+
+@pytest.mark.asyncio
+async def test_a_follower_catches_up_from_empty_byte_identical_and_learns_the_hwm(nodes) -> None:
+    a, b, metadata, clock = nodes("a"), nodes("b"), Metadata(), Clock()
+    leader, follower = lead_and_follow(a, b, metadata)
     for count in (3, 1, 7, 2):
         leader.append(b"".join(b"\x00\x00\x00\x02ab" for _ in range(count)), count)
     await until(lambda: leader.durable_end_offset == 13)
@@ -112,15 +136,7 @@ async def test_a_follower_catches_up_from_empty_byte_identical_and_learns_the_hw
 @pytest.mark.parametrize("scenario", ["old_leader_tail", "unknown_epoch"])
 @pytest.mark.asyncio
 async def test_a_divergent_tail_is_truncated_by_epoch_and_the_follower_converges(nodes, scenario) -> None:
-    a, b, metadata, clock = nodes("a"), nodes("b"), Metadata(), Clock()
-    new, old = a.open(), b.open()
-    # Epoch 1: b leads and both hold offsets [0, 6).
-    old.become_leader(1, isr=("b", "a"))
-    new.become_follower(1, "b")
-    await publish(old, 6)
-    for chunk in stored_chunks(old):
-        new.append_replicated(chunk, 1)
-    await until(lambda: new.durable_end_offset == 6)
+    a, b, metadata, clock, new, old = await both_hold_six(nodes)  # epoch 1: b leads, both hold [0, 6)
     if scenario == "unknown_epoch":
         old.become_leader(3, isr=("b", "a"))  # b led epoch 3 alone; a never saw it
     await publish(old, 4, tag="lost")        # never replicated, never committed
@@ -180,13 +196,9 @@ class Recorder(FollowerObserver):
 @pytest.mark.asyncio
 async def test_a_refused_append_stops_the_partition_until_a_new_leader_epoch(nodes) -> None:
     a, b, metadata, clock = nodes("a"), nodes("b"), Metadata(), Clock()
-    leader, follower = a.open(), b.open()
-    leader.become_leader(1, isr=("a", "b"))
-    follower.become_follower(1, "a")
-    assign(metadata, "a", 1)
+    leader, follower = lead_and_follow(a, b, metadata)
     await publish(leader, 3)
     recorder = Recorder()
-    transport = Transport("b", {"a": make_service(a, metadata, clock)})
 
     def corrupt(response: pb.FetchResponse) -> pb.FetchResponse:
         for data in response.partitions:
@@ -196,10 +208,8 @@ async def test_a_refused_append_stops_the_partition_until_a_new_leader_epoch(nod
                 data.chunks = bytes(flipped)
         return response
 
-    transport.tamper = corrupt
-    manager = make_manager(b, metadata, clock, transport, observer=recorder)
-    nodes.managers.append(manager)
-    manager.refresh()
+    manager, transport = start(nodes, b, metadata, clock, {"a": make_service(a, metadata, clock)}, tamper=corrupt,
+                               observer=recorder)
     await until(lambda: bool(recorder.refused))
     (key, error), = recorder.refused
     assert key == KEY and error.code == "corrupt_log_data" and follower.leo == 0
@@ -223,17 +233,11 @@ async def test_a_refused_append_stops_the_partition_until_a_new_leader_epoch(nod
 @pytest.mark.asyncio
 async def test_a_broken_stream_is_reopened_with_backoff(nodes) -> None:
     a, b, metadata, clock = nodes("a"), nodes("b"), Metadata(), Clock()
-    leader, follower = a.open(), b.open()
-    leader.become_leader(1, isr=("a", "b"))
-    follower.become_follower(1, "a")
-    assign(metadata, "a", 1)
+    leader, follower = lead_and_follow(a, b, metadata)
     await publish(leader, 2)
     recorder = Recorder()
-    transport = Transport("b", {"a": make_service(a, metadata, clock)})
-    transport.fail_opens = 2
-    manager = make_manager(b, metadata, clock, transport, observer=recorder)
-    nodes.managers.append(manager)
-    manager.refresh()
+    manager, transport = start(nodes, b, metadata, clock, {"a": make_service(a, metadata, clock)}, fail_opens=2,
+                               observer=recorder)
     await until(lambda: follower.durable_end_offset == 2)
     assert len(recorder.broken) == 2
     transport.opened[0].cancel()  # the leader side ends the stream
@@ -254,10 +258,7 @@ async def test_under_live_traffic_the_follower_stays_in_sync_and_is_shrunk_when_
         return time.monotonic_ns() // 1_000_000
 
     a, b, metadata = nodes("a"), nodes("b"), Metadata()
-    leader, follower = a.open(), b.open()
-    leader.become_leader(1, isr=("a", "b"))
-    follower.become_follower(1, "a")
-    assign(metadata, "a", 1)
+    leader, follower = lead_and_follow(a, b, metadata)
     service = LeaderFetchService(lambda: a.replicas, metadata.lookup, IsrTracker("a"),
                                  LeaderFetchConfig(lag_time_max_ms=1000, isr_check_interval_ms=50), clock,
                                  metadata.submit)
@@ -293,14 +294,7 @@ async def _deposed_leader_with_tail(nodes, committed_hwm: int):
     """b led epoch 1 and holds [0, 10) with a local HWM of 10 (as a checkpoint written before the issue 13
     fix could say); a, the new leader of epoch 2, holds [0, 6) of epoch 1 plus 3 records of its own; the
     metadata's committed HWM is ``committed_hwm``."""
-    a, b, metadata, clock = nodes("a"), nodes("b"), Metadata(), Clock()
-    new, old = a.open(), b.open()
-    old.become_leader(1, isr=("b", "a"))
-    new.become_follower(1, "b")
-    await publish(old, 6)
-    for chunk in stored_chunks(old):
-        new.append_replicated(chunk, 1)
-    await until(lambda: new.durable_end_offset == 6)
+    a, b, metadata, clock, new, old = await both_hold_six(nodes)
     await publish(old, 4, tag="lost")
     old.update_replica_end("a", 10)  # the local HWM moves to 10 (standalone rule): above the committed HWM
     assert old.hwm == 10
@@ -369,14 +363,7 @@ async def test_the_committed_hwm_never_covers_a_deposed_leaders_divergent_tail(n
     with a tail the new leader never had; clamped to the bare LEO, its local HWM covered that tail and was
     checkpointed above the HWM the new leader was elected with (6), and the truncation then had to go below
     it. The HWM must stay at the prefix known to match the leader until the leader checked the lineage."""
-    a, b, metadata, clock = nodes("a"), nodes("b"), Metadata(), Clock()
-    new, old = a.open(), b.open()
-    old.become_leader(1, isr=("b", "a"))
-    new.become_follower(1, "b")
-    await publish(old, 6)
-    for chunk in stored_chunks(old):
-        new.append_replicated(chunk, 1)
-    await until(lambda: new.durable_end_offset == 6)
+    a, b, metadata, clock, new, old = await both_hold_six(nodes)
     old.update_replica_end("a", 6)
     assert old.hwm == 6
     await publish(old, 4, tag="lost")  # never replicated, never committed
@@ -401,10 +388,7 @@ async def test_fetched_chunks_are_checked_through_run_blocking_off_the_loop(node
     from concurrent.futures import ThreadPoolExecutor
 
     a, b, metadata, clock = nodes("a"), nodes("b"), Metadata(), Clock()
-    assign(metadata, "a", 1)
-    leader, follower = a.open(), b.open()
-    leader.become_leader(1, isr=("a", "b"))
-    follower.become_follower(1, "a")
+    leader, follower = lead_and_follow(a, b, metadata)
     for _ in range(3):
         await publish(leader, 50)
     pool = ThreadPoolExecutor(1, thread_name_prefix="offload-test")
@@ -434,10 +418,7 @@ async def test_followers_fetch_written_chunks_while_the_leader_fsyncs_but_the_hw
     from cursus.storage import faults
 
     a, b, metadata, clock = nodes("a"), nodes("b"), Metadata(), Clock()
-    assign(metadata, "a", 1)
-    leader, follower = a.open(), b.open()
-    leader.become_leader(1, isr=("a", "b"))
-    follower.become_follower(1, "a")
+    leader, follower = lead_and_follow(a, b, metadata)
     start(nodes, b, metadata, clock, {"a": make_service(a, metadata, clock)})
     await publish(leader, 1)
     await until(lambda: follower.durable_end_offset == 1 and leader.hwm == 1)
@@ -489,19 +470,13 @@ async def test_a_follower_skips_a_gap_that_ends_the_leaders_log_only_when_the_le
     input). Without the flag, or with it for another leader epoch, the hint is ignored (a gap is refused)."""
     a, b, metadata, clock = nodes("a"), nodes("b"), Metadata(), Clock()
     _leader_log_with_a_gap(a)
-    assign(metadata, "a", 1)
-    leader, follower = a.open(), b.open()
+    leader, follower = lead_and_follow(a, b, metadata)
     assert leader.leo == 8
-    leader.become_leader(1, isr=("a", "b"))
-    follower.become_follower(1, "a")
     observer = FollowerObserver()
     refused: list[TypedError] = []
     observer.append_refused = lambda key, error: refused.append(error)  # type: ignore[method-assign]
-    transport = Transport("b", {"a": make_service(a, metadata, clock)})
-    transport.tamper = _gap_tamper(mode)
-    manager = make_manager(b, metadata, clock, transport, observer=observer)
-    nodes.managers.append(manager)
-    manager.refresh()
+    manager, transport = start(nodes, b, metadata, clock, {"a": make_service(a, metadata, clock)},
+                               tamper=_gap_tamper(mode), observer=observer)
     if mode == "flag":
         await until(lambda: follower.durable_end_offset == 8 and leader.hwm == 8 and follower.hwm == 8)
         assert follower.log.log_end_offset == follower.log.durable_end_offset == 8
@@ -522,17 +497,11 @@ async def test_a_chunk_after_a_gap_is_copied_only_when_the_leader_says_its_log_h
     gaps) and the partition stops (quarantine, fail closed) at 3."""
     a, b, metadata, clock = nodes("a"), nodes("b"), Metadata(), Clock()
     _leader_log_with_a_gap(a, after=2)
-    assign(metadata, "a", 1)
-    leader, follower = a.open(), b.open()
+    leader, follower = lead_and_follow(a, b, metadata)
     assert leader.leo == 10
-    leader.become_leader(1, isr=("a", "b"))
-    follower.become_follower(1, "a")
     recorder = Recorder()
-    transport = Transport("b", {"a": make_service(a, metadata, clock)})
-    transport.tamper = _gap_tamper(mode)
-    manager = make_manager(b, metadata, clock, transport, observer=recorder)
-    nodes.managers.append(manager)
-    manager.refresh()
+    manager, transport = start(nodes, b, metadata, clock, {"a": make_service(a, metadata, clock)},
+                               tamper=_gap_tamper(mode), observer=recorder)
     if mode == "flag":
         await until(lambda: follower.durable_end_offset == 10 and leader.hwm == 10 and follower.hwm == 10)
         assert stored_chunks(follower) == stored_chunks(leader)
@@ -556,14 +525,7 @@ async def test_a_new_leaders_first_append_in_flight_still_ends_the_old_epoch_whe
     truncation was refused and b stopped replicating for good. Epoch 2 starts at a's first append (6)."""
     import threading
 
-    a, b, metadata, clock = nodes("a"), nodes("b"), Metadata(), Clock()
-    new, old = a.open(), b.open()
-    old.become_leader(1, isr=("b", "a"))
-    new.become_follower(1, "b")
-    await publish(old, 6)
-    for chunk in stored_chunks(old):
-        new.append_replicated(chunk, 1)
-    await until(lambda: new.durable_end_offset == 6)
+    a, b, metadata, clock, new, old = await both_hold_six(nodes)
     old.update_replica_end("a", 6)
     assert old.hwm == 6
     new.become_leader(2, isr=("a", "b"))

@@ -243,6 +243,9 @@ def _publish_batch(broker: Broker, req: Request, view: BatchView) -> Pending | N
             raise BrokerError.of("invalid_acks", value=view.acks, reason="idempotent producers need acks=all")
         if producer is None or not view.producer_id:
             raise BrokerError.of("missing_producer_id", command="PUBLISH")
+        if view.producer_epoch < 0:
+            raise BrokerError.of("invalid_epoch", command="PUBLISH", producer=view.producer_id,
+                                 value=view.producer_epoch, reason="a producer epoch is >= 0")
         if not view.uniform_producer or view.first_seq < 1:
             raise BrokerError.of("invalid_seq_num", producer=view.producer_id, seq_start=view.first_seq,
                                  seq_end=view.last_seq, reason="records must carry contiguous sequences from one producer session")
@@ -276,6 +279,9 @@ def _publish_text(broker: Broker, req: Request) -> Pending | NoReply:
         raise BrokerError.of("invalid_acks", value=req.get("acks"), reason="idempotent producers need acks=all")
     if args.idempotent and args.seq_num < 1:
         raise BrokerError.of("invalid_seq_num", producer=args.producer_id, value=args.seq_num)
+    if args.idempotent and args.epoch < 0:
+        raise BrokerError.of("invalid_epoch", command="PUBLISH", producer=args.producer_id, value=args.epoch,
+                             reason="a producer epoch is >= 0")
     partition = args.partition
     if partition == -1:
         partition = choose_partition(broker, defn, args.key)
