@@ -120,6 +120,8 @@ def check_lost_writes(ops: list[Op]) -> list[Anomaly]:
     seen_earlier: dict[str, Op] = {}
     drained_partitions = {(op.value.get("topic"), op.value.get("partition")) for op in ops
                           if op.process == DRAIN and op.value.get("final") and op.f == "read" and op.type == OK}
+    incomplete = {(op.value.get("topic"), op.value.get("partition")): op.value for op in ops
+                  if op.process == DRAIN and op.f == "drain-incomplete"}  # chaos.workloads.drain gave up
     for op in ops:
         for record in read_records(op):
             if op.process == DRAIN and op.value.get("final"):
@@ -139,8 +141,14 @@ def check_lost_writes(ops: list[Op]) -> list[Anomaly]:
                                        "acks": op.value.get("acks"), "send": _op_ref(op)}
             if value in seen_earlier:
                 details["read_before_drain_by"] = _op_ref(seen_earlier[value])
-            undrained = (op.value.get("topic"), op.value.get("partition")) not in drained_partitions
+            key = (op.value.get("topic"), op.value.get("partition"))
+            cut = incomplete.get(key)
+            undrained = key not in drained_partitions or (cut is not None and (
+                cut.get("position") is None or offset >= cut["position"]))
             details["partition_drained"] = not undrained
+            if cut is not None:
+                details["drain_incomplete"] = {"position": cut.get("position"), "hwm": cut.get("hwm"),
+                                               "reason": cut.get("reason")}
             out.append(Anomaly("lost-writes", f"acknowledged value {value} (offset {offset}) is missing from the "
                                f"final drain of {op.value.get('topic')}/{op.value.get('partition')}"
                                + (" (the drain could not read that partition)" if undrained else ""),

@@ -48,6 +48,8 @@ CHUNK_BODY_MAX = 256 * 1024 * 1024
 #: Prefix of a fault's ``error`` when the fault verifiably did nothing (no packet dropped, the process never
 #: stopped or died, no byte damaged): such a run proves nothing and is never valid (:mod:`chaos.report`).
 INEFFECTIVE = "ineffective: "
+#: Prefix of a nemesis operation's ``error`` in the history when the fault was deliberately not injected.
+NOT_APPLICABLE = "not applicable: "
 #: A kill's torn tail waits this long for in-flight operations to resolve before computing the safe offset.
 QUIESCE_TIMEOUT_S = 10.0
 
@@ -95,20 +97,29 @@ class FaultLog:
             pending = self.history.invoke("nemesis", kind, {"fault": fault_id, "node": node, **details})
         return ActiveFault(fault_id, kind, node, self.clock.now(), details, pending)
 
-    def end(self, active: ActiveFault, details: dict[str, Any] | None = None, error: str | None = None) -> None:
-        """Record the end of ``active`` now, with extra ``details`` and an ``error`` if it went wrong."""
+    def end(self, active: ActiveFault, details: dict[str, Any] | None = None, error: str | None = None,
+            *, not_applicable: str | None = None) -> None:
+        """Record the end of ``active`` now, with extra ``details`` and an ``error`` if it went wrong.
+
+        ``not_applicable``: the fault was deliberately not injected because the cluster's state made it
+        unsafe (a ``corrupt`` with no replica but the only in-sync copy); recorded as the record's
+        ``not_applicable`` reason instead of an ``error`` (see :func:`chaos.report.faults_not_done`).
+        """
         record: dict[str, Any] = {"id": active.id, "fault": active.kind, "node": active.node,
                                   "start": round(active.start, 6), "end": round(self.clock.now(), 6),
                                   "details": {**active.details, **(details or {})}}
         if error is not None:
             record["error"] = error
+        if not_applicable is not None:
+            record["not_applicable"] = not_applicable
         with self._lock:
             self.records.append(record)
             if self._file is not None:
                 self._file.write(json.dumps(record, separators=(",", ":")) + "\n")
                 self._file.flush()
         if self.history is not None and active.pending is not None:
-            self.history.complete(active.pending, INFO, record["details"], error=error or "fault ended")
+            self.history.complete(active.pending, INFO, record["details"],
+                                  error=error or (NOT_APPLICABLE + not_applicable if not_applicable else "fault ended"))
 
     def close(self) -> None:
         """Close the file (idempotent)."""
@@ -328,6 +339,8 @@ class Nemesis(threading.Thread):
         #: Problems that make the run invalid (a node that would not restart), as report entries.
         self.errors: list[dict[str, Any]] = []
         self.executed = 0
+        #: Cluster ``corrupt``: the safe replica :meth:`_corrupt_target` chose for the next ``_corrupt``.
+        self._corrupt_choice: Any = None
 
     def stop(self) -> None:
         """Ask the nemesis to stop after the current fault (a fault in progress always heals itself)."""
@@ -370,6 +383,11 @@ class Nemesis(threading.Thread):
             self._partition(spec)
             return
         index, why = self.resolve(spec)
+        if spec.kind == "corrupt" and self.leaders is not None:
+            chosen = self._corrupt_target(spec)
+            if chosen is None:
+                return
+            index, why = chosen
         if index != spec.node:
             spec = FaultSpec(spec.index, spec.at_s, spec.kind, index, spec.hold_s, spec.tear, spec.target, spec.cut)
         self._why = why
@@ -392,6 +410,32 @@ class Nemesis(threading.Thread):
             self._corrupt(spec)
         else:
             self._kill(spec)
+
+    def _corrupt_target(self, spec: FaultSpec) -> tuple[int, dict[str, Any]] | None:
+        """Cluster ``corrupt``: a fresh CLUSTER_STATUS of every up node, then a replica that is not its
+        partition's only in-sync copy (:func:`chaos.targets.choose_corrupt_target`). Returns the node and the
+        choice (``details["target"]``), or None after recording the fault as not applicable."""
+        from chaos.targets import choose_corrupt_target
+
+        assert spec.tear is not None
+        up = {n.index for n in self.cluster.nodes if n.state == "up" and n.alive()}
+        for index in sorted(up):  # the freshest view right before the kill (the tracker keeps the freshest)
+            self.leaders.poll(index)
+        keys = self.tear_targets.get(spec.node) or []
+        chosen = choose_corrupt_target(self.leaders.partitions(), self.leaders.ids, up, keys, spec.node,
+                                       spec.tear["target"], len(self.cluster))
+        drawn = keys[spec.tear["target"] % len(keys)] if keys else None
+        if chosen is None:
+            active = self.log.begin("corrupt", spec.node, {"schedule_index": spec.index})
+            self.log.end(active, {"drawn": list(drawn) if drawn else None, "up": sorted(up)},
+                         not_applicable="no replica is safe to corrupt: every partition's ISR holds no up node "
+                                        "besides the candidate (corrupting the only in-sync copy proves nothing)")
+            return None
+        self._corrupt_choice = chosen
+        return chosen.node, {"target": {"isr": list(chosen.isr), "leader": chosen.leader,
+                                        "follower": chosen.follower,
+                                        "drawn": {"node": spec.node, "topic": drawn[0], "partition": drawn[1]}
+                                        if drawn else None}}
 
     def _pause(self, spec: FaultSpec) -> None:
         node = self.cluster.nodes[spec.node]
@@ -500,10 +544,15 @@ class Nemesis(threading.Thread):
 
         assert spec.tear is not None
         node = self.cluster.nodes[spec.node]
-        targets = self.tear_targets.get(spec.node) or []
-        topic, partition = targets[spec.tear["target"] % len(targets)]
+        choice = getattr(self, "_corrupt_choice", None)
+        self._corrupt_choice = None
+        if choice is not None:  # cluster: the safe replica chosen right before this kill
+            topic, partition = choice.topic, choice.partition
+        else:
+            targets = self.tear_targets.get(spec.node) or []
+            topic, partition = targets[spec.tear["target"] % len(targets)]
         details: dict[str, Any] = {"schedule_index": spec.index, "pid": node.pid, "topic": topic,
-                                   "partition": partition}
+                                   "partition": partition, **getattr(self, "_why", {})}
         active = self.log.begin("corrupt", spec.node, details)
         node.kill()
         part = partition_dir(node.data_dir, topic, partition)

@@ -104,7 +104,8 @@ def build(meta: dict[str, Any], ops: list[Op], anomalies: dict[str, list[Anomaly
         "values": value_counts(ops),
         "faults": {"total": len(faults), "by_kind": dict(sorted(fault_kinds.items())),
                    "failed": [f for f in faults if f.get("error") and f.get("error") != "skipped"],
-                   "not_done": undone},
+                   "not_done": undone, "not_applicable": faults_not_applicable(faults)},
+        "drain_incomplete": drain_incomplete(ops),
         "workloads": workloads,
         "checkers": checkers,
         "errors": errors,
@@ -117,12 +118,29 @@ def faults_not_done(faults: list[dict[str, Any]], planned: int) -> list[str]:
     had no effect (an ``error`` in its record, see :data:`chaos.faults.INEFFECTIVE`), and a schedule of
     ``planned`` faults of which none took effect. Empty when every executed fault did something.
     A run with such a fault is never valid (exit 2 without a violation): a fault that silently did nothing
-    would otherwise make a clean run of a run that tested nothing."""
+    would otherwise make a clean run of a run that tested nothing.
+
+    A fault recorded as ``not_applicable`` (deliberately not injected, with its reason logged: a cluster
+    ``corrupt`` that found no replica but a partition's only in-sync copy) is not "not done": the harness
+    chose not to inject it because the result would prove nothing. It is listed separately
+    (:func:`faults_not_applicable`) and does not count as a fault that took effect."""
     out = [f"fault #{f['id']} {f['fault']} on node {f['node']}: {f['error']}" for f in faults if f.get("error")]
     scheduled = [f for f in faults if f["fault"] != "lose-unsynced"]
-    if planned and not any(not f.get("error") for f in scheduled):
+    if planned and not any(not f.get("error") and not f.get("not_applicable") for f in scheduled):
         out.append(f"none of the {planned} planned faults took effect")
     return out
+
+
+def faults_not_applicable(faults: list[dict[str, Any]]) -> list[str]:
+    """The faults deliberately not injected (``not_applicable`` in their record), one line each."""
+    return [f"fault #{f['id']} {f['fault']} on node {f['node']}: {f['not_applicable']}"
+            for f in faults if f.get("not_applicable")]
+
+
+def drain_incomplete(ops: list[Op]) -> list[dict[str, Any]]:
+    """The partitions the final drain could not read to their HWM (``drain-incomplete`` operations of
+    :func:`chaos.workloads.drain`): ``[{topic, partition, position, hwm, reason}, ...]``."""
+    return [dict(op.value) for op in ops if op.f == "drain-incomplete"]
 
 
 def exit_code(report: dict[str, Any]) -> int:
@@ -166,6 +184,11 @@ def summary(report: dict[str, Any]) -> str:
         lines.append(f"  HARNESS ERROR: {error}")
     for problem in report["faults"].get("not_done", [])[:5]:
         lines.append(f"  FAULT NOT DONE: {problem}")
+    for skipped in report["faults"].get("not_applicable", [])[:5]:
+        lines.append(f"  FAULT NOT APPLICABLE: {skipped}")
+    for part in report.get("drain_incomplete", []):
+        lines.append(f"  DRAIN INCOMPLETE: {part.get('topic')}/{part.get('partition')} read to "
+                     f"{part.get('position')} of hwm {part.get('hwm')} ({part.get('reason')})")
     if not report["valid"]:
         lines.append(f"reproduce: {report.get('reproduce', '')}")
     lines.append(f"details: {report.get('out', '')}/report.json")

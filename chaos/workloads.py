@@ -1025,40 +1025,63 @@ def create_topics(ctx: Context, timeout_s: float = 20.0) -> None:
 def drain(ctx: Context, groups: list[tuple[str, TopicPlan]], timeout_s: float = 60.0) -> list[str]:
     """Read every partition from its log start to its HWM, then fetch each group's committed offsets.
 
-    Operations are recorded under the process ``drain``; reads carry ``"final": true``. Returns problems
-    (a partition that could not be drained completely), which make the run invalid.
+    Operations are recorded under the process ``drain``; reads carry ``"final": true``. The ``timeout_s``
+    budget is shared between partitions (:func:`chaos.drainplan.drain_all`: a first-pass share each, then
+    the rest for the partitions cut short), so one unreadable partition cannot starve the others. A
+    partition that could not be drained to its HWM is recorded as a ``drain-incomplete`` operation (value
+    ``{topic, partition, position, hwm, reason}``, type ``fail``) and returned as a problem, which makes
+    the run invalid.
     """
+    from chaos.drainplan import Progress, drain_all
+
     admin = Admin("drain", ctx)
-    problems: list[str] = []
-    deadline = time.monotonic() + timeout_s
-    for topic in ctx.topics:
-        node = ctx.node(topic)
-        offsets: dict[str, Any] = {}
-        while not ctx.clustered and time.monotonic() < deadline:
-            kind, result, _ = admin.text(node, "drain", "list-offsets", f"LIST_OFFSETS topic={topic.name}",
-                                         {"topic": topic.name}, parse_list_offsets)
-            if kind == OK:
-                offsets = result["partitions"]
-                break
-            time.sleep(0.2)
-        for partition in range(topic.partitions):
+    plans = {topic.name: topic for topic in ctx.topics}
+    keys: list[tuple[str, int]] = [(topic.name, p) for topic in ctx.topics for p in range(topic.partitions)]
+    topic_offsets: dict[str, dict[str, Any]] = {}  # one-broker runs: one LIST_OFFSETS per topic
+
+    def list_offsets(topic: TopicPlan, partition: int, deadline: float) -> tuple[Node, dict[str, Any] | None]:
+        node = ctx.node(topic) if not ctx.clustered else ctx.target(topic, partition)
+        if not ctx.clustered and topic.name in topic_offsets:
+            return node, topic_offsets[topic.name].get(str(partition))
+        command = f"LIST_OFFSETS topic={topic.name}" + (f" partition={partition}" if ctx.clustered else "")
+        while time.monotonic() < deadline:
+            value: dict[str, Any] = {"topic": topic.name}
             if ctx.clustered:  # each partition from its final leader
+                value.update(partition=partition, node=node.index)
+            kind, result, _ = admin.text(node, "drain", "list-offsets", command, value, parse_list_offsets)
+            if kind == OK:
+                if not ctx.clustered:
+                    topic_offsets[topic.name] = result["partitions"]
+                return node, result["partitions"].get(str(partition))
+            time.sleep(0.2)
+            if ctx.clustered:
                 node = ctx.target(topic, partition)
-                while time.monotonic() < deadline:
-                    kind, result, _ = admin.text(
-                        node, "drain", "list-offsets", f"LIST_OFFSETS topic={topic.name} partition={partition}",
-                        {"topic": topic.name, "partition": partition, "node": node.index}, parse_list_offsets)
-                    if kind == OK:
-                        offsets = result["partitions"]
-                        break
-                    time.sleep(0.2)
-                    node = ctx.target(topic, partition)
-            entry = offsets.get(str(partition))
-            if entry is None:
-                problems.append(f"drain: no LIST_OFFSETS for {topic.name}/{partition}")
-                continue
-            if not _drain_partition(admin, node, topic, partition, entry["earliest"], entry["hwm"], deadline):
-                problems.append(f"drain: could not read {topic.name}/{partition} up to hwm {entry['hwm']}")
+        return node, None
+
+    def read(key: tuple[str, int], position: int | None, deadline: float) -> Progress:
+        topic, partition = plans[key[0]], key[1]
+        node, entry = list_offsets(topic, partition, deadline)
+        if entry is None:
+            return Progress(False, position, None, "no LIST_OFFSETS answer")
+        start = max(int(entry["earliest"]), position if position is not None else 0)
+        hwm = int(entry["hwm"])
+        reached, reason = _drain_partition(admin, node, topic, partition, start, hwm, deadline)
+        return Progress(reached >= hwm, reached, hwm, reason)
+
+    problems: list[str] = []
+    for key, progress in drain_all(keys, read, timeout_s).items():
+        if progress.done:
+            continue
+        topic_name, partition = key
+        pending = admin.history.invoke("drain", "drain-incomplete", {
+            "topic": topic_name, "partition": partition, "position": progress.position, "hwm": progress.hwm,
+            "reason": progress.reason})
+        admin.history.complete(pending, FAIL, error=progress.reason)
+        if progress.hwm is None:
+            problems.append(f"drain: no LIST_OFFSETS for {topic_name}/{partition}")
+        else:
+            problems.append(f"drain: could not read {topic_name}/{partition} up to hwm {progress.hwm} "
+                            f"(stopped at {progress.position}: {progress.reason})")
     for group, topic in groups:
         for partition in range(topic.partitions):
             admin.text(ctx.node(topic) if not ctx.clustered else ctx.coordinator(group),
@@ -1070,21 +1093,26 @@ def drain(ctx: Context, groups: list[tuple[str, TopicPlan]], timeout_s: float = 
 
 
 def _drain_partition(admin: Admin, node: Node, topic: TopicPlan, partition: int, start: int, hwm: int,
-                     deadline: float) -> bool:
+                     deadline: float) -> tuple[int, str]:
+    """Read ``start`` .. ``hwm`` until the monotonic ``deadline``; returns ``(next offset, why it stopped
+    short)`` (reason empty when the HWM was reached)."""
     position = start
     session = f"drain/{topic.name}/{partition}"
     while position < hwm:
         if time.monotonic() > deadline:
-            return False
+            return position, "time share used up"
         value = {"topic": topic.name, "partition": partition, "offset": position, "session": session,
                  "final": True}
-        kind, records, _ = Reading.consume(
+        kind, records, code = Reading.consume(
             admin, node, "drain", value,
             f"CONSUME topic={topic.name} partition={partition} offset={position} member=drain batch=2000")
         if kind == OK and records:
             position = records[-1][0] + 1
         elif kind == OK:
-            return False  # an empty read below the HWM: the drain cannot make progress
+            return position, "an empty read below the HWM"  # the drain cannot make progress
         else:
             time.sleep(0.2)
-    return True
+            if time.monotonic() > deadline:
+                last = " ".join(x for x in (kind or "no connection", code or "") if x)
+                return position, f"time share used up (last reply: {last})"
+    return position, ""
