@@ -10,6 +10,10 @@ listeners, every append fsynced on every replica, committed HWMs through Raft), 
   below (broker session 600 ms, heartbeats 100 ms).
 
 Run: ``python -m bench replication``. All three brokers and the load generators share this machine.
+Environment: ``CURSUS_BENCH_REPL_STEPS`` (comma-separated subset of ``capacity,sdk_producer,latency,failover``),
+``CURSUS_BENCH_REPL_FAILOVERS`` (runs of the failover case, default 5), ``CURSUS_BENCH_REPL_KEEP_DIR`` (a
+directory kept after the run for the brokers' data and logs, ``nodes/node-N.broker.log``, and
+``failover-trace.json``: per run, the kill's wall-clock time and every probe's outcome, seconds after it).
 """
 
 from __future__ import annotations
@@ -32,7 +36,10 @@ CONNECTIONS = 4
 BATCHES_PER_CONNECTION = int(os.environ.get("CURSUS_BENCH_REPL_BATCHES", "60"))
 SDK_RECORDS = int(os.environ.get("CURSUS_BENCH_REPL_SDK_RECORDS", "100000"))
 LATENCY_SAMPLES = int(os.environ.get("CURSUS_BENCH_REPL_LATENCY_SAMPLES", "500"))
-FAILOVERS = 5
+FAILOVERS = int(os.environ.get("CURSUS_BENCH_REPL_FAILOVERS", "5"))
+STEPS = [s for s in os.environ.get("CURSUS_BENCH_REPL_STEPS", "capacity,sdk_producer,latency,failover")
+         .split(",") if s]
+KEEP_DIR = os.environ.get("CURSUS_BENCH_REPL_KEEP_DIR", "")
 TIMERS = {"broker_heartbeat_interval_ms": 100, "broker_session_timeout_ms": 600, "replica_lag_time_max_ms": 2000,
           "replica_fetch_wait_max_ms": 200, "replica_ack_timeout_ms": 10000}
 
@@ -131,8 +138,19 @@ def _latency(cluster) -> dict:
             "p99_ms": round(latencies[int(len(latencies) * 0.99) - 1] * 1000, 3)}
 
 
-def _failover(cluster) -> dict:
+def _probe(broker, payload: bytes) -> tuple[bool, str]:
+    """One acks=all PUBLISH on a fresh connection: (acknowledged, outcome text for the trace)."""
+    try:
+        with Connection(*broker.address, timeout_s=2) as conn:
+            frame = conn.request(Command.PUBLISH, payload)
+    except OSError as exc:
+        return False, f"{type(exc).__name__}: {exc}"[:120]
+    return frame.status == Status.OK, frame.payload[:120].decode(errors="replace")
+
+
+def _failover(cluster, trace_path: Path | None = None) -> dict:
     times = []
+    traces = []
     for run in range(FAILOVERS):
         topic = f"fo-{run}"
         with Connection(*cluster.brokers[0].address, timeout_s=30) as conn:
@@ -147,20 +165,25 @@ def _failover(cluster) -> dict:
         others = [b for b in cluster.brokers if b is not victim]
         payload = encode_batch(Batch(topic=topic, partition=partition, acks="all",
                                      records=[Record(topic=topic, partition=partition, payload=b"fo")]))
+        trace: dict = {"run": run, "topic": topic, "partition": partition, "victim": row["leader"],
+                       "raft_leader": raft_leader, "kill_wall": time.time(), "probes": []}
         killed = time.perf_counter()
         victim.kill()
         done = False
         while not done:
             for broker in others:
-                try:
-                    with Connection(*broker.address, timeout_s=2) as conn:
-                        if conn.request(Command.PUBLISH, payload).status == Status.OK:
-                            done = True
-                            break
-                except OSError:
-                    pass
+                sent = time.perf_counter() - killed
+                done, outcome = _probe(broker, payload)
+                trace["probes"].append([round(sent, 4), round(time.perf_counter() - killed, 4),
+                                        cluster.brokers.index(broker) + 1, outcome])
+                if done:
+                    break
             time.sleep(0.002)
         times.append(time.perf_counter() - killed)
+        trace["seconds"] = times[-1]
+        traces.append(trace)
+        if trace_path is not None:
+            trace_path.write_text(json.dumps(traces, indent=1))
         victim.start(timeout_s=60)
         _wait(lambda o=others[0]: _status(o)["inactive_brokers"] == 0, 30, "victim back")
     return {"bench": "replication_failover", "runs": FAILOVERS, "median_s": round(statistics.median(times), 3),
@@ -173,17 +196,20 @@ def run() -> list[dict]:
     from tests.cluster.raftsupport import make_test_pki
 
     results = []
+    steps = {"capacity": _capacity, "sdk_producer": _sdk_producer, "latency": _latency,
+             "failover": lambda c: _failover(c, root / "failover-trace.json" if KEEP_DIR else None)}
     with tempfile.TemporaryDirectory(prefix="bench-replication-") as tmp:
-        root = Path(tmp)
-        (root / "nodes").mkdir()
+        root = Path(KEEP_DIR or tmp)
+        (root / "nodes").mkdir(parents=True)
         cluster = Cluster(root / "nodes", make_test_pki(root / "pki"), **TIMERS)
         try:
             cluster.start()
-            for step in (_capacity, _sdk_producer, _latency, _failover):
+            for name in STEPS:
+                step = steps[name]
                 try:
                     results.append(step(cluster))
                 except Exception as exc:  # one broken step must not hide the others' numbers
-                    results.append({"bench": step.__name__.strip("_"), "error": f"{type(exc).__name__}: {exc}"})
+                    results.append({"bench": f"replication_{name}", "error": f"{type(exc).__name__}: {exc}"})
         finally:
             cluster.stop()
     return results

@@ -1,7 +1,10 @@
 """Client side of the internal listener: cached ``grpc.aio`` channels to peer brokers, Fetch streams.
 
 One channel per peer address (gRPC multiplexes every stream to that peer on one HTTP/2 connection and
-reconnects by itself, with the short backoff configured here). With TLS the channel presents this
+reconnects by itself, with the short backoff configured here). A channel whose peer was down stays in
+gRPC's reconnect backoff (up to ``reconnect_backoff_max_s``) and fails every new call at once with the
+last connect error until that backoff ends, even when the peer is back: :meth:`InternalClient.reset`
+replaces it when the broker learns that the peer restarted. With TLS the channel presents this
 broker's certificate (mutual TLS) and verifies the peer against the internal CA and the HOST PART OF
 THE DIALLED ADDRESS (a DNS name or an IP address in the peer certificate's SubjectAlternativeName;
 ``cursusctl certs`` issues node certificates for ``127.0.0.1`` and ``localhost`` by default, give it
@@ -129,6 +132,8 @@ class InternalClient:
                 root_certificates=Path(tls.ca).read_bytes(), private_key=Path(tls.key).read_bytes(),
                 certificate_chain=Path(tls.cert).read_bytes())
         self._channels: dict[str, grpc.aio.Channel] = {}
+        #: Replaced channels being closed in the background (see :meth:`reset`), by their closing task.
+        self._retiring: dict[asyncio.Task[None], grpc.aio.Channel] = {}
         self._closed = False
 
     def __repr__(self) -> str:  # the token stays out of reprs and logs
@@ -213,6 +218,19 @@ class InternalClient:
             raise InternalRpcError.of(exc) from None
         return response
 
+    def reset(self, address: str, grace_s: float = 30.0) -> bool:
+        """Start afresh with ``address`` (a peer that restarted): the next call dials it at once on a new
+        channel instead of waiting out the old channel's reconnect backoff. Calls already on the old
+        channel keep it for at most ``grace_s`` seconds (it is closed in the background). Loop thread;
+        True when there was a channel to replace."""
+        channel = self._channels.pop(address, None)
+        if channel is None:
+            return False
+        task = asyncio.get_running_loop().create_task(channel.close(grace_s))
+        self._retiring[task] = channel
+        task.add_done_callback(lambda done: self._retiring.pop(done, None))
+        return True
+
     async def forget(self, address: str) -> None:
         """Close and drop the channel to ``address`` (a peer that left the cluster)."""
         channel = self._channels.pop(address, None)
@@ -225,3 +243,8 @@ class InternalClient:
         channels, self._channels = list(self._channels.values()), {}
         for channel in channels:
             await channel.close(None)
+        retiring, self._retiring = dict(self._retiring), {}
+        for task, channel in retiring.items():
+            task.cancel()
+            await channel.close(None)
+        await asyncio.gather(*retiring, return_exceptions=True)

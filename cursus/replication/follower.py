@@ -34,7 +34,8 @@ byte bounds), reads the one ``FetchResponse`` and applies it per partition:
   fetching that partition until its leader epoch changes (quarantine: the leader shrinks it out of the ISR
   by lag); it is logged and reported to the observer.
 
-A broken stream (transport error, end of stream) is reopened with exponential backoff.
+A broken stream (transport error, end of stream) is reopened with exponential backoff;
+:meth:`ReplicaFetcherManager.peer_restarted` (the leader broker is a new process) ends the backoff at once.
 
 The transport is injected: ``open_stream(address)`` returns (or resolves to) an object with
 ``async write(pb.FetchRequest)``, ``async read() -> pb.FetchResponse`` (anything else: the stream ended)
@@ -207,6 +208,16 @@ class ReplicaFetcherManager:
                 existing.start()
             existing.set_partitions(keys)
 
+    def peer_restarted(self, leader_id: str) -> bool:
+        """``leader_id`` restarted (a new incarnation): the session fetching from it, if any, reopens its
+        stream now instead of finishing a reconnect backoff grown while the old process was gone. True
+        when there was such a session. Loop thread."""
+        session = self.sessions.get(leader_id)
+        if session is None:
+            return False
+        session.reset_backoff()
+        return True
+
     def schedule_refresh(self) -> None:
         """Run :meth:`refresh` soon (from inside a session, which refresh may stop)."""
         if not self._refresh_scheduled and not self._closed:
@@ -243,6 +254,10 @@ class FetchSession:
         self.stopped: dict[PartitionKey, int] = {}
         self._changed = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
+        #: Consecutive failed streams (0 after a response): the reconnect backoff's exponent.
+        self.failures = 0
+        #: Set to end a reconnect backoff early (:meth:`reset_backoff`).
+        self._retry_now = asyncio.Event()
         #: Statistics: requests sent, responses applied, streams opened.
         self.requests = 0
         self.streams = 0
@@ -267,10 +282,14 @@ class FetchSession:
             self.stopped = {k: v for k, v in self.stopped.items() if k in keys_frozen}
         self._changed.set()
 
+    def reset_backoff(self) -> None:
+        """Forget the failures so far and end a running reconnect backoff (the leader restarted)."""
+        self.failures = 0
+        self._retry_now.set()
+
     # -------------------------------------------------------------------------------------- the loop
 
     async def _run(self) -> None:
-        failures = 0
         config = self.manager.config
         while True:
             stream: Any = None
@@ -285,19 +304,24 @@ class FetchSession:
                     response = await stream.read()
                     if not isinstance(response, pb.FetchResponse):
                         raise ConnectionError("the leader ended the fetch stream")
-                    failures = 0
+                    self.failures = 0
                     await self._apply(request, response)
             except asyncio.CancelledError:
                 raise
             except Exception as exc:
-                failures += 1
+                self.failures += 1
                 log.warning("fetch stream to %s (%s) broke: %r", self.leader_id, self.address, exc)
                 self.manager.observer.stream_broken(self.leader_id, exc)
             finally:
                 if stream is not None:
                     stream.cancel()
-            delay_ms = min(config.reconnect_backoff_max_ms, config.reconnect_backoff_ms * 2 ** min(failures - 1, 30))
-            await asyncio.sleep(max(0, delay_ms) / 1000.0)
+            delay_ms = min(config.reconnect_backoff_max_ms,
+                           config.reconnect_backoff_ms * 2 ** min(self.failures - 1, 30))
+            self._retry_now.clear()
+            try:
+                await asyncio.wait_for(self._retry_now.wait(), max(0, delay_ms) / 1000.0)
+            except TimeoutError:
+                pass
 
     async def _next_request(self) -> pb.FetchRequest:
         """The next request: every fetchable partition (waits while there is none)."""

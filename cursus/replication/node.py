@@ -49,6 +49,18 @@ def internal_address(broker: Broker) -> str:
     return config.internal_advertised_address or f"{config.advertised}:{config.internal_broker_port}"
 
 
+def restarted_peers(old: MetadataState, new: MetadataState, local_id: str) -> dict[str, set[str]]:
+    """Brokers other than ``local_id`` registered in both states with another (non-empty) incarnation in
+    ``new``: broker id -> their internal addresses in either state (non-empty)."""
+    restarted: dict[str, set[str]] = {}
+    for broker_id, info in new.brokers.items():
+        before = old.brokers.get(broker_id)
+        if broker_id == local_id or before is None or not info.incarnation or before.incarnation == info.incarnation:
+            continue
+        restarted[broker_id] = {a for a in (before.internal_address, info.internal_address) if a}
+    return restarted
+
+
 class _Observer(LeaderObserver, FollowerObserver):
     """Replication events as Prometheus metrics."""
 
@@ -143,7 +155,16 @@ class ReplicationNode:
         return port
 
     def on_metadata(self, old: MetadataState, new: MetadataState) -> None:
-        """Metadata listener (after the replicas took their roles): fetch from the current leaders."""
+        """Metadata listener (after the replicas took their roles): fetch from the current leaders.
+
+        A peer registered with a new incarnation restarted: its channel is replaced and a session fetching
+        from it ends its reconnect backoff (:func:`restarted_peers`), so followers reach a restarted
+        broker as soon as it listens instead of after the backoffs grown while it was down (issue 13:
+        seconds of acks=all delay when a broker that had just restarted became a partition leader)."""
+        for broker_id, addresses in restarted_peers(old, new, self.broker.broker_id).items():
+            for address in addresses:
+                self.client.reset(address)
+            self.fetchers.peer_restarted(broker_id)
         self.fetchers.refresh()
 
     def replica_lag(self) -> dict[PartitionKey, dict[str, tuple[int, float]]]:

@@ -494,3 +494,42 @@ async def test_append_txn_record_is_authenticated_and_bound_to_the_caller_identi
     assert info.value.code == grpc.StatusCode.UNAUTHENTICATED
     assert seen == [("node-2", "t")]
     assert server.refusals == {"follower_mismatch": 1, "wrong_token": 1}
+
+
+async def test_reset_reaches_a_restarted_peer_at_once_and_lets_old_calls_finish(make_server, clients,
+                                                                                pki) -> None:
+    """A channel whose peer was down for seconds sits in gRPC's reconnect backoff and refuses new calls at
+    once with the stale connect error, even after the peer is back (issue 13); ``reset`` gives the next
+    call a fresh channel that dials now, while a call already waiting on the old channel still completes."""
+    server = await make_server(Echo(), tls=pki.files("node-1"))
+    port = server.bound_port
+    client = client_for(clients, "node-2", pki.files("node-2"))
+    target = address(server)
+    stream = client.fetch_stream(target)
+    assert (await exchange(stream, "node-2", 0)).partitions[0].leo == 0
+    stream.cancel()
+    await server.stop(0)
+    down_until = time.monotonic() + 3.0  # down for seconds: the channel's backoff grows towards 2 s
+    while time.monotonic() < down_until:
+        with pytest.raises(InternalRpcError):
+            await exchange(client.fetch_stream(target), "node-2", 0)
+        await asyncio.sleep(0.05)
+    old = client.channel(target)
+    back = await make_server(Echo(), tls=pki.files("node-1"), port=port)
+
+    async def txn_handler(coordinator_id: str, request: pb.TxnRecordRequest) -> pb.TxnRecordResponse:
+        return pb.TxnRecordResponse(end_offset=3)
+
+    back.txn_handler = txn_handler
+    # a call with wait_for_ready on the old channel: it waits out that channel's backoff
+    waiting = asyncio.ensure_future(client.append_txn_record(
+        target, pb.TxnRecordRequest(coordinator_id="node-2", topic="t", partition=0, kind="data"), STEP_S))
+    await asyncio.sleep(0)
+    assert client.reset(target) and not client.reset("127.0.0.1:1")
+    assert client.channel(target) is not old
+    started = time.monotonic()
+    fresh = client.fetch_stream(target)
+    assert (await exchange(fresh, "node-2", 5)).partitions[0].leo == 5  # the first attempt, no backoff
+    assert time.monotonic() - started < 1.0
+    fresh.cancel()
+    assert (await asyncio.wait_for(waiting, STEP_S)).end_offset == 3  # the old channel's call was not cut

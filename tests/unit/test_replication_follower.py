@@ -14,7 +14,12 @@ import pytest_asyncio
 
 from cursus.internal.v1 import replication_pb2 as pb
 from cursus.metadata.state import PartitionAssignment
-from cursus.replication.follower import FollowerObserver, ReplicaFetcherManager, last_fetched_epoch
+from cursus.replication.follower import (
+    FetcherConfig,
+    FollowerObserver,
+    ReplicaFetcherManager,
+    last_fetched_epoch,
+)
 from cursus.replication.isr import IsrTracker
 from cursus.replication.leader import LeaderFetchConfig, LeaderFetchService
 from cursus.wire.errors import TypedError
@@ -248,6 +253,36 @@ async def test_a_broken_stream_is_reopened_with_backoff(nodes) -> None:
     follower.become_leader(2, isr=("b",))
     manager.refresh()
     assert manager.sessions == {}
+
+
+@pytest.mark.asyncio
+async def test_a_restarted_leader_ends_the_reconnect_backoff_at_once(nodes) -> None:
+    """Failed opens grow the session's backoff (here to 60 s); ``peer_restarted`` (the leader broker registered
+    a new incarnation) resets it and the stream is reopened now, not after the backoff."""
+    a, b, metadata, clock = nodes("a"), nodes("b"), Metadata(), Clock()
+    leader, follower = a.open(), b.open()
+    leader.become_leader(1, isr=("a", "b"))
+    follower.become_follower(1, "a")
+    assign(metadata, "a", 1)
+    await publish(leader, 2)
+    recorder = Recorder()
+    transport = Transport("b", {"a": make_service(a, metadata, clock)})
+    transport.fail_opens = 2
+    config = FetcherConfig(max_wait_ms=200, backoff_ms=20, reconnect_backoff_ms=30_000,
+                           reconnect_backoff_max_ms=60_000)
+    manager = make_manager(b, metadata, clock, transport, config, observer=recorder)
+    nodes.managers.append(manager)
+    manager.refresh()
+    await until(lambda: len(recorder.broken) == 1)  # first open refused: a 30 s backoff begins
+    session = manager.sessions["a"]
+    assert session.failures == 1
+    assert not manager.peer_restarted("c")  # no session with that broker
+    assert manager.peer_restarted("a")
+    await until(lambda: len(recorder.broken) == 2, timeout_s=5)  # reopened at once (and refused again)
+    assert session.failures == 1  # counted afresh, so the next backoff is the first one again
+    manager.peer_restarted("a")
+    await until(lambda: follower.durable_end_offset == 2, timeout_s=5)
+    assert len(transport.opened) == 1 and session.failures == 0
 
 
 @pytest.mark.asyncio
