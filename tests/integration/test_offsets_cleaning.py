@@ -129,6 +129,8 @@ def test_expired_group_tombstone_is_cleaned_and_the_group_stays_deleted(broker_f
 
     with connect(broker) as conn:
         members = setup(conn)
+        for p in range(PARTITIONS):  # room for the commits below: how many it takes depends on the machine's pace
+            publish_batch(conn, "orders", p, [b"x"] * 9300)
         member, generation = join(conn, "doomed", "gone")
         ok_fields(conn.command(f"COMMIT_OFFSET topic=doomed partition=0 group=gone offset=7 member={member} "
                                f"generation={generation}"))
