@@ -1,18 +1,23 @@
-"""Chaos finding F: a deposed leader resumed from SIGSTOP never shows an HWM below the new committed one.
+"""Chaos findings F and I: a deposed leader resumed from SIGSTOP never shows an HWM below the new committed
+one, and a STREAM open on it ends instead of going on as a follower.
 
 A partition leader paused past ``broker_session_timeout_ms`` is fenced; another broker leads and commits
 more acks=all records. Right after SIGCONT the paused node still believes it leads (it has not applied the
 new metadata yet); without a read lease it answered LIST_OFFSETS with its old, lower HWM. With the lease
 (:meth:`cursus.cluster.controller.Controller.lease_valid`) it refuses reads with ``leader_not_available``
-until a fresh own heartbeat is applied, and by then it applied the leadership change too.
+until a fresh own heartbeat is applied, and by then it applied the leadership change too. A STREAM opened
+while it led kept pushing after it became a follower (finding I, chaos seed 13: up to an HWM its FSM had
+applied before the new leader's had, so LIST_OFFSETS on the leader then showed less); it now ends with
+``NOT_LEADER``/``leader_not_available``.
 """
 
 from __future__ import annotations
 
+import threading
 import time
 
 from cursus.client.connection import Connection
-from cursus.wire import Status, decode_batch
+from cursus.wire import Command, CommandPayload, Status, decode_batch, encode_crq2
 from tests.cluster.clustersupport import Cluster, wait_for
 from tests.cluster.replsupport import (
     _field,
@@ -76,3 +81,48 @@ def test_resumed_deposed_leader_never_shows_an_older_hwm(cluster: Cluster) -> No
     errors = {v for k, v in seen if k == "error"}
     assert errors <= {"leader_not_available", "NOT_LEADER"}, errors
     assert seen, "no answer from the resumed node"
+
+
+def test_a_stream_on_a_deposed_leader_ends_instead_of_serving_as_a_follower(cluster: Cluster) -> None:
+    topic = "stream-deposed"
+    make_topic(cluster, topic)
+    old = leader_proc(cluster, topic)
+    with conn(old) as c:
+        publish_ok(c, topic, [f"a{k}".encode() for k in range(10)])
+    wait_for(lambda: partition_state(cluster, topic)["committed_hwm"] == 10, 10, "the committed HWM applied")
+    frames: list[tuple[str, object]] = []
+    ended = threading.Event()
+
+    def read_stream() -> None:  # the stream's frames, until it ends (or the connection does)
+        payload = encode_crq2(CommandPayload((), {"topic": topic, "partition": "0", "offset": "0"}))
+        try:
+            with Connection(*old.address, timeout_s=30) as c:
+                for frame in c.stream(Command.STREAM, payload):
+                    if frame.status == Status.ERROR:
+                        frames.append(("error", error_of(frame).code))
+                    elif frame.status == Status.OK and frame.payload:
+                        frames.append(("records", [r.offset for r in decode_batch(frame.payload).records]))
+                    else:
+                        frames.append(("other", bytes(frame.payload[:40])))
+        except OSError as exc:
+            frames.append(("closed", repr(exc)))
+        finally:
+            ended.set()
+
+    reader = threading.Thread(target=read_stream, daemon=True)
+    reader.start()
+    wait_for(lambda: ("records", list(range(10))) in frames, 10, "the stream delivered the first records")
+    others = [b for b in cluster.brokers if b is not old]
+    old.pause()
+    new = wait_for(lambda: (p := leader_proc(cluster, topic, via=others[0])) is not None and p is not old and p,
+                   30, "another broker leads")
+    with conn(new) as c:
+        publish_ok(c, topic, [f"b{k}".encode() for k in range(10)])
+    wait_for(lambda: partition_state(cluster, topic, via=others[0])["committed_hwm"] >= 20, 10,
+             "the new committed HWM")
+    old.resume()
+    assert ended.wait(20), f"the stream on the deposed leader went on after it resumed: {frames}"
+    after = frames[frames.index(("records", list(range(10)))) + 1:]
+    served = [v for k, v in after if k == "records"]
+    assert not served, f"the deposed leader pushed records it no longer leads: {served}"
+    assert after[-1][0] == "error" and after[-1][1] in {"NOT_LEADER", "leader_not_available"}, after

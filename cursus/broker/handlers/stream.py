@@ -18,7 +18,9 @@ Start offset: no ``offset=``: the group's committed offset, else the log start; 
 of it and the committed offset (as CONSUME, decision 14). STREAM never commits and never checks ownership
 (it is a stateless partition read). Errors found before the stream starts (bad arguments, unknown topic,
 an offset past the log end, ``too_many_connections`` beyond ``max_stream_connections``) are ordinary ERROR
-replies.
+replies. A stream whose broker stops leading the partition, or may no longer show its HWM, ends with an
+ERROR frame as a CONSUME there would be answered: ``NOT_LEADER leader=`` (facts A6: clients follow it) or
+the retryable ``leader_not_available``.
 """
 
 from __future__ import annotations
@@ -32,7 +34,7 @@ from cursus.broker.handlers.fetch import read_batch, read_target
 from cursus.broker.replica import Replica
 from cursus.broker.request import Parts, Request, StreamReply, StreamSink
 from cursus.wire import Status
-from cursus.wire.errors import BrokerError
+from cursus.wire.errors import BrokerError, encode_error
 
 log = logging.getLogger("cursus.stream")
 
@@ -113,6 +115,17 @@ class PartitionStream(StreamReply):
         if self._waiter is not None and not self._waiter.done():
             self._waiter.cancel()
 
+    async def _end_unless_serving(self) -> bool:
+        """End the stream with an ERROR frame (:meth:`_not_serving`) and return True, or return False."""
+        error = self._not_serving()
+        if error is None:
+            return False
+        self.close_reason = "error"
+        self.broker.streams.discard(self)
+        log.debug("STREAM %s/%d ended at %d: %s", self.topic, self.replica.partition, self.offset, error.error.code)
+        await self._send(Status.ERROR, encode_error(error.error))
+        return True
+
     async def _close(self, reason: str) -> None:
         if self.close_reason is not None:
             return
@@ -145,6 +158,21 @@ class PartitionStream(StreamReply):
         activity = max(self.opened_ms, self.broker.coordinator.last_activity_ms(self.group, self.member, self.topic))
         return self.broker.clock.monotonic_ms() - activity
 
+    def _not_serving(self) -> BrokerError | None:
+        """The error that ends the stream when this broker may no longer show the partition's HWM, else None.
+
+        A stream is served only while its replica leads and is readable, as every CONSUME is
+        (:meth:`Broker.replica`, :meth:`Replica.check_readable`): a broker that lost the leadership answers
+        ``NOT_LEADER leader=`` (the client follows it), one whose leadership is in doubt (read lease expired,
+        a new leader preparing) the retryable ``leader_not_available``. Without this check a deposed leader
+        kept pushing as a follower, up to an HWM the new leader had not applied yet (chaos finding I).
+        """
+        try:
+            self.broker.replica(self.topic, self.replica.partition).check_readable()
+        except BrokerError as exc:
+            return exc
+        return None
+
     def _ended(self) -> str | None:
         """A close reason if the stream cannot continue, else None."""
         replica = self.replica
@@ -170,6 +198,8 @@ class PartitionStream(StreamReply):
                 if reason is not None:
                     await self._close(reason)
                     return
+                if await self._end_unless_serving():
+                    return
                 replica = self.replica
                 readable = self.broker.transactions.readable_end(replica, self.isolation)
                 if self.offset < readable:
@@ -188,7 +218,7 @@ class PartitionStream(StreamReply):
                                       self.offset)
                         await self._close("error")
                         return
-                    if self.close_reason is not None:
+                    if self.close_reason is not None or await self._end_unless_serving():
                         return
                     await self._send(Status.OK, payload)
                     self.offset = next_offset
