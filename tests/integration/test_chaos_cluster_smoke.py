@@ -5,10 +5,9 @@ longer than the election timeout and network partitions (isolate, split, one-way
 Longer runs: ``make chaos`` / ``make chaos-long`` (docs/chaos.md).
 
 A run that finds violations raises :class:`ChaosViolation` and fails the test: the broker anomalies the
-harness found (findings A to F in docs/chaos.md) are fixed, each with a deterministic regression test.
-``KNOWN_BROKER_ANOMALIES`` is the switch to set back to True (an expected, non-strict failure) only while a
-newly found anomaly is open. Anything else (the harness crashing, a fault that did not take effect, no
-faults injected, too little traffic) fails the test either way.
+harness found (findings A to I in docs/chaos.md) are fixed, each with a deterministic regression test, so
+any violation is a new anomaly to fix. Anything else (the harness crashing, a fault that did not take effect,
+no faults injected, too little traffic) fails the test too.
 """
 
 from __future__ import annotations
@@ -26,8 +25,6 @@ from tests.integration.test_chaos_smoke import _chaos
 #: (partition leader, random), pauses and partitions (isolate, split).
 SEED = 11
 DURATION_S = 70
-#: True only while a broker anomaly found by the harness is open (see the module docstring).
-KNOWN_BROKER_ANOMALIES = False
 
 
 class ChaosViolation(AssertionError):
@@ -39,8 +36,6 @@ pytestmark = [pytest.mark.slow, pytest.mark.timeout(240),
                                  reason="the cluster harness needs root, unshare, ip and nft")]
 
 
-@pytest.mark.xfail(KNOWN_BROKER_ANOMALIES, raises=ChaosViolation, strict=False,
-                   reason="an open broker anomaly found by the cluster harness (docs/chaos.md)")
 def test_cluster_chaos_smoke_kill_pause_partition(tmp_path: Path) -> None:
     out = tmp_path / "chaos-cluster"
     proc = _chaos("run", "--nodes", "3", "--duration", str(DURATION_S), "--faults", "kill,pause,partition",
