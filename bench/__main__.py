@@ -28,8 +28,18 @@ def main(argv: list[str]) -> int:
     """Import and run the bench modules; return a process exit code.
 
     A module that fails prints one ``{"module": ..., "error": ...}`` line and the run
-    goes on with the next module; the exit code is then 1.
+    goes on with the next module; the exit code is then 1. An option (``-h``, ``--help``) or a name that
+    is no bench module prints the usage and runs nothing (exit 0 for help, 2 otherwise).
     """
+    known = {name.removeprefix("bench_") for name in (*_module_names([]), *_ON_REQUEST)}
+    unknown = [name for name in argv if name.removeprefix("bench_") not in known]
+    if unknown:
+        help_asked = all(name in ("-h", "--help") for name in unknown)
+        print((__doc__ or "").strip() + "\n\nmodules: " + " ".join(sorted(known)),
+              file=sys.stdout if help_asked else sys.stderr)
+        if not help_asked:
+            print(f"unknown bench module(s): {' '.join(unknown)}", file=sys.stderr)
+        return 0 if help_asked else 2
     failed = False
     for name in _module_names(argv):
         try:
