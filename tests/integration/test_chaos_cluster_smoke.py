@@ -6,8 +6,8 @@ Longer runs: ``make chaos`` / ``make chaos-long`` (docs/chaos.md).
 
 A run that finds violations raises :class:`ChaosViolation` and fails the test: the broker anomalies the
 harness found (findings A to I in docs/chaos.md) are fixed, each with a deterministic regression test; J is
-open and has not shown with this seed. Any violation is an anomaly to fix. Anything else (the harness crashing, a fault that did not take effect,
-no faults injected, too little traffic) fails the test too.
+open and has not shown with this seed. Anything else (the harness crashing, a fault that did not take
+effect, no faults injected, too little traffic) fails the test too.
 """
 
 from __future__ import annotations
