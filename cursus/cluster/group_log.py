@@ -284,12 +284,25 @@ class RaftGroupLog:
     def observe(self, command: Command | None) -> None:
         """Metadata observer (event loop, commit order; the state is the one after ``command``): adopt the
         records of accepted GroupRecords this broker is not waiting for; after a snapshot restore
-        (``command`` None) adopt every group without commands of ours in flight."""
+        (``command`` None) adopt every group from the restored state.
+
+        A snapshot install jumps over commands this broker never saw applied, so a group with commands of
+        ours in flight cannot tell which of them the snapshot holds: they fail now as
+        ``request_timeout outcome=unknown`` (one that commits later is adopted like a foreign record), and
+        the group is adopted from the restored state, so the coordinator's rollback lands on the committed
+        state rather than on its copy from before the gap (chaos finding J)."""
         state = self._state()
         if command is None:
+            for name in list(self._staged):
+                staged = self._staged[name]
+                first = next(iter(staged.futures), None)
+                if first is not None:
+                    self._fail_from(staged, first, BrokerError.of(
+                        "request_timeout", outcome="unknown", group=name, reason="metadata_snapshot_installed"))
+                else:
+                    del self._staged[name]
             for name, entry in state.groups.items():
-                if name not in self._staged:  # commands of ours in flight publish (or fail) themselves
-                    self._adopt(name, entry)
+                self._adopt(name, entry)
             return
         if not isinstance(command, GroupRecords):
             return

@@ -41,10 +41,15 @@ class SharedLog:
         self.drop_next = False
         #: When set, a submit answers only once it is set (its command is applied and delivered at once).
         self.gate: asyncio.Event | None = None
+        #: origin -> set when its cut ends: until then its submits hang, then time out unapplied.
+        self.cut: dict[str, asyncio.Event] = {}
 
     async def submit(self, origin: str, command: Command) -> ApplyResult:
         gate = self.gate
         await asyncio.sleep(0)  # a commit takes a loop turn, so appends pipeline
+        if origin in self.cut:  # isolated: the command never reaches the leader
+            await self.cut[origin].wait()
+            raise BrokerError.of("request_timeout", outcome="unknown")
         if self.drop_next:  # the commit timed out and the command never made it into the log
             self.drop_next = False
             raise BrokerError.of("request_timeout", outcome="unknown")
@@ -113,6 +118,11 @@ class Node:
         held, self.held = self.held or [], None
         for state, command in held:
             self.deliver(state, command)
+
+    def install_snapshot(self) -> None:
+        """Catch up by a Raft snapshot install: the latest state at once, the commands in between unseen."""
+        self.held, self.view = None, self.log.truth
+        self.group_log.observe(None)
 
 
 async def cluster() -> tuple[SharedLog, dict[str, Node]]:
@@ -231,3 +241,34 @@ async def test_a_commit_answered_after_newer_records_were_adopted_does_not_regre
     gate.set()
     assert await task == 1
     assert owner.coord.fetch_offset("g", "t", 0) == 30  # the late answer did not publish its older copy
+
+
+async def test_an_isolated_owner_caught_up_by_a_snapshot_does_not_serve_its_older_offsets() -> None:
+    """Chaos finding J: the owner is cut off with commits in flight, another broker owns the group and
+    commits newer offsets, the old owner catches up by a snapshot install (never seeing those commands),
+    its own commits fail, and it owns the group again: it serves the newer offsets, not its copy from
+    before the cut."""
+    log, nodes = await cluster()
+    owner = nodes[log.truth.group_coordinator("g")]
+    joined = await owner.coord.join("g", "c", topic="t", generation=None)
+    member, gen = joined.member_id, joined.group.generation
+    await owner.coord.commit("g", "t", member, gen, {0: 10, 1: 10})
+    owner.held, log.cut[owner.id] = [], asyncio.Event()
+    inflight = [asyncio.ensure_future(owner.coord.commit("g", "t", member, gen, {0: 11 + n})) for n in range(3)]
+    for _ in range(5):
+        await asyncio.sleep(0)
+    log.run(FenceBroker("fence", owner.id))
+    successor = nodes[log.truth.group_coordinator("g")]
+    await asyncio.sleep(0)
+    await successor.coord.commit("g", "t", member, gen, {0: 60, 1: 70})
+    log.run(BrokerHeartbeat("back", BrokerInfo(owner.id, owner.view.brokers[owner.id].client_address), 50))
+    assert log.truth.group_coordinator("g") == owner.id
+    owner.install_snapshot()
+    log.cut.pop(owner.id).set()
+    outcomes = await asyncio.gather(*inflight, return_exceptions=True)
+    assert all(isinstance(o, BrokerError) and o.error.code == "request_timeout" for o in outcomes)
+    await owner.coord.take_ownership(["g"])
+    assert (owner.coord.fetch_offset("g", "t", 0), owner.coord.fetch_offset("g", "t", 1)) == (60, 70)
+    await owner.coord.commit("g", "t", member, gen, {0: 61})
+    assert all((n.coord.fetch_offset("g", "t", 0), n.coord.fetch_offset("g", "t", 1)) == (61, 70)
+               for n in nodes.values())
