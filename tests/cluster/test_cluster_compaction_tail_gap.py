@@ -48,6 +48,10 @@ def test_a_rebuilt_follower_skips_a_gap_at_the_end_of_the_leaders_log(cluster: C
     values = {k: f"{k}:".encode() + b"v" * 140 for k in kept}
     _send(first, topic, kept, [values[k] for k in kept], "all")  # [0, 20): survives every cleaning
     _send(first, topic, [f"t{n}" for n in range(4)], [b""] * 4, "all")  # [20, 24): tombstones
+    # the cleaner stops at the FSM's committed HWM, which Raft cannot move once both followers are paused:
+    # wait until the leader's coalesced HWM commit has landed, or the cleaner is gated below 24
+    wait_for(lambda: partition_state(cluster, topic, via=first)["committed_hwm"] == 24, 15,
+             "the committed HWM reaches 24 before the followers pause")
     for follower in followers:
         follower.pause()
     try:
