@@ -96,6 +96,8 @@ class LogCleanerService:
         index = broker.transactions.read_index(replica.topic, replica.partition)
         if index is not None:
             end = index.lso(end)
+        elif broker.transactions.rebuilding((replica.topic, replica.partition)):
+            return None  # a new leader's transaction index is not back from the log: its LSO is unknown
         state = broker.metadata.state
         if state.cluster:
             committed = cluster_gate(state, state.assignment(replica.topic, replica.partition),

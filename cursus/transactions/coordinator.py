@@ -74,6 +74,10 @@ CRASH_POINTS = ("after_prepare_commit", "after_first_marker", "after_markers", "
 _CRASH_AT = {point: prefix for point, _, prefix in (item.partition("@") for item in
                                                      os.environ.get("CURSUS_TXN_CRASH_AT", "").split(",") if item)}
 _U32_LEN = 4
+#: Test-only (``CURSUS_TXN_INDEX_SCAN_DELAY_MS=<ms>@<topic prefix>``): an index rebuild of a partition of such a
+#: topic sleeps that long after each marker it scans, widening the window in which the index is not back
+#: yet (regression tests pin what read_committed sees meanwhile). Unset in production.
+_SCAN_DELAY_MS, _, _SCAN_DELAY_PREFIX = os.environ.get("CURSUS_TXN_INDEX_SCAN_DELAY_MS", "").partition("@")
 
 
 def _crash_point(name: str, tid: str = "") -> None:
@@ -95,7 +99,8 @@ class TransactionCoordinator:
         #: cluster: shard -> the shard epoch this broker took it at (its entries are in :attr:`entries`)
         self._owned: dict[int, int] = {}
         #: cluster: partitions whose index is being rebuilt from the log (read_committed waits)
-        self._rebuilding: set[TopicPartition] = set()
+        #: (the token of the rebuild running: a rebuild finishing late, for an older epoch, changes nothing)
+        self._rebuilding: dict[TopicPartition, object] = {}
         #: cluster: partitions led here whose index is complete (rebuilt after this broker became leader):
         #: only these take transactional records
         self._txn_ready: set[TopicPartition] = set()
@@ -158,20 +163,26 @@ class TransactionCoordinator:
             log.warning("transaction journal: truncated a torn tail of %d bytes", jstate.truncated_bytes)
         self.entries = dict(jstate.entries)
         for tp in sorted(jstate.touched):
-            await self._rebuild_index(tp)
+            index = await self._scan_index(tp)
+            if index is not None:
+                self.indexes[tp] = index
         await self._recover()
         self.ready = True
         self._arm_timer()
         log.info("transactions recovered: %d ids, %d partitions indexed in %.0f ms", len(self.entries),
                  len(self.indexes), (time.monotonic() - started) * 1000)
 
-    async def _rebuild_index(self, tp: TopicPartition) -> None:
+    async def _scan_index(self, tp: TopicPartition) -> PartitionTxnIndex | None:
+        """The transaction index of ``tp`` rebuilt from its whole log (None: no local replica). The caller
+        installs it: it is filled on a blocking thread and is never visible to readers half-built (a
+        read_committed read taking a partial index would not hide the aborted records it has not reached)."""
         replica = self.broker.replicas.get(tp)
         if replica is None:
-            return
-        index = self.indexes[tp] = self._new_index(tp)
+            return None
+        index = self._new_index(tp)
         plog = replica.log
         finals: dict[tuple[str, str, int], bool] = {}
+        delay_s = int(_SCAN_DELAY_MS) / 1000.0 if _SCAN_DELAY_MS and tp[0].startswith(_SCAN_DELAY_PREFIX) else 0.0
 
         def scan() -> None:
             offset = plog.log_start_offset
@@ -192,6 +203,8 @@ class TransactionCoordinator:
                         key = (info.transactional_id, info.producer_id, info.producer_epoch)
                         index.on_marker(info.producer_id, info.offset, commit=info.marker == "commit",
                                         final=finals.get(key, True))
+                        if delay_s:
+                            time.sleep(delay_s)  # test-only (CURSUS_TXN_INDEX_SCAN_DELAY_MS)
                 offset = result.next_offset
 
         seen: list[tuple[str, int, int, int]] = []
@@ -207,6 +220,9 @@ class TransactionCoordinator:
             if entry is not None and entry.state == st.OPEN and entry.epoch == epoch and txn is not None \
                     and offset >= txn.first_offset:
                 self._published.setdefault(tid, {})[(tp[0], seq)] = (tp[1], offset + 1)
+        if self.cluster:  # decisions applied while the scan ran (observe only saw the installed indexes)
+            self._finalize_decided(index)
+        return index
 
     async def _recover(self) -> None:
         for tid, entry in sorted(self.entries.items()):
@@ -738,13 +754,21 @@ class TransactionCoordinator:
 
     def readable_end(self, replica: Replica, isolation: str) -> int:
         """Where a read of ``replica`` stops: the LSO for read_committed on a transactional partition, else
-        the HWM."""
+        the HWM. A cluster leader of a partition that ever took transactional records serves nothing to
+        read_committed (its log start) until its index is rebuilt from the log and installed whole."""
         if isolation != "read_committed":
             return replica.hwm
-        if self._rebuilding and (replica.topic, replica.partition) in self._rebuilding:
-            return min(replica.hwm, replica.log.log_start_offset)  # nothing is stable until the index is back
-        index = self.indexes.get((replica.topic, replica.partition))
-        return replica.hwm if index is None else index.lso(replica.hwm)
+        tp = (replica.topic, replica.partition)
+        index = self.indexes.get(tp)
+        if index is not None and tp not in self._rebuilding:
+            return index.lso(replica.hwm)
+        if not self._index_complete(tp):
+            # a cluster leader of a partition that ever took transactional records, whose index is not back
+            # from the log yet: nothing is stable (start the rebuild when none runs, e.g. an empty log's)
+            if self.cluster and tp not in self._rebuilding and replica.writable:
+                self.on_leader_ready(replica)
+            return min(replica.hwm, replica.log.log_start_offset)
+        return replica.hwm
 
     async def wait_readable(self, replica: Replica, offset: int, timeout_s: float, isolation: str) -> None:
         """Wait until :meth:`readable_end` passes ``offset`` or ``timeout_s`` passes: on the HWM
@@ -852,7 +876,7 @@ class TransactionCoordinator:
         for tp in [tp for tp in {*self.indexes, *self._txn_ready}
                    if (a := new.assignment(*tp)) is None or a.leader != me]:
             self.indexes.pop(tp, None)
-            self._rebuilding.discard(tp)
+            self._rebuilding.pop(tp, None)
             self._txn_ready.discard(tp)
 
     def _resume_later(self, tid: str) -> None:
@@ -920,11 +944,7 @@ class TransactionCoordinator:
         state = self.broker.metadata.state
         if command is None:
             for index in self.indexes.values():
-                for pid, txn in list(index.open.items()):
-                    entry = state.txn_entry(txn.transactional_id)
-                    if entry is not None and entry.state in st.TERMINAL and entry.producer_id == pid \
-                            and entry.epoch == txn.producer_epoch and txn.marker_offset is not None:
-                        index.finalize(pid)
+                self._finalize_decided(index)
             return
         if not isinstance(command, TxnSync):
             return
@@ -949,27 +969,40 @@ class TransactionCoordinator:
                 if current is None or _substance(current) != _substance(entry):  # not just our own, seen late
                     self.entries[entry.transactional_id] = entry
 
+    def _finalize_decided(self, index: PartitionTxnIndex) -> None:
+        """Resolve every marked transaction of ``index`` whose applied decision is final (cluster)."""
+        state = self.broker.metadata.state
+        for pid, txn in list(index.open.items()):
+            entry = state.txn_entry(txn.transactional_id)
+            if entry is not None and entry.state in st.TERMINAL and entry.producer_id == pid \
+                    and entry.epoch == txn.producer_epoch and txn.marker_offset is not None:
+                index.finalize(pid)
+
     def on_leader_ready(self, replica: Replica) -> None:
         """A cluster replica became its partition's leader: rebuild its transaction index from the log when
         the partition ever took transactional records (read_committed waits until it is back)."""
         tp = (replica.topic, replica.partition)
         self.indexes.pop(tp, None)
         self._txn_ready.discard(tp)
+        self._rebuilding.pop(tp, None)  # an older epoch's rebuild installs nothing now
         if not self.cluster:
             return
         if tp not in self.broker.metadata.state.txn_touched:
             self._txn_ready.add(tp)
             return
-        self._rebuilding.add(tp)
+        token = self._rebuilding[tp] = object()
         epoch = replica.leader_epoch
 
         async def rebuild() -> None:
             try:
-                await self._rebuild_index(tp)
-                if replica.leader_epoch == epoch and self.broker.replicas.get(tp) is replica:
+                index = await self._scan_index(tp)
+                if index is not None and self._rebuilding.get(tp) is token and replica.leader_epoch == epoch \
+                        and self.broker.replicas.get(tp) is replica and replica.writable:
+                    self.indexes[tp] = index
                     self._txn_ready.add(tp)
             finally:
-                self._rebuilding.discard(tp)
+                if self._rebuilding.get(tp) is token:
+                    del self._rebuilding[tp]
                 self._wake(tp)
         self._spawn(rebuild())
 

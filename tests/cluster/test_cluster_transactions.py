@@ -24,7 +24,7 @@ from pathlib import Path
 import pytest
 
 from cursus.partitioning import partition_for_txn_record
-from cursus.wire import TXN_CONTROL_MARKER_PAYLOAD
+from cursus.wire import TXN_CONTROL_MARKER_PAYLOAD, decode_batch
 from tests.brokerproc import BrokerProcess
 from tests.cluster.clustersupport import Cluster, wait_for
 from tests.cluster.test_cluster_groups import RoutingConnection
@@ -37,6 +37,8 @@ TIMEOUT_MS = 8000
 CRASH = "after_prepare_commit@crashprep-"
 #: Only this broker dies as a partition leader between markers (two deaths would leave Raft no quorum).
 MARKER_VICTIM = "node-3"
+#: Topics named so rebuild their transaction index slowly on a new leader (a pause after each marker).
+SLOW_INDEX, SCAN_DELAY_MS = "slowidx", 1000
 _names = itertools.count(1)
 
 
@@ -45,6 +47,7 @@ def cluster(tmp_path_factory: pytest.TempPathFactory, pki) -> Iterator[Cluster]:
     c = Cluster(Path(tmp_path_factory.mktemp("txcluster")), pki, transaction_timeout_ms=TIMEOUT_MS,
                 consumer_session_timeout_ms=60000)
     for broker in c.brokers:
+        broker.env["CURSUS_TXN_INDEX_SCAN_DELAY_MS"] = f"{SCAN_DELAY_MS}@{SLOW_INDEX}"
         broker.env["CURSUS_TXN_CRASH_AT"] = CRASH + (
             ",leader_after_marker@crashmark-" if broker.log_dir.name == MARKER_VICTIM else "")
     try:
@@ -65,8 +68,8 @@ def _name(prefix: str) -> str:
     return f"{prefix}{next(_names)}-{int(time.time() * 1000) % 100000}"
 
 
-def _topic(conn: RoutingConnection, partitions: int) -> str:
-    name = _name("ctx")
+def _topic(conn: RoutingConnection, partitions: int, prefix: str = "ctx") -> str:
+    name = _name(prefix)
     frame = conn.command(f"CREATE topic={name} partitions={partitions} replication_factor=3")
     assert frame.status.name == "OK", render(frame)
     for p in range(partitions):  # every leader serves it
@@ -366,6 +369,40 @@ def test_lso_holds_on_a_follower_turned_leader(cluster: Cluster, conn: RoutingCo
         s.publish(out, "open1", partition=0)  # the same session goes on with the new leader
         assert s.end("commit")["state"] == "committed"
         _eventually(conn, out, [[b"open0", b"after", b"open1"]])
+
+
+def test_read_committed_hides_aborted_records_while_a_new_leader_rebuilds_its_index(
+        cluster: Cluster, conn: RoutingConnection) -> None:
+    """Finding K (chaos seed 21): a new leader rebuilds its transaction index from its log on a blocking
+    thread. read_committed must not use that index half-built: one that has passed the first commit marker
+    but not yet the aborted records behind it would not hide them. Here each marker's scan pauses 1 s, so
+    reads land inside the rebuild; every answer must be a prefix of the committed records, never an aborted
+    one, and the window must really have been hit (an empty answer from the serving new leader)."""
+    out = _topic(conn, 1, SLOW_INDEX)
+    leader = next(b for b in cluster.brokers if b.port == _leader_port(conn, out, 0))
+    tid = next(t for t in (_name("tx-") for _ in range(100)) if _owner(cluster, t) is not leader)
+    s = Session(conn, tid)  # type: ignore[arg-type]
+    for values, result in ((["c0"], "commit"), (["a0", "a1"], "abort"), (["c1"], "commit")):
+        s.init()
+        s.begin()
+        for value in values:
+            s.publish(out, value, partition=0)
+        assert s.end(result)["state"] == ("committed" if result == "commit" else "aborted")
+    _eventually(conn, out, [[b"c0", b"c1"]])
+    leader.kill()
+    with _restarting_dead(cluster):
+        wait_for(lambda: _leader_port(conn, out, 0) != leader.port, 20, "a new leader")
+        answers: list[list[bytes]] = []
+        deadline = time.monotonic() + 30
+        while not answers or answers[-1] != [b"c0", b"c1"]:
+            assert time.monotonic() < deadline, f"read_committed never came back whole: {answers[-5:]}"
+            frame = conn.command(f"CONSUME topic={out} partition=0 offset=0 isolation=read_committed")
+            if frame.status.name == "OK":  # leader_not_available while it prepares: poll on
+                records = decode_batch(frame.payload).records if frame.payload else []
+                answers.append([r.payload for r in records if r.payload != TXN_CONTROL_MARKER_PAYLOAD])
+                assert answers[-1] == [b"c0", b"c1"][:len(answers[-1])], answers[-1]
+            time.sleep(0.02)
+        assert [] in answers, f"no read landed while the index was rebuilt: {answers[:3]}"
 
 
 def test_sdk_consume_transform_produce_on_the_cluster(cluster: Cluster, conn: RoutingConnection) -> None:

@@ -99,7 +99,8 @@ async def read_batch(broker: Broker, replica: Replica, topic: str, offset: int, 
 
     ``read_committed`` on a partition that holds transactional records reads up to its last stable offset
     and drops aborted records and markers (the ranges are taken on the loop, filtered with the read); a
-    partition without transactional records takes exactly the plain path.
+    partition without transactional records takes exactly the plain path, and a cluster leader whose
+    transaction index is not rebuilt from its log yet serves nothing (``readable_end``).
 
     Returns (the batch as parts: batch header, records section; next offset); the batch holds zero records
     when ``offset`` is at or past the HWM. A read expected to reach ``offload_threshold_bytes`` (records
@@ -111,12 +112,11 @@ async def read_batch(broker: Broker, replica: Replica, topic: str, offset: int, 
             the topic was deleted during the read; ``corrupt_log_data`` when a stored chunk fails its
             checksum (never serve wrong bytes).
     """
-    hwm = replica.hwm
+    hwm = broker.transactions.readable_end(replica, isolation)  # the LSO for read_committed
     index = broker.transactions.read_index(topic, replica.partition) if isolation == "read_committed" else None
     hidden: tuple[tuple[int, int], ...] = ()
     markers: tuple[int, ...] = ()
     if index is not None:
-        hwm = index.lso(hwm)
         hidden = index.hidden_slice(offset, hwm)
         markers = index.markers_slice(offset, hwm)
     if offset >= hwm:
