@@ -5,8 +5,8 @@ longer than the election timeout and network partitions (isolate, split, one-way
 Longer runs: ``make chaos`` / ``make chaos-long`` (docs/chaos.md).
 
 A run that finds violations raises :class:`ChaosViolation` and fails the test: the broker anomalies the
-harness found (findings A to J in docs/chaos.md) are fixed, each with a deterministic regression test; K is
-open and has not shown with this seed. Anything else (the harness crashing, a fault that did not take
+harness found (findings A to K in docs/chaos.md) are fixed, each with a deterministic regression test.
+Anything else (the harness crashing, a fault that did not take
 effect, no faults injected, too little traffic) fails the test too.
 """
 
