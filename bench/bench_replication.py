@@ -2,7 +2,9 @@
 listeners, every append fsynced on every replica, committed HWMs through Raft), 100-byte records:
 
 - ``replication_capacity``: pre-encoded CBV2 batches of 1,000, acks=all, 4 connections (one process and
-  one partition each, leaders spread over the brokers): records/s, broker and client CPU seconds.
+  one partition each, leaders spread over the brokers), each keeping ``CURSUS_BENCH_REPL_IN_FLIGHT``
+  requests (default 5) written ahead of their replies (step ``capacity``), and one at a time (step
+  ``capacity_serial``): records/s, broker and client CPU seconds.
 - ``replication_sdk_producer``: the SDK ``Producer``, acks=all, idempotent, one partition: records/s.
 - ``replication_latency``: single-record acks=all PUBLISH round trips on the leader, p50/p99 (ms).
 - ``replication_failover``: kill -9 of a partition leader (not the Raft leader) until the first
@@ -10,7 +12,8 @@ listeners, every append fsynced on every replica, committed HWMs through Raft), 
   below (broker session 600 ms, heartbeats 100 ms).
 
 Run: ``python -m bench replication``. All three brokers and the load generators share this machine.
-Environment: ``CURSUS_BENCH_REPL_STEPS`` (comma-separated subset of ``capacity,sdk_producer,latency,failover``),
+Environment: ``CURSUS_BENCH_REPL_STEPS`` (comma-separated subset of
+``capacity,capacity_serial,sdk_producer,latency,failover``),
 ``CURSUS_BENCH_REPL_FAILOVERS`` (runs of the failover case, default 5), ``CURSUS_BENCH_REPL_KEEP_DIR`` (a
 directory kept after the run for the brokers' data and logs, ``nodes/node-N.broker.log``, and
 ``failover-trace.json``: per run, the kill's wall-clock time and every probe's outcome, seconds after it).
@@ -34,10 +37,13 @@ RECORDS_PER_BATCH = 1000
 PAYLOAD_BYTES = 100
 CONNECTIONS = 4
 BATCHES_PER_CONNECTION = int(os.environ.get("CURSUS_BENCH_REPL_BATCHES", "60"))
+#: PUBLISH requests each capacity connection keeps written ahead of their replies (the broker's default
+#: ``max_in_flight_requests_per_connection`` is 5, Kafka's producer default too); 1 is measured as well.
+IN_FLIGHT = int(os.environ.get("CURSUS_BENCH_REPL_IN_FLIGHT", "5"))
 SDK_RECORDS = int(os.environ.get("CURSUS_BENCH_REPL_SDK_RECORDS", "100000"))
 LATENCY_SAMPLES = int(os.environ.get("CURSUS_BENCH_REPL_LATENCY_SAMPLES", "500"))
 FAILOVERS = int(os.environ.get("CURSUS_BENCH_REPL_FAILOVERS", "5"))
-STEPS = [s for s in os.environ.get("CURSUS_BENCH_REPL_STEPS", "capacity,sdk_producer,latency,failover")
+STEPS = [s for s in os.environ.get("CURSUS_BENCH_REPL_STEPS", "capacity,capacity_serial,sdk_producer,latency,failover")
          .split(",") if s]
 KEEP_DIR = os.environ.get("CURSUS_BENCH_REPL_KEEP_DIR", "")
 TIMERS = {"broker_heartbeat_interval_ms": 100, "broker_session_timeout_ms": 600, "replica_lag_time_max_ms": 2000,
@@ -66,18 +72,19 @@ def _wait(predicate, timeout: float, what: str):
     raise TimeoutError(what)
 
 
-def _capacity(cluster) -> dict:
+def _capacity(cluster, in_flight: int) -> dict:
+    topic = f"cap{in_flight}"
     with Connection(*cluster.brokers[0].address, timeout_s=30) as conn:
-        assert conn.command(f"CREATE topic=cap partitions={CONNECTIONS} replication_factor=3").status == Status.OK
-    rows = [_wait(lambda p=p: (r := _row(cluster.brokers[0], "cap", p)) and len(r["isr"]) == 3 and r, 30, "isr")
+        assert conn.command(f"CREATE topic={topic} partitions={CONNECTIONS} replication_factor=3").status == Status.OK
+    rows = [_wait(lambda p=p: (r := _row(cluster.brokers[0], topic, p)) and len(r["isr"]) == 3 and r, 30, "isr")
             for p in range(CONNECTIONS)]
     ports = [cluster.by_id(r["leader"]).port for r in rows]
     pids = [b.proc.pid for b in cluster.brokers]
     cpu0 = [proc_cpu_s(pid) for pid in pids]
     ctx = mp.get_context("fork")
     out: mp.Queue = ctx.Queue()
-    procs = [ctx.Process(target=publisher, args=(ports[p], "cap", p, BATCHES_PER_CONNECTION, out),
-                         kwargs={"acks": "all"})
+    procs = [ctx.Process(target=publisher, args=(ports[p], topic, p, BATCHES_PER_CONNECTION, out),
+                         kwargs={"acks": "all", "in_flight": in_flight})
              for p in range(CONNECTIONS)]
     started = time.perf_counter()
     for proc in procs:
@@ -88,7 +95,8 @@ def _capacity(cluster) -> dict:
     elapsed = time.perf_counter() - started
     total = CONNECTIONS * BATCHES_PER_CONNECTION * RECORDS_PER_BATCH
     return {"bench": "replication_capacity", "records": total, "record_bytes": PAYLOAD_BYTES,
-            "batch_records": RECORDS_PER_BATCH, "connections": CONNECTIONS, "acks": "all", "replicas": 3,
+            "batch_records": RECORDS_PER_BATCH, "connections": CONNECTIONS, "in_flight": in_flight, "acks": "all",
+            "replicas": 3,
             "seconds": round(elapsed, 3), "records_per_s": round(total / elapsed),
             "broker_cpu_s": [round(proc_cpu_s(pid) - c, 2) for pid, c in zip(pids, cpu0, strict=True)],
             "client_cpu_s": round(sum(out.get() for _ in procs), 2)}
@@ -196,7 +204,8 @@ def run() -> list[dict]:
     from tests.cluster.raftsupport import make_test_pki
 
     results = []
-    steps = {"capacity": _capacity, "sdk_producer": _sdk_producer, "latency": _latency,
+    steps = {"capacity": lambda c: _capacity(c, IN_FLIGHT), "capacity_serial": lambda c: _capacity(c, 1),
+             "sdk_producer": _sdk_producer, "latency": _latency,
              "failover": lambda c: _failover(c, root / "failover-trace.json" if KEEP_DIR else None)}
     with tempfile.TemporaryDirectory(prefix="bench-replication-") as tmp:
         root = Path(KEEP_DIR or tmp)
