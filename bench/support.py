@@ -5,6 +5,7 @@ from __future__ import annotations
 import multiprocessing as mp
 import os
 import time
+from collections import deque
 from pathlib import Path
 
 from cursus.client.connection import Connection
@@ -28,8 +29,6 @@ def publisher(port: int, topic: str, partition: int, batches: int, out: mp.Queue
     ``payload_bytes``-byte records to ``topic``/``partition`` on 127.0.0.1:``port``, up to ``in_flight`` of
     them written before their replies are read (pipelining, facts B1.4; 1: one at a time); puts its own CPU
     seconds on ``out``. Asserts every reply is OK."""
-    from collections import deque
-
     records = [Record(topic=topic, partition=partition, payload=os.urandom(payload_bytes // 2).hex().encode())
                for _ in range(records_per_batch)]
     payload = encode_batch(Batch(topic=topic, partition=partition, acks=acks, records=records))

@@ -759,16 +759,14 @@ class TransactionCoordinator:
         if isolation != "read_committed":
             return replica.hwm
         tp = (replica.topic, replica.partition)
-        index = self.indexes.get(tp)
-        if index is not None and tp not in self._rebuilding:
-            return index.lso(replica.hwm)
         if not self._index_complete(tp):
             # a cluster leader of a partition that ever took transactional records, whose index is not back
             # from the log yet: nothing is stable (start the rebuild when none runs, e.g. an empty log's)
             if self.cluster and tp not in self._rebuilding and replica.writable:
                 self.on_leader_ready(replica)
             return min(replica.hwm, replica.log.log_start_offset)
-        return replica.hwm
+        index = self.indexes.get(tp)
+        return replica.hwm if index is None else index.lso(replica.hwm)
 
     async def wait_readable(self, replica: Replica, offset: int, timeout_s: float, isolation: str) -> None:
         """Wait until :meth:`readable_end` passes ``offset`` or ``timeout_s`` passes: on the HWM
