@@ -64,10 +64,13 @@ def conn(broker) -> Connection:
 
 
 def make_topic(cluster: Cluster, name: str, **fields: str) -> dict:
-    """Create a one-partition topic of replication factor 3 and wait for its full ISR; its partition row."""
+    """Create a one-partition topic of replication factor 3, wait for its full ISR and for its leader to
+    serve it (the ISR is in the FSM before the leader has opened its replica); its partition row."""
     with conn(cluster.brokers[0]) as c:
         create_topic(c, name, 1, replication_factor="3", **fields)
-    return wait_isr(cluster, name, 3)
+    row = wait_isr(cluster, name, 3)
+    read_partition(cluster, name)
+    return row
 
 
 def publish_ok(c: Connection, topic: str, payloads: list[bytes], *, acks: str = "all", **kw) -> dict:
