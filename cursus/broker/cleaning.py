@@ -10,7 +10,9 @@ pass (:func:`cursus.storage.cleaner.clean_pass`) on the cleaner's own thread, th
 segment on the writer thread (:meth:`PartitionLog.replace_with_cleaned`). The event loop only schedules.
 
 Cleanable end = min(the replica's HWM, the LSO of its transaction index, the active segment's base); in a
-cluster also the committed HWM, and a pass only runs while :func:`cluster_gate` holds (spec
+cluster also the committed HWM, and a pass only runs while :func:`cluster_gate` holds and, for a partition
+that ever took transactional records, only on a leader whose transaction index is complete (a follower
+keeps none: it cleans once it leads) (spec
 "ALTER_TOPIC_CONFIG": every configured replica active and in the ISR, committed HWM authoritative, local and
 FSM lifecycle epoch, LEO and HWM agree). Each replica cleans only its own log.
 
@@ -94,11 +96,14 @@ class LogCleanerService:
         broker = self._broker
         end = min(replica.hwm, replica.log.durable_end_offset)
         index = broker.transactions.read_index(replica.topic, replica.partition)
+        state = broker.metadata.state
         if index is not None:
             end = index.lso(end)
-        elif broker.transactions.rebuilding((replica.topic, replica.partition)):
-            return None  # a new leader's transaction index is not back from the log: its LSO is unknown
-        state = broker.metadata.state
+        elif (replica.topic, replica.partition) in state.txn_touched:
+            # Its transaction state is unknown here: a follower keeps no index, and a new leader's is not
+            # back from the log yet. Without the LSO and the aborted ranges an open or aborted record would
+            # supersede the committed record of its key.
+            return None
         if state.cluster:
             committed = cluster_gate(state, state.assignment(replica.topic, replica.partition),
                                      lifecycle_epoch=replica.lifecycle_epoch, leo=replica.leo, hwm=replica.hwm)

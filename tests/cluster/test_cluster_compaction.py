@@ -224,3 +224,51 @@ def test_group_offsets_survive_a_cleaner_pass_and_a_leader_kill(cluster: Cluster
             {"offset": str(committed)}
     finally:
         routed.close()
+
+
+def _committed_values(broker, topic: str) -> dict[str, bytes] | None:
+    """Key -> latest value of ``topic``-0 read with read_committed from ``broker`` (its leader), None while
+    that leader serves nothing yet (its transaction index is being rebuilt from its log)."""
+    from cursus.wire import TXN_CONTROL_MARKER_PAYLOAD
+
+    out: list = []
+    with Connection(*broker.address, timeout_s=10) as c:
+        while batch := consume(c, topic, 0, out[-1].offset + 1 if out else 0, isolation="read_committed"):
+            out.extend(batch)
+    values = {r.key: r.payload for r in out if r.payload != TXN_CONTROL_MARKER_PAYLOAD}
+    return values or None
+
+
+def test_a_follower_never_cleans_a_transactional_partition_without_its_transaction_state(cluster: Cluster) -> None:
+    """Finding L (review): a cluster follower keeps no transaction index (only a leader does), so its
+    cleaner knew neither the LSO nor the aborted ranges: an aborted (or still open) transactional record
+    superseded the committed record of its key on the follower, and once that follower led, the key's
+    committed value was gone. Now a replica of a partition that ever took transactional records cleans
+    only with its index (a leader's, rebuilt from its log): the follower waits, the new leader keeps ``t``."""
+    from tests.cluster.test_cluster_groups import RoutingConnection
+    from tests.integration.txnsupport import Session
+
+    topic = "compacted-txn"
+    leader, _ = _topic_with_records(cluster, topic, 0, cleanup_policy="compact")
+    routed = RoutingConnection([b.address for b in cluster.brokers])
+    try:
+        s = Session(routed, "cleaner-tx")  # type: ignore[arg-type]
+        s.init()
+        s.begin()
+        s.publish(topic, "v1", partition=0, key="t")
+        assert s.end("commit")["state"] == "committed"
+        s.init()  # a new epoch per transaction (as the raw-command sessions of the transaction tests do)
+        s.begin()
+        s.publish(topic, "v2", partition=0, key="t")  # offset 2: aborted below
+        with Connection(*leader.address, timeout_s=10) as c:
+            latest = _publish(c, topic, 0, 200, acks="all")  # closed segments above the open transaction
+        assert s.end("abort")["state"] == "aborted"
+    finally:
+        routed.close()
+    # the leader cleans with its index: past the aborted record (dropped), keeping v1 (offset 0)
+    wait_for(lambda: max(_cleaned_ends(leader, topic), default=0) > 3, 30, "the leader cleans past offset 3")
+    follower = next(b for b in cluster.brokers if b is not leader)
+    time.sleep(1.0)  # an observation window of ten cleaner intervals for the followers' cleaners
+    _elect(cluster, topic, follower, 204)
+    values = wait_for(lambda: _committed_values(follower, topic), 30, "read_committed on the new leader")
+    assert values == {**latest, "t": b"v1"}
