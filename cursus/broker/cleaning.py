@@ -168,6 +168,9 @@ class LogCleanerService:
         active = storage_faults.ACTIVE
         hook = active.cleaner_point if active is not None and active.cleaner_crash_at else None
         plog = replica.log
+        # A pass covers only closed segments wholly below ``end``: a segment still active now (its records
+        # below ``end``) is dirty once it closes, so the pass counts as clean only through the last one it reads.
+        covered = cleanable_segments(plog.segments_info(), end)
         started = time.monotonic()
         now_ms = broker.clock.wall_ms()
         retention_ms = config.log_cleaner_delete_retention_ms
@@ -194,7 +197,8 @@ class LogCleanerService:
             log.warning("cleaner pass on %s/%d failed: %r", replica.topic, replica.partition, exc)
             return 0
         duration = time.monotonic() - started
-        self._cleaned_through[plog] = end
+        if covered:
+            self._cleaned_through[plog] = covered[-1].next_offset
         metrics.child(metrics.cleaner_runs_total, "success", reason).inc()
         metrics.cleaner_bytes_read_total.inc(stats.bytes_read)
         metrics.cleaner_bytes_cleaned_total.inc(max(0, stats.bytes_before - stats.bytes_after))

@@ -177,3 +177,25 @@ def test_retention_applies_to_delete_compact_and_never_to_compact(broker_factory
         kept = _consume_all(conn, both, 0, start)
         check_offsets(kept)
         assert kept[-1].offset == 399 and all(latest[both][r.key] == r.payload for r in kept if r.offset >= 392)
+
+
+def test_a_segment_active_during_a_pass_is_cleaned_once_it_closes(broker_factory, topic_name):
+    """A pass covers only closed segments, but it used to record the whole cleanable end as clean: records
+    below the HWM in the then active segment were never counted dirty again, so its superseded records
+    (and expired tombstones) stayed on an idle partition. Here offsets [20, 24) hold four values of ``k0``
+    in the active segment during the first pass; once a write closes that segment, a second pass cleans it."""
+    broker = broker_factory(settings=CLEANER).start()
+    with connect(broker) as conn:
+        create_topic(conn, topic_name, cleanup_policy="compact")
+        keys = [f"a{n % 10}" for n in range(20)]  # [0, 20): one segment, half of it superseded
+        publish_batch(conn, topic_name, 0, [f"{k}:{n}:".encode() + b"v" * 140 for n, k in enumerate(keys)],
+                      keys=keys)
+        publish_batch(conn, topic_name, 0, [f"k0:{n}".encode() for n in range(20, 24)], keys=["k0"] * 4)  # rolls
+        wait_for(lambda: f"cleaned {topic_name}/0 below offset 24" in broker.output(), 20,
+                 "a pass while [20, 24) is the active segment")
+        later = [f"c{n}" for n in range(20)]  # [24, 44): closes the segment of [20, 24)
+        publish_batch(conn, topic_name, 0, [f"{k}:".encode() + b"u" * 150 for k in later], keys=later)
+        wait_for(lambda: f"cleaned {topic_name}/0 below offset 44" in broker.output(), 20,
+                 "a pass over the closed segment of [20, 24)")
+        records = consume_all(conn, topic_name)
+        assert [r.offset for r in records if r.key == "k0"] == [23]
