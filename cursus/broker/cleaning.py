@@ -10,11 +10,11 @@ pass (:func:`cursus.storage.cleaner.clean_pass`) on the cleaner's own thread, th
 segment on the writer thread (:meth:`PartitionLog.replace_with_cleaned`). The event loop only schedules.
 
 Cleanable end = min(the replica's HWM, the LSO of its transaction index, the active segment's base); in a
-cluster also the committed HWM, and a pass only runs while :func:`cluster_gate` holds and, for a partition
-that ever took transactional records, only on a leader whose transaction index is complete (a follower
-keeps none: it cleans once it leads) (spec
+cluster also the committed HWM, and a pass only runs while :func:`cluster_gate` holds (spec
 "ALTER_TOPIC_CONFIG": every configured replica active and in the ISR, committed HWM authoritative, local and
-FSM lifecycle epoch, LEO and HWM agree). Each replica cleans only its own log.
+FSM lifecycle epoch, LEO and HWM agree). Each replica cleans only its own log. A partition that ever took
+transactional records is cleaned only by a leader whose transaction index is complete: a follower keeps no
+index, so it cleans once it leads.
 
 Dirty ratio = bytes of cleanable segments neither rewritten by the cleaner (``.compacted``) nor below the
 offset the last pass covered, over all cleanable bytes.
