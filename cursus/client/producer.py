@@ -57,7 +57,6 @@ Both drive the same sans-IO :class:`ProducerCore`, which owns every decision:
 from __future__ import annotations
 
 import asyncio
-import functools
 import itertools
 import json
 import logging
@@ -72,7 +71,7 @@ from concurrent.futures import Future, InvalidStateError
 from concurrent.futures import _base as _futures_base
 from dataclasses import dataclass, replace
 from itertools import repeat
-from typing import Any
+from typing import Any, Protocol
 
 from cursus.client.admin import TopicMetadata, parse_metadata
 from cursus.client.aio import AsyncClient, AsyncConnection, open_connection
@@ -192,8 +191,26 @@ class ProducerConfig:
                    max_in_flight)
 
 
+class PendingRecord(Protocol):
+    """What the core keeps of one record accepted by ``send`` and not yet delivered: :class:`_Pending`
+    (the asyncio producer's, with its asyncio future) or :class:`DeliveryFuture` (the blocking producer's
+    record is its own future: one object per record)."""
+
+    value: bytes
+    key_field: bytes | None
+    timestamp: int
+    size: int
+    #: Monotonic seconds after which the record fails (``send`` time plus ``delivery_timeout_s``, set by
+    #: :meth:`ProducerCore.append`; until then the time ``send`` accepted it).
+    deadline: float
+
+    @property
+    def future(self) -> Any:
+        """What the record's outcome resolves."""
+
+
 class _Pending:
-    """One record accepted by ``send`` and not yet delivered."""
+    """One record accepted by ``send`` and not yet delivered (a :class:`PendingRecord`)."""
 
     __slots__ = ("value", "key_field", "timestamp", "future", "size", "deadline")
 
@@ -219,7 +236,7 @@ class _PartitionState:
     def __init__(self, topic: str, partition: int, leader: Address, encoder: RecordEncoder, epoch: int) -> None:
         self.topic = topic
         self.partition = partition
-        self.queue: deque[_Pending] = deque()
+        self.queue: deque[PendingRecord] = deque()
         self.queued_bytes = 0
         self.first_enqueued = 0.0
         #: Batches written (or being written) whose outcome is not known yet, all by ``sender``.
@@ -260,7 +277,7 @@ class ProducerBatch:
     __slots__ = ("state", "pendings", "seq_start", "seq_end", "payload", "attempts", "deadline", "not_before",
                  "uncertain", "sent_to", "error")
 
-    def __init__(self, state: _PartitionState, pendings: list[_Pending], seq_start: int, deadline: float) -> None:
+    def __init__(self, state: _PartitionState, pendings: list[PendingRecord], seq_start: int, deadline: float) -> None:
         self.state = state
         self.pendings = pendings
         self.seq_start = seq_start
@@ -284,6 +301,29 @@ class ProducerBatch:
     def partition(self) -> int:
         """The batch's partition."""
         return self.state.partition
+
+
+class Delivery:
+    """Where one acknowledged batch landed, shared by its records' futures: record ``i`` (in batch order) is
+    at ``first_offset + i`` (None for acks=0) with sequence ``seq_start + i``. Holds no reference to the
+    batch, so futures kept by the caller keep nothing else alive."""
+
+    __slots__ = ("topic", "partition", "first_offset", "producer_id", "producer_epoch", "seq_start")
+
+    def __init__(self, topic: str, partition: int, first_offset: int | None, producer_id: str,
+                 producer_epoch: int, seq_start: int) -> None:
+        self.topic = topic
+        self.partition = partition
+        self.first_offset = first_offset
+        self.producer_id = producer_id
+        self.producer_epoch = producer_epoch
+        self.seq_start = seq_start
+
+    def metadata(self, index: int) -> RecordMetadata:
+        """The :class:`RecordMetadata` of the batch's record ``index`` (0-based)."""
+        first = self.first_offset
+        return RecordMetadata(self.topic, self.partition, None if first is None else first + index,
+                              self.producer_id, self.producer_epoch, self.seq_start + index)
 
 
 #: (future, result or exception, is_exception): applied by the wrapper outside its lock.
@@ -414,7 +454,7 @@ class ProducerCore:
             state.sticky = sticky + 1  # this record fills the batch: the next one starts the next partition
         return sticky
 
-    def append(self, topic: str, partition: int, pending: _Pending, now: float) -> bool | Resolution:
+    def append(self, topic: str, partition: int, pending: PendingRecord, now: float) -> bool | Resolution:
         """Queue a record. Returns True when a sender should wake (new linger deadline or full batch), or the
         record's failure (to resolve outside the lock) when its encoded size exceeds ``max_record_bytes``
         (the broker would refuse it, and with ``acks=0`` drop it without a word)."""
@@ -448,11 +488,11 @@ class ProducerCore:
         return was_empty or len(pstate.queue) == self.config.batch_size or \
             pstate.queued_bytes >= self.config.batch_bytes
 
-    def append_all(self, items: Sequence[tuple[str, int | None, str | None, _Pending]],
-                   due: set[Address], created: set[Address]) -> list[Resolution]:
-        """Queue records handed over in bulk, in order: ``(topic, partition or None, key text, pending)``,
-        ``pending.deadline`` holding the monotonic time ``send`` accepted it (its delivery deadline and
-        linger count from then). A None partition is routed now (sticky). Adds to ``due`` the leaders whose
+    def append_all(self, items: Sequence[DeliveryFuture], due: set[Address],
+                   created: set[Address]) -> list[Resolution]:
+        """Queue records handed over in bulk, in order (their ``topic``, ``chosen`` partition or None and
+        ``key_text`` say where), ``deadline`` holding the monotonic time ``send`` accepted each (its delivery
+        deadline and linger count from then). A None partition is routed now (sticky). Adds to ``due`` the leaders whose
         partitions became due (new linger deadline or full batch) and to ``created`` the leaders of
         partitions used for the first time. Returns the failures to resolve outside the lock: records too
         large, routing errors, or every record when the producer already stopped on a terminal error."""
@@ -466,7 +506,9 @@ class ProducerCore:
         limit = cfg.max_record_bytes
         topic_state: _TopicState | None = None
         last_topic = None
-        for topic, chosen, key_text, pending in items:
+        for pending in items:
+            topic = pending.topic
+            chosen = pending.chosen
             if self.fatal is not None:
                 self.buffered += 1  # _fail_pendings counts it out again
                 failures.extend(self._fail_pendings([pending], self.fatal))
@@ -478,7 +520,7 @@ class ProducerCore:
                         topic_state = self.topics[topic]
                         last_topic = topic
                     count = topic_state.metadata.partitions
-                    chosen = topic_state.sticky % count if count > 0 else route(topic, key_text, None)
+                    chosen = topic_state.sticky % count if count > 0 else route(topic, pending.key_text, None)
                 pstate = partitions.get((topic, chosen))
                 existed = pstate is not None
                 if pstate is None or pending.size > limit:  # the general path: new partition, maybe too large
@@ -588,7 +630,7 @@ class ProducerCore:
 
     def _seal(self, pstate: _PartitionState, now: float, sender: object) -> ProducerBatch:
         cfg = self.config
-        taken: list[_Pending] = []
+        taken: list[PendingRecord] = []
         size = 0
         queue = pstate.queue
         while queue and len(taken) < cfg.batch_size:
@@ -628,14 +670,15 @@ class ProducerCore:
     def succeed(self, batch: ProducerBatch, last_offset: int | None) -> Iterator[Resolution]:
         """The broker acknowledged ``batch`` (``last_offset`` None for acks=0). The resolutions are built
         lazily, as the caller applies them (outside its lock: they read only the sealed batch)."""
-        futures, metadata, overtaken = self.succeed_split(batch, last_offset)
-        results = zip(futures, metadata, repeat(False))
+        records, delivery, overtaken = self.succeed_split(batch, last_offset)
+        results = zip(map(_future_of, records), map(delivery.metadata, range(len(batch.pendings))), repeat(False))
         return itertools.chain(results, overtaken) if overtaken else results
 
     def succeed_split(self, batch: ProducerBatch, last_offset: int | None) -> tuple[
-            Iterator[Any], Iterator[RecordMetadata], list[Resolution]]:
-        """:meth:`succeed` as (the batch's futures, their :class:`RecordMetadata` in the same order, other
-        resolutions: earlier batches that can no longer be resent), all lazy but the last."""
+            list[PendingRecord], Delivery, list[Resolution]]:
+        """:meth:`succeed` as (the batch's records, in order; the :class:`Delivery` their
+        :class:`RecordMetadata` come from, by index; other resolutions: earlier batches that can no longer be
+        resent)."""
         pstate = batch.state
         self._land(pstate)
         if batch.seq_end > pstate.acked_end:
@@ -643,16 +686,11 @@ class ProducerCore:
         overtaken = self._logged(pstate, batch)
         count = len(batch.pendings)
         self.buffered -= count
-        cfg = self.config
-        seq = batch.seq_start
-        offsets: Iterable[int | None] = repeat(None) if last_offset is None else \
-            range(last_offset - count + 1, last_offset + 1)
-        # One metadata tuple per record, built by C iterators (this runs once per record acknowledged).
-        metadata = map(_new_metadata, zip(repeat(pstate.topic), repeat(pstate.partition), offsets,
-                                                 repeat(cfg.producer_id), repeat(pstate.epoch),
-                                                 range(seq, seq + count)))
+        delivery = Delivery(pstate.topic, pstate.partition,
+                            None if last_offset is None else last_offset - count + 1,
+                            self.config.producer_id, pstate.epoch, batch.seq_start)
         self._settle(pstate)
-        return map(_future_of, batch.pendings), metadata, overtaken
+        return batch.pendings, delivery, overtaken
 
     def _logged(self, pstate: _PartitionState, batch: ProducerBatch) -> list[Resolution]:
         """``batch`` is (or may be) in the log. Without idempotence, the partition's earlier batches waiting
@@ -812,7 +850,7 @@ class ProducerCore:
             if not queue:
                 continue
             if queue[0].deadline <= now:
-                expired: list[_Pending] = []
+                expired: list[PendingRecord] = []
                 while queue and queue[0].deadline <= now:
                     pending = queue.popleft()
                     pstate.queued_bytes -= pending.size
@@ -841,7 +879,7 @@ class ProducerCore:
                  pstate.partition, pstate.epoch,
                  "topic truncated or re-created" if pstate.restart else "a delivery with unknown outcome")
 
-    def _fail_pendings(self, pendings: Sequence[_Pending], error: BaseException) -> list[Resolution]:
+    def _fail_pendings(self, pendings: Sequence[PendingRecord], error: BaseException) -> list[Resolution]:
         self.buffered -= len(pendings)
         self.failed_count += len(pendings)
         if pendings and len(self.failures) < _FAILURES_KEPT_MAX and error not in self.failures:
@@ -905,8 +943,6 @@ def _seq_start(batch: ProducerBatch) -> int:
 
 
 _future_of = operator.attrgetter("future")
-#: RecordMetadata from a 6-tuple, in C (``RecordMetadata._make`` is a Python function: once per record).
-_new_metadata = functools.partial(tuple.__new__, RecordMetadata)
 _value_of = operator.attrgetter("value")
 _key_field_of = operator.attrgetter("key_field")
 _timestamp_of = operator.attrgetter("timestamp")
@@ -973,9 +1009,14 @@ class DeliveryFuture(Future):
     """A ``concurrent.futures.Future`` whose lock and waiter lists are created on first use.
 
     A producer keeps one future per record in flight; the standard constructor allocates a Condition, an
-    RLock and two lists per future, which made garbage collection the largest per-record cost. Until a
-    caller touches the future (``result()``, ``done()``, ``add_done_callback()`` ...), the producer can
-    complete it with two attribute writes (:func:`_resolve_sync`). Behaviour is otherwise that of ``Future``.
+    RLock and two lists per future, and resolving it builds a :class:`RecordMetadata`. Both made garbage
+    collection the largest per-record cost. Until a caller touches the future (``result()``, ``done()``,
+    ``add_done_callback()`` ...: every ``Future`` method takes ``_condition`` first), the producer completes
+    it with attribute writes: a failure with its exception and state (:func:`_resolve_sync`), a delivery
+    with the batch's shared :class:`Delivery` and the record's index in it (:func:`_resolve_delivered`). The
+    first touch turns that into the ordinary ``Future`` state, under :data:`_LAZY_FUTURE_LOCK`, so a
+    resolver either sees the future touched (and resolves it with ``set_result``) or the toucher sees it
+    resolved. Behaviour is otherwise that of ``Future``.
     """
 
     # Class-level defaults: creating one costs no attribute writes (deliberately not calling
@@ -983,9 +1024,33 @@ class DeliveryFuture(Future):
     _state = _FUTURE_PENDING
     _result = None
     _exception = None
+    # Slots, in the object itself (not its __dict__): the record fields, then the lazy-future fields.
+    __slots__ = ("value", "key_field", "timestamp", "size", "deadline", "topic", "chosen", "key_text",
+                 "_touched", "_delivery", "_index")
 
-    def __init__(self) -> None:
-        pass
+    def __init__(self, value: bytes = b"", key_field: bytes | None = None, timestamp: int | None = None,
+                 deadline: float = 0.0, topic: str = "", key_text: str | None = None) -> None:
+        # The record, as a PendingRecord (the blocking producer keeps one object per record in flight:
+        # each one more is garbage collection work per record).
+        self.value = value
+        self.key_field = key_field
+        self.timestamp = int(_time() * 1000) if timestamp is None else timestamp  # CreateTime, as Kafka
+        self.size = len(value) + (len(key_field) if key_field else 0) + _RECORD_OVERHEAD_BYTES
+        self.deadline = deadline
+        #: Where ``send`` routes it: the topic, the partition (None: sticky, chosen by the core) and the key.
+        self.topic = topic
+        self.chosen: int | None = None
+        self.key_text = key_text
+        self._touched = False
+        #: Set by _resolve_delivered on an untouched future: it is done, its result is
+        #: _delivery.metadata(_index).
+        self._delivery: Delivery | None = None
+        self._index = 0
+
+    @property
+    def future(self) -> DeliveryFuture:
+        """The record's future: itself."""
+        return self
 
     def __getattr__(self, name: str) -> Any:
         factory = _LAZY_FUTURE_FIELDS.get(name)
@@ -995,6 +1060,12 @@ class DeliveryFuture(Future):
             value = self.__dict__.get(name)
             if value is None:
                 value = self.__dict__[name] = factory()
+            if not self._touched:
+                self._touched = True
+                delivery = self._delivery
+                if delivery is not None and self._state == _FUTURE_PENDING:
+                    self._result = delivery.metadata(self._index)
+                    self._state = _FUTURE_FINISHED
         return value
 
 
@@ -1004,7 +1075,7 @@ def _resolve_sync(resolutions: Iterable[Resolution]) -> None:
     with _LAZY_FUTURE_LOCK:  # nobody can start waiting on an untouched future meanwhile
         for resolution in resolutions:
             future, value, is_error = resolution
-            if type(future) is DeliveryFuture and "_condition" not in future.__dict__:
+            if type(future) is DeliveryFuture and not future._touched:
                 if is_error:
                     future._exception = value
                 else:
@@ -1022,20 +1093,33 @@ def _resolve_sync(resolutions: Iterable[Resolution]) -> None:
             pass
 
 
-def _resolve_ok(futures: Iterable[Any], metadata: Iterable[RecordMetadata]) -> None:
-    """Complete each future with its metadata (a delivered batch: the common case of :func:`_resolve_sync`,
-    without a resolution tuple per record)."""
+def _resolve_delivered(futures: Iterable[Any], delivery: Delivery) -> None:
+    """Complete a delivered batch's futures (record order): three slot writes per untouched future, the
+    common case of :func:`_resolve_sync` without a resolution or a metadata tuple per record. The record's
+    value is let go (the batch keeps its encoded bytes)."""
     slow: list[Resolution] = []
-    finished = _FUTURE_FINISHED
     with _LAZY_FUTURE_LOCK:  # nobody can start waiting on an untouched future meanwhile
-        for future, meta in zip(futures, metadata, strict=True):
-            if type(future) is DeliveryFuture and "_condition" not in (fields := future.__dict__):
-                fields["_result"] = meta
-                fields["_state"] = finished
+        for index, future in enumerate(futures):
+            if type(future) is DeliveryFuture and not future._touched:
+                future._delivery = delivery
+                future._index = index
+                future.value = b""
             else:
-                slow.append((future, meta, False))
+                slow.append((future, delivery.metadata(index), False))
     if slow:
         _resolve_sync(slow)
+
+
+def _outcome(future: DeliveryFuture) -> tuple[bool, Any]:
+    """(done, result) of a future nobody else can have touched (``produce``'s own); raises its error."""
+    delivery = future._delivery
+    if delivery is not None:
+        return True, delivery.metadata(future._index)
+    if future._state == _FUTURE_FINISHED:
+        if future._exception is not None:
+            raise future._exception
+        return True, future._result
+    return False, None
 
 
 def _resolve_async(resolutions: Iterable[Resolution]) -> None:
@@ -1154,12 +1238,12 @@ class Producer(_ProducerSettings):
         self._direct_conn: Connection | None = None
         self._threads: dict[Address, list[threading.Thread]] = {}
         self._connections: set[Connection] = set()
-        #: Records accepted by ``send`` and not yet handed to the core: ``(topic, partition or None, key text,
-        #: pending)`` in send order. ``send`` appends without any lock (``deque.append`` is atomic; never the
+        #: Records accepted by ``send`` and not yet handed to the core, in send order (each says its topic,
+        #: partition or None and key). ``send`` appends without any lock (``deque.append`` is atomic; never the
         #: producer lock senders hold); the records move to the core in bulk (:meth:`_drain_locked`, under the
         #: producer lock) when a sender passes by, when 256 have gathered, or at once when no sender would
         #: pass by soon.
-        self._intake: deque[tuple[str, int | None, str | None, _Pending]] = deque()
+        self._intake: deque[DeliveryFuture] = deque()
         #: Records taken from the intake and not yet in ``core.buffered`` (the buffer limit counts them).
         self._in_transit = 0
         #: Sender threads running, and those sleeping with no wake-up within ``linger_ms`` (changed under the
@@ -1192,13 +1276,12 @@ class Producer(_ProducerSettings):
                 (``TopicNotFoundError`` ...); ``ValidationError`` for a bad explicit partition.
             TypeError: value is not bytes or str.
         """
-        future = DeliveryFuture()
         if key is None:
             key_text = key_field = None
         else:
             key_text, key_field = _key_field(key)
-        pending = _Pending(value if type(value) is bytes else _as_bytes(value), key_field, timestamp_ms, future,
-                           _monotonic())  # accepted now (ProducerCore.append_all)
+        future = DeliveryFuture(value if type(value) is bytes else _as_bytes(value), key_field, timestamp_ms,
+                                _monotonic(), topic, key_text)  # accepted now (ProducerCore.append_all)
         core = self._core
         state = core.topics.get(topic)
         if state is None:
@@ -1209,33 +1292,30 @@ class Producer(_ProducerSettings):
         # records are routed as they reach the core, in order.
         if partition is not None or metadata.partitions < 1 or (key_text is not None
                                                                  and metadata.partitioner == "hash_key"):
-            chosen: int | None = core.route(topic, key_text, partition)
-        else:
-            chosen = None
+            future.chosen = core.route(topic, key_text, partition)
         if core.fatal is not None:
             raise core.fatal
         intake = self._intake
         queued = len(intake)
         if core.buffered + queued + self._in_transit >= self._buffer_records:
-            self._append(topic, pending, key_text, partition)  # the buffer is full: wait for room, locked
+            self._append(topic, future, key_text, partition)  # the buffer is full: wait for room, locked
             return future
         # No lock: deque.append is atomic. The checks after the append pair with the senders' (which
         # count themselves asleep before looking at the intake) and close()'s (closing set before its
         # last drain): either they see this record, or this thread sees them and acts.
-        item = (topic, chosen, key_text, pending)
-        intake.append(item)
+        intake.append(future)
         if core.closing:
-            self._withdraw(item)
+            self._withdraw(future)
         elif queued >= self._drain_before or self._senders_asleep >= self._senders_running:
             self._drain()  # enough gathered, or no sender passes by soon: hand them to the core now
         return future
 
-    def _withdraw(self, item: tuple[str, int | None, str | None, _Pending]) -> None:
+    def _withdraw(self, record: DeliveryFuture) -> None:
         """``send`` raced ``close``: take the record back (ClientClosedError) unless a drain already moved it
         to the core (then flush delivers it, or close fails it)."""
         with self._lock:
             try:
-                self._intake.remove(item)
+                self._intake.remove(record)
             except ValueError:
                 return
         raise ClientClosedError("producer is closed")
@@ -1272,7 +1352,7 @@ class Producer(_ProducerSettings):
             self._cond.notify_all()
         return resolutions
 
-    def _append(self, topic: str, pending: _Pending, key_text: str | None, partition: int | None,
+    def _append(self, topic: str, pending: DeliveryFuture, key_text: str | None, partition: int | None,
                 take: bool = False) -> tuple[int, ProducerBatch | None]:
         """Queue ``pending`` (routed by ``key_text``/``partition``). Returns the partition chosen and, with
         ``take``, the batch sealed at once for the caller to deliver (None when the partition is busy)."""
@@ -1288,7 +1368,7 @@ class Producer(_ProducerSettings):
             if drained:
                 _resolve_sync(drained)
 
-    def _append_locked(self, topic: str, pending: _Pending, key_text: str | None, partition: int | None,
+    def _append_locked(self, topic: str, pending: DeliveryFuture, key_text: str | None, partition: int | None,
                        take: bool) -> tuple[int, ProducerBatch | None]:
         core = self._core
         if self._closed or core.closing:
@@ -1344,9 +1424,9 @@ class Producer(_ProducerSettings):
 
         Raises what :meth:`send` raises, the record's delivery error, or ``TimeoutError``.
         """
-        future = DeliveryFuture()
         key_text, key_field = (None, None) if key is None else _key_field(key)
-        pending = _Pending(value if type(value) is bytes else _as_bytes(value), key_field, timestamp_ms, future)
+        future = pending = DeliveryFuture(value if type(value) is bytes else _as_bytes(value), key_field,
+                                          timestamp_ms, topic=topic, key_text=key_text)
         # With the partition idle, seal and deliver from this thread: no sender wake-up and back. Not with
         # a timeout: this thread must then stay free to give up waiting after timeout_s.
         direct = timeout_s is None and self._direct_lock.acquire(blocking=False)
@@ -1357,10 +1437,9 @@ class Producer(_ProducerSettings):
         finally:
             if direct:
                 self._direct_lock.release()
-        if future._state == _FUTURE_FINISHED:  # delivered (or failed) already: no waiting machinery
-            if future._exception is not None:
-                raise future._exception
-            return future._result  # type: ignore[return-value]
+        done, metadata = _outcome(future)  # delivered (or failed) already: no waiting machinery
+        if done:
+            return metadata
         with self._lock:
             self._core.flushing += 1
             self._wake_all()
@@ -1650,7 +1729,7 @@ class Producer(_ProducerSettings):
         succeeded = None
         with self._lock:
             if error is None:
-                futures, metadata, resolutions = succeeded = core.succeed_split(batch, last_offset)
+                futures, delivery, resolutions = succeeded = core.succeed_split(batch, last_offset)
             else:
                 resolutions, redirect = core.failed(batch, error, written=written, now=time.monotonic())
                 if redirect is not None:
@@ -1662,7 +1741,7 @@ class Producer(_ProducerSettings):
                 self._ready_for(batch.state.leader).notify()
             self._cond.notify_all()
         if succeeded is not None:
-            _resolve_ok(futures, metadata)
+            _resolve_delivered(futures, delivery)
         _resolve_sync(resolutions)
         if _needs_refresh(error):
             self._refresh_metadata(batch.topic)

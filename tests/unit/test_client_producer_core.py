@@ -13,6 +13,7 @@ from cursus.client.errors import (
     error_from_typed,
 )
 from cursus.client.producer import ProducerConfig, ProducerCore, _Pending, normalize_acks
+from cursus.client.records import RecordMetadata
 from cursus.partitioning import partition_for_key
 from cursus.wire import decode_batch, make_error
 
@@ -219,6 +220,45 @@ def test_delivery_future_behaves_like_a_future() -> None:
         untouched.set_result(5)
     with pytest.raises(AttributeError):
         _ = untouched.no_such_attribute  # type: ignore[attr-defined]
+
+
+def test_a_delivered_batch_resolves_its_futures_through_one_shared_delivery() -> None:
+    """_resolve_delivered (issue 11): untouched futures get the batch's Delivery and their index, and read
+    as ordinary done futures once touched; futures touched before (waited on, with callbacks, cancelled)
+    resolve as with set_result."""
+    import asyncio
+    import threading
+    from concurrent.futures import wait
+
+    from cursus.client.producer import Delivery, DeliveryFuture, _resolve_delivered
+
+    untouched, later, waited, called, cancelled = (DeliveryFuture(b"v", topic="t") for _ in range(5))
+    seen: list[object] = []
+    called.add_done_callback(lambda f: seen.append(f.result()))
+    assert cancelled.cancel()
+    results: list[object] = []
+    waiter = threading.Thread(target=lambda: results.append(waited.result(timeout=5)))
+    waiter.start()
+    delivery = Delivery("t", 2, 40, "pid", 7, 11)
+    _resolve_delivered([untouched, later, waited, called, cancelled], delivery)
+    waiter.join(timeout=5)
+    assert not waiter.is_alive()
+    expected = [RecordMetadata("t", 2, 40 + i, "pid", 7, 11 + i) for i in range(5)]
+    assert untouched.result() == expected[0] and untouched.done() and untouched.exception() is None
+    assert results == [expected[2]] and seen == [expected[3]] and cancelled.cancelled()
+    assert untouched.value == b""  # the batch keeps the encoded bytes; the future lets the value go
+    assert wait([later], timeout=1).done == {later} and later.result() == expected[1]
+    late: list[object] = []
+    later.add_done_callback(late.append)  # already done: called at once
+    assert late == [later]
+
+    async def awaited() -> object:
+        return await asyncio.wrap_future(untouched)
+
+    assert asyncio.run(awaited()) == expected[0]
+    unacked = DeliveryFuture()
+    _resolve_delivered([unacked], Delivery("t", 0, None, "pid", 0, 1))  # acks=0: no offsets
+    assert unacked.result(timeout=0).offset is None
 
 
 def test_redirect_to_the_same_broker_backs_off() -> None:
