@@ -19,7 +19,7 @@ import time
 from collections import deque
 from pathlib import Path
 
-from bench.bench_broker import _proc_cpu_s
+from bench.support import proc_cpu_s as _proc_cpu_s
 from cursus.client.connection import Connection
 from cursus.wire import Batch, Command, Record, Status, encode_batch
 
