@@ -78,6 +78,37 @@ def test_records_walk() -> None:
     assert records_walk_ok(memoryview(body), 3)
 
 
+def _walk_model(body: bytes, count: int) -> bool:
+    position = 0
+    for _ in range(count):
+        if position + 4 > len(body):
+            return False
+        position += 4 + struct.unpack_from(">I", body, position)[0]
+        if position > len(body):
+            return False
+    return position == len(body)
+
+
+def test_records_walk_of_uniform_records() -> None:
+    body = records_section([b"x" * 100] * 1000)
+    assert records_walk_ok(body, 1000) and records_walk_ok(memoryview(body), 1000)
+    assert not records_walk_ok(body, 999) and not records_walk_ok(body, 500)
+    broken = bytearray(body)
+    broken[104 * 7 + 3] ^= 1  # one length prefix of the run differs
+    assert not records_walk_ok(bytes(broken), 1000)
+    assert records_walk_ok(records_section([b"ab", b"cd", b"efgh", b""]), 4)  # same total, other lengths
+
+
+@given(st.lists(st.sampled_from([b"", b"a", b"bb", b"cccc", b"x" * 9]), min_size=1, max_size=40),
+       st.integers(-2, 2), st.binary(max_size=3))
+def test_records_walk_agrees_with_a_walk(records: list[bytes], count_delta: int, extra: bytes) -> None:
+    body = records_section(records) + extra
+    count = max(0, len(records) + count_delta)
+    assert records_walk_ok(body, count) == _walk_model(body, count)
+    uniform = records_section([records[0]] * len(records)) + extra
+    assert records_walk_ok(uniform, count) == _walk_model(uniform, count)
+
+
 @given(st.lists(st.binary(max_size=40), min_size=1, max_size=30), st.data())
 def test_cut_and_skip_agree_with_a_simple_model(records: list[bytes], data: st.DataObject) -> None:
     body = records_section(records)
