@@ -431,11 +431,12 @@ def test_record_offset_field_position() -> None:
 
 
 @pytest.mark.parametrize("count", [1, 3, 63, 64, 200])
-@pytest.mark.parametrize("container", ["array", "list"])
+@pytest.mark.parametrize("container", ["scanned", "array", "list"])
 def test_stamp_offsets(count: int, container: str) -> None:
     raw = encode_batch(sdk_batch(count, payload_sizes=[100]))
     view = scan_batch(raw)
-    positions = view.offset_positions if container == "array" else list(view.offset_positions)
+    scanned = view.offset_positions  # a range for a records matrix, else an array
+    positions = {"scanned": scanned, "array": array.array("Q", scanned), "list": list(scanned)}[container]
     buf = bytearray(raw)
     stamp_offsets(buf, positions, 2**40)
     assert [r.offset for r in decode_batch(buf).records] == [2**40 + i for i in range(count)]

@@ -135,7 +135,8 @@ def _check_min_isr(broker: Broker, defn: TopicDefinition, replica: Replica, mode
 
 
 def _append_and_ack(
-    broker: Broker, replica: Replica, mode: str, buf: bytearray, positions: array.array | list[int], body: memoryview,
+    broker: Broker, replica: Replica, mode: str, buf: bytearray, positions: array.array | list[int] | range,
+    body: memoryview,
     record_count: int, *, producer: tuple[str, int, int, int] | None, idempotent: bool,
 ) -> Pending | NoReply:
     """Writability check, dedup check (idempotent), stamp offsets, append; then the wait for the promised durability and the
