@@ -117,16 +117,23 @@ def records_walk_ok(body: Buffer, record_count: int) -> bool:
     """True when ``body`` holds exactly ``record_count`` length-prefixed records and nothing else.
 
     Records of one length (what a producer of fixed-size records writes) are checked column by column
-    (four strided compares in C); any other body is walked record by record.
+    (:func:`uniform_stride`); any other body is walked record by record.
     """
+    return bool(uniform_stride(body, record_count)) or _walk_ok(body, buffer_size_bytes(body), record_count)
+
+
+def uniform_stride(body: Buffer, record_count: int) -> int:
+    """The bytes per record (length prefix included) when ``body`` is exactly ``record_count`` (> 1)
+    length-prefixed records all of one length, else 0. Four strided compares in C, no per-record loop."""
     end = buffer_size_bytes(body)
-    if record_count > 1 and end % record_count == 0 and (stride := end // record_count) >= RECORD_LENGTH_SIZE:
-        with memoryview(body) as raw:
-            view = raw if raw.format == "B" and raw.ndim == 1 else raw.cast("B")
-            prefix = RECORD_LENGTH.pack(stride - RECORD_LENGTH_SIZE)
-            if all(view[k::stride] == prefix[k:k + 1] * record_count for k in range(RECORD_LENGTH_SIZE)):
-                return True
-    return _walk_ok(body, end, record_count)
+    if record_count < 2 or end % record_count or (stride := end // record_count) < RECORD_LENGTH_SIZE:
+        return 0
+    with memoryview(body) as raw:
+        view = raw if raw.format == "B" and raw.ndim == 1 else raw.cast("B")
+        prefix = RECORD_LENGTH.pack(stride - RECORD_LENGTH_SIZE)
+        if all(view[k::stride] == prefix[k:k + 1] * record_count for k in range(RECORD_LENGTH_SIZE)):
+            return stride
+    return 0
 
 
 def _walk_ok(body: Buffer, end: int, record_count: int) -> bool:

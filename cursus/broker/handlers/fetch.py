@@ -19,6 +19,7 @@ from cursus.broker.handlers.common import check_topic_access, partition_of
 from cursus.broker.replica import Replica
 from cursus.broker.request import Parts, Request, SessionInfo
 from cursus.storage import CorruptLogError, OffsetOutOfRange, PartitionLog
+from cursus.storage.chunk import uniform_stride
 from cursus.storage.producer_state import record_producer
 from cursus.transactions.index import filter_records
 from cursus.wire import MAX_RECORDS_PER_BATCH, encode_batch_header
@@ -212,8 +213,12 @@ def _seq_span(records: bytes, count: int) -> tuple[int, int]:
     if count == 0:
         return 0, 0
     first = record_producer(records, 4)
-    pos = 0
-    for _ in range(count - 1):
-        pos += 4 + _U32.unpack_from(records, pos)[0]
+    stride = uniform_stride(records, count)  # records of one length: the last one's place is known
+    if stride:
+        pos = stride * (count - 1)
+    else:
+        pos = 0
+        for _ in range(count - 1):
+            pos += 4 + _U32.unpack_from(records, pos)[0]
     last = record_producer(records, pos + 4)
     return (first[1] if first else 0), (last[1] if last else 0)
