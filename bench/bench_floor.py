@@ -3,7 +3,8 @@
 A minimal uvloop server does only what such a publish must: read a 32-byte header and its payload, hand the
 payload to a writer thread (``threading.Condition``), which ``write``s and ``fdatasync``s it and wakes the
 loop (``call_soon_threadsafe``); the loop then writes a 100-byte reply. A client process sends one request
-at a time. Reported: the server's CPU per request (user + system, per thread), with and without the fsync,
+at a time. Reported: the server's CPU per request (user + system, per thread) and the client's round trip p50/p99 (µs),
+with and without the fsync,
 to compare with ``broker_publish_latency_acks1`` of ``bench_broker`` (the broker's own figure).
 """
 
@@ -16,6 +17,7 @@ import socket
 import struct
 import tempfile
 import threading
+import time
 from collections import deque
 from pathlib import Path
 
@@ -79,15 +81,20 @@ async def _serve(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, log
         writer.close()
 
 
-def _client(port: int) -> None:
+def _client(port: int, out: mp.Queue) -> None:
+    samples = []
     with socket.create_connection(("127.0.0.1", port)) as sock:
         sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         message = _LENGTH.pack(200) + b"h" * 28 + b"p" * 200
         for _ in range(REQUESTS):
+            started = time.perf_counter()
             sock.sendall(message)
             received = 0
             while received < 100:
                 received += len(sock.recv(100 - received))
+            samples.append(time.perf_counter() - started)
+    samples.sort()
+    out.put((samples[len(samples) // 2], samples[int(len(samples) * 0.99)]))
 
 
 async def _measure(directory: str, fsync: bool) -> dict:
@@ -97,8 +104,11 @@ async def _measure(directory: str, fsync: bool) -> dict:
     server = await asyncio.start_server(lambda r, w: _serve(r, w, log), "127.0.0.1", 0)
     port = server.sockets[0].getsockname()[1]
     before = _thread_cpu_s()
-    client = mp.get_context("fork").Process(target=_client, args=(port,))
+    ctx = mp.get_context("fork")
+    out: mp.Queue = ctx.Queue()
+    client = ctx.Process(target=_client, args=(port, out))
     client.start()
+    p50, p99 = await loop.run_in_executor(None, out.get)
     await loop.run_in_executor(None, client.join)
     after = _thread_cpu_s()
     server.close()
@@ -107,7 +117,8 @@ async def _measure(directory: str, fsync: bool) -> dict:
     system = sum(after[t][1] - before.get(t, (0.0, 0.0))[1] for t in after)
     return {"bench": f"floor_publish_{'fsync' if fsync else 'no_fsync'}", "requests": REQUESTS,
             "server_cpu_us_per_request": round((user + system) / REQUESTS * 1e6, 1),
-            "user_us": round(user / REQUESTS * 1e6, 1), "system_us": round(system / REQUESTS * 1e6, 1)}
+            "user_us": round(user / REQUESTS * 1e6, 1), "system_us": round(system / REQUESTS * 1e6, 1),
+            "p50_us": round(p50 * 1e6, 1), "p99_us": round(p99 * 1e6, 1)}
 
 
 def run() -> list[dict]:
