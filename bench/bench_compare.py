@@ -21,13 +21,23 @@ Workloads (the same for every system; ``RECORDS`` records of ``PAYLOAD_BYTES`` b
 Rounds interleave the systems (the order rotates each round), so machine noise hits all of them alike. Each
 round prints one JSON line per workload with every system's figure and the Cursus/other ratio of that same
 round; the last lines give medians and ranges over the rounds. Environment: ``CURSUS_BENCH_COMPARE_ROUNDS``
-(7), ``CURSUS_BENCH_COMPARE_RECORDS`` (200000), ``CURSUS_BENCH_COMPARE_LATENCY`` (2000 samples).
+(7), ``CURSUS_BENCH_COMPARE_RECORDS`` (200000), ``CURSUS_BENCH_COMPARE_LATENCY`` (2000 samples),
+``CURSUS_BENCH_COMPARE_NODES`` (1).
+
+Three-node mode (``CURSUS_BENCH_COMPARE_NODES=3``): Cursus runs as a three-broker Raft cluster (mutual TLS
+between brokers, the timers of :mod:`bench.bench_replication`) with topics of ``replication_factor=3``, and
+every Cursus publish is acks=all (``publish``: plain, ``publish_idempotent``: idempotent; each record fsynced
+on every ISR replica and covered by a committed HWM before its ack). RabbitMQ runs as a three-node cluster
+(classic-config peer discovery, one epmd, one Erlang cookie) with streams of ``initial-cluster-size`` 3
+(its publish confirm waits for a quorum of replicas, none of which fsyncs). Redis is skipped: its
+replication is asynchronous, so there is no replicated acknowledgement to compare.
 """
 
 from __future__ import annotations
 
 import asyncio
 import importlib.metadata
+import json
 import os
 import shutil
 import signal
@@ -44,6 +54,7 @@ from typing import Any
 ROUNDS = int(os.environ.get("CURSUS_BENCH_COMPARE_ROUNDS", "7"))
 RECORDS = int(os.environ.get("CURSUS_BENCH_COMPARE_RECORDS", "200000"))
 LATENCY_SAMPLES = int(os.environ.get("CURSUS_BENCH_COMPARE_LATENCY", "2000"))
+NODES = int(os.environ.get("CURSUS_BENCH_COMPARE_NODES", "1"))
 PAYLOAD_BYTES = 100
 WINDOW = 1000
 START_TIMEOUT_S = 60.0
@@ -132,38 +143,61 @@ class System:
 
 
 class CursusSystem(System):
+    """One broker, or (``nodes=3``) a three-broker cluster with topics of three replicas and acks=all."""
+
     name = "cursus"
 
-    def __init__(self) -> None:
-        self.broker: Any = None
-        self.address = ""
+    def __init__(self, nodes: int = 1) -> None:
+        self.nodes = nodes
+        self.brokers: list[Any] = []
+        self.address: list[str] = []
+        self.acks = "1" if nodes == 1 else "all"
 
     def start(self, tmp: Path) -> None:
         sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-        from tests.brokerproc import BrokerProcess
+        if self.nodes == 1:
+            from tests.brokerproc import BrokerProcess
 
-        self.broker = BrokerProcess(tmp / "cursus-data", health=False).start()
-        self.address = f"127.0.0.1:{self.broker.port}"
+            self.brokers = [BrokerProcess(tmp / "cursus-data", health=False).start()]
+        else:
+            from bench.bench_replication import TIMERS
+            from tests.cluster.clustersupport import Cluster
+            from tests.cluster.raftsupport import make_test_pki
+
+            (tmp / "cursus-nodes").mkdir()
+            cluster = Cluster(tmp / "cursus-nodes", make_test_pki(tmp / "cursus-pki"), **TIMERS)
+            self.brokers = cluster.brokers
+            cluster.start()
+        self.address = [f"127.0.0.1:{broker.port}" for broker in self.brokers]
         self.version = importlib.metadata.version("cursus")
 
     def stop(self) -> None:
-        if self.broker is not None:
-            self.broker.stop()
+        for broker in self.brokers:
+            broker.stop()
 
     def server_pids(self) -> list[int]:
-        return [self.broker.proc.pid]
+        return [broker.proc.pid for broker in self.brokers]
 
     def _create(self, stream: str, **settings: Any) -> None:
         from cursus.client import Admin
 
         with Admin(self.address) as admin:
-            admin.create_topic(stream, 1, **settings)
+            if self.nodes == 1:
+                admin.create_topic(stream, 1, **settings)
+                return
+            admin.create_topic(stream, 1, replication_factor=self.nodes, **settings)
+            deadline = time.monotonic() + 30
+            while len(admin.describe_topic(stream).partition_states[0].isr) < self.nodes:  # the replicas join
+                if time.monotonic() > deadline:
+                    raise TimeoutError(f"{stream}: the ISR did not reach {self.nodes} replicas")
+                time.sleep(0.05)  # polling with a deadline: there is no event to wait on
 
     def publish(self, stream: str, payload: bytes, count: int, *, idempotent: bool = False) -> None:
         from cursus.client import Producer
 
         self._create(stream, idempotent=idempotent)
-        with Producer(self.address, batch_size=WINDOW, linger_ms=5, idempotent=idempotent) as producer:
+        with Producer(self.address, batch_size=WINDOW, linger_ms=5, idempotent=idempotent,
+                      acks="all" if idempotent else self.acks) as producer:
             send = producer.send
             for _ in range(count):
                 send(stream, payload)
@@ -184,7 +218,7 @@ class CursusSystem(System):
 
         self._create(stream)
         samples = []
-        with Producer(self.address) as producer:
+        with Producer(self.address, acks=self.acks) as producer:
             producer.produce(stream, payload)  # metadata and connection outside the samples
             for _ in range(count):
                 started = time.perf_counter()
@@ -197,14 +231,20 @@ class CursusSystem(System):
 
 
 class RabbitStreamsSystem(System):
-    """RabbitMQ with the stream plugin, as a child process with its own node name, dirs and epmd."""
+    """RabbitMQ with the stream plugin: ``nodes`` child processes with their own node names, dirs, one epmd
+    and one Erlang cookie; with more than one node they form a cluster (classic-config peer discovery) and
+    every stream is created with ``initial-cluster-size`` = ``nodes``."""
 
     name = "rabbitmq_streams"
 
-    def __init__(self) -> None:
-        self.procs: list[subprocess.Popen[bytes]] = []
+    def __init__(self, nodes: int = 1) -> None:
+        self.nodes = nodes
+        self.epmd: subprocess.Popen[bytes] | None = None
+        self.servers: list[subprocess.Popen[bytes]] = []
         self.port = 0
         self.version = ""
+        self._ctl_env: dict[str, str] = {}
+        self._node_names: list[str] = []
 
     @staticmethod
     def missing() -> str | None:
@@ -219,43 +259,82 @@ class RabbitStreamsSystem(System):
     def start(self, tmp: Path) -> None:
         base = tmp / "rabbitmq"
         base.mkdir()
-        self.port = _free_port()
-        amqp_port, dist_port, epmd_port = _free_port(), _free_port(), _free_port()
-        (base / "rabbitmq.conf").write_text(
-            f"listeners.tcp.1 = 127.0.0.1:{amqp_port}\n"
-            f"stream.listeners.tcp.1 = 127.0.0.1:{self.port}\n"
-            f"stream.advertised_host = 127.0.0.1\nstream.advertised_port = {self.port}\n")
-        (base / "enabled_plugins").write_text("[rabbitmq_stream].\n")
-        env = {**os.environ, "HOME": str(base), "ERL_EPMD_PORT": str(epmd_port), "ERL_EPMD_ADDRESS": "127.0.0.1",
-               "RABBITMQ_NODENAME": f"cursusbench{os.getpid()}@localhost",
-               "RABBITMQ_MNESIA_BASE": str(base / "mnesia"), "RABBITMQ_LOG_BASE": str(base / "log"),
-               "RABBITMQ_CONFIG_FILE": str(base / "rabbitmq.conf"),
-               "RABBITMQ_ENABLED_PLUGINS_FILE": str(base / "enabled_plugins"),
-               "RABBITMQ_DIST_PORT": str(dist_port), "RABBITMQ_NODE_IP_ADDRESS": "127.0.0.1",
-               "RABBITMQ_SERVER_ADDITIONAL_ERL_ARGS": "-kernel inet_dist_use_interface {127,0,0,1}"}
-        out = open(base / "server.out", "wb")  # noqa: SIM115 (lives as long as the server)
+        cookie = base / ".erlang.cookie"  # HOME is ``base`` for every node and rabbitmqctl
+        cookie.write_text(os.urandom(16).hex())
+        cookie.chmod(0o400)
+        epmd_port = _free_port()
+        self._ctl_env = {**os.environ, "HOME": str(base), "ERL_EPMD_PORT": str(epmd_port),
+                         "ERL_EPMD_ADDRESS": "127.0.0.1"}
+        self._node_names = [f"cursusbench{os.getpid()}n{i}@localhost" for i in range(self.nodes)]
+        epmd_out = open(base / "epmd.out", "wb")  # noqa: SIM115 (lives as long as epmd)
         # Our own epmd, so the one RabbitMQ would daemonise is never started (and we can stop ours by PID).
-        self.procs.append(subprocess.Popen(["epmd", "-address", "127.0.0.1", "-port", str(epmd_port)],
-                                           stdout=out, stderr=subprocess.STDOUT, env=env))
-        _wait_port(epmd_port, self.procs[0], "epmd")
-        self.procs.append(subprocess.Popen(["/usr/lib/rabbitmq/bin/rabbitmq-server"], stdout=out,
-                                           stderr=subprocess.STDOUT, env=env))
-        _wait_port(self.port, self.procs[1], "rabbitmq-server")
+        self.epmd = subprocess.Popen(["epmd", "-address", "127.0.0.1", "-port", str(epmd_port)],
+                                     stdout=epmd_out, stderr=subprocess.STDOUT, env=self._ctl_env)
+        _wait_port(epmd_port, self.epmd, "epmd")
+        discovery = "" if self.nodes == 1 else "cluster_formation.peer_discovery_backend = classic_config\n" + "".join(
+            f"cluster_formation.classic_config.nodes.{i + 1} = {name}\n" for i, name in enumerate(self._node_names))
+        stream_ports = []
+        for i, node_name in enumerate(self._node_names):
+            node = base / f"node{i}"
+            node.mkdir()
+            stream_port, amqp_port, dist_port = _free_port(), _free_port(), _free_port()
+            stream_ports.append(stream_port)
+            (node / "rabbitmq.conf").write_text(
+                f"listeners.tcp.1 = 127.0.0.1:{amqp_port}\n"
+                f"stream.listeners.tcp.1 = 127.0.0.1:{stream_port}\n"
+                f"stream.advertised_host = 127.0.0.1\nstream.advertised_port = {stream_port}\n" + discovery)
+            (node / "enabled_plugins").write_text("[rabbitmq_stream].\n")
+            env = {**self._ctl_env, "RABBITMQ_NODENAME": node_name,
+                   "RABBITMQ_MNESIA_BASE": str(node / "mnesia"), "RABBITMQ_LOG_BASE": str(node / "log"),
+                   "RABBITMQ_CONFIG_FILE": str(node / "rabbitmq.conf"),
+                   "RABBITMQ_ENABLED_PLUGINS_FILE": str(node / "enabled_plugins"),
+                   "RABBITMQ_DIST_PORT": str(dist_port), "RABBITMQ_NODE_IP_ADDRESS": "127.0.0.1",
+                   "RABBITMQ_SERVER_ADDITIONAL_ERL_ARGS": "-kernel inet_dist_use_interface {127,0,0,1}"}
+            out = open(node / "server.out", "wb")  # noqa: SIM115 (lives as long as the server)
+            self.servers.append(subprocess.Popen(["/usr/lib/rabbitmq/bin/rabbitmq-server"], stdout=out,
+                                                 stderr=subprocess.STDOUT, env=env))
+        for port, server in zip(stream_ports, self.servers, strict=True):
+            _wait_port(port, server, "rabbitmq-server")
+        self.port = stream_ports[0]
+        if self.nodes > 1:
+            self._wait_clustered()
         self.version = _dpkg_version("rabbitmq-server")
 
+    def _wait_clustered(self, timeout_s: float = START_TIMEOUT_S) -> None:
+        """Until the first node reports every node running (a stream created earlier gets fewer replicas)."""
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            status = subprocess.run(["/usr/lib/rabbitmq/bin/rabbitmqctl", "-n", self._node_names[0], "-q",
+                                     "cluster_status", "--formatter", "json"], capture_output=True, text=True,
+                                    env=self._ctl_env, check=False, timeout=60)
+            try:
+                running = json.loads(status.stdout).get("running_nodes", [])
+            except ValueError:
+                running = []
+            if len(running) == self.nodes:
+                return
+            time.sleep(0.5)  # polling with a deadline: there is no event to wait on
+        raise TimeoutError(f"RabbitMQ: {self.nodes} nodes did not form a cluster within {timeout_s}s")
+
     def server_pids(self) -> list[int]:
-        return [int(p) for p in _children(self.procs[1].pid)] + [self.procs[1].pid]
+        return [pid for server in self.servers for pid in (*_children(server.pid), server.pid)]
 
     def stop(self) -> None:
-        beams = _children(self.procs[1].pid) if len(self.procs) > 1 and self.procs[1].poll() is None else []
-        for pid in beams:  # the script's child beam.smp handles SIGTERM as a clean shutdown
-            try:
-                os.kill(pid, signal.SIGTERM)
-            except ProcessLookupError:
-                pass
-        for proc in reversed(self.procs):
-            _stop_pid(proc)
-        self.procs = []
+        for server in self.servers:
+            for pid in _children(server.pid) if server.poll() is None else []:
+                try:  # the script's child beam.smp handles SIGTERM as a clean shutdown
+                    os.kill(pid, signal.SIGTERM)
+                except ProcessLookupError:
+                    pass
+        for server in self.servers:
+            _stop_pid(server)
+        if self.epmd is not None:
+            _stop_pid(self.epmd)
+        self.servers, self.epmd = [], None
+
+    def _create(self, producer: Any, stream: str) -> Any:
+        arguments = {"initial-cluster-size": self.nodes} if self.nodes > 1 else None
+        return producer.create_stream(stream, arguments=arguments, exists_ok=True)
 
     def _run(self, body: Callable[[Any], Any]) -> Any:
         async def main() -> Any:
@@ -268,7 +347,7 @@ class RabbitStreamsSystem(System):
 
     def publish(self, stream: str, payload: bytes, count: int) -> None:
         async def body(producer: Any) -> None:
-            await producer.create_stream(stream, exists_ok=True)
+            await self._create(producer, stream)
             done = asyncio.Event()
             confirmed = 0
 
@@ -309,7 +388,7 @@ class RabbitStreamsSystem(System):
 
     def latency(self, stream: str, payload: bytes, count: int) -> list[float]:
         async def body(producer: Any) -> list[float]:
-            await producer.create_stream(stream, exists_ok=True)
+            await self._create(producer, stream)
             await producer.send_wait(stream, payload)
             samples = []
             for _ in range(count):
@@ -475,13 +554,17 @@ def _ratios(workload: str, figures: dict[str, dict[str, Any]]) -> dict[str, floa
 
 def run() -> Iterator[dict]:
     """Start every installed system, run ``ROUNDS`` interleaved rounds; yield the result lines as they come."""
-    systems: list[System] = [CursusSystem()]
-    for cls in (RabbitStreamsSystem, RedisSystem):
-        reason = cls.missing()
-        if reason is None:
-            systems.append(cls())
-        else:
-            yield {"system": cls.name, "skipped": reason}
+    systems: list[System] = [CursusSystem(NODES)]
+    reason = RabbitStreamsSystem.missing()
+    if reason is None:
+        systems.append(RabbitStreamsSystem(NODES))
+    else:
+        yield {"system": RabbitStreamsSystem.name, "skipped": reason}
+    reason = RedisSystem.missing() if NODES == 1 else "asynchronous replication: no replicated acknowledgement"
+    if reason is None:
+        systems.append(RedisSystem())
+    else:
+        yield {"system": RedisSystem.name, "skipped": reason}
     history: dict[str, dict[str, list[dict[str, Any]]]] = {w: {} for w in _WORKLOADS}
     with tempfile.TemporaryDirectory(prefix="cursus-compare-") as tmp_name:
         tmp = Path(tmp_name)
@@ -490,7 +573,7 @@ def run() -> Iterator[dict]:
             for system in systems:
                 system.start(tmp)
                 started.append(system)
-            yield {"settings": {"rounds": ROUNDS, "records": RECORDS, "payload_bytes": PAYLOAD_BYTES,
+            yield {"settings": {"nodes": NODES, "rounds": ROUNDS, "records": RECORDS, "payload_bytes": PAYLOAD_BYTES,
                                 "window": WINDOW, "latency_samples": LATENCY_SAMPLES, "cpus": os.cpu_count(),
                                 "python": sys.version.split()[0],
                                 "versions": {s.name: s.version for s in systems}}}
