@@ -151,7 +151,8 @@ class CursusSystem(System):
         self.nodes = nodes
         self.brokers: list[Any] = []
         self.address: list[str] = []
-        self.acks = "1" if nodes == 1 else "all"
+        #: The producers' acks: the SDK default (1, or all when idempotent) on one broker, all on a cluster.
+        self.acks = None if nodes == 1 else "all"
 
     def start(self, tmp: Path) -> None:
         sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
@@ -180,24 +181,20 @@ class CursusSystem(System):
 
     def _create(self, stream: str, **settings: Any) -> None:
         from cursus.client import Admin
+        from tests.cluster.clustersupport import wait_for
 
         with Admin(self.address) as admin:
-            if self.nodes == 1:
-                admin.create_topic(stream, 1, **settings)
-                return
-            admin.create_topic(stream, 1, replication_factor=self.nodes, **settings)
-            deadline = time.monotonic() + 30
-            while len(admin.describe_topic(stream).partition_states[0].isr) < self.nodes:  # the replicas join
-                if time.monotonic() > deadline:
-                    raise TimeoutError(f"{stream}: the ISR did not reach {self.nodes} replicas")
-                time.sleep(0.05)  # polling with a deadline: there is no event to wait on
+            admin.create_topic(stream, 1, replication_factor=self.nodes if self.nodes > 1 else None, **settings)
+            if self.nodes > 1:  # until every replica has joined the ISR
+                wait_for(lambda: len(admin.describe_topic(stream).partition_states[0].isr) == self.nodes, 30,
+                         f"{stream}: an ISR of {self.nodes} replicas")
 
     def publish(self, stream: str, payload: bytes, count: int, *, idempotent: bool = False) -> None:
         from cursus.client import Producer
 
         self._create(stream, idempotent=idempotent)
         with Producer(self.address, batch_size=WINDOW, linger_ms=5, idempotent=idempotent,
-                      acks="all" if idempotent else self.acks) as producer:
+                      acks=self.acks) as producer:
             send = producer.send
             for _ in range(count):
                 send(stream, payload)

@@ -3,9 +3,9 @@
 A minimal uvloop server does only what such a publish must: read a 32-byte header and its payload, hand the
 payload to a writer thread (``threading.Condition``), which ``write``s and ``fdatasync``s it and wakes the
 loop (``call_soon_threadsafe``); the loop then writes a 100-byte reply. A client process sends one request
-at a time. Reported: the server's CPU per request (user + system, per thread) and the client's round trip p50/p99 (µs),
-with and without the fsync,
-to compare with ``broker_publish_latency_acks1`` of ``bench_broker`` (the broker's own figure).
+at a time. Reported, with and without the fsync: the server's CPU per request (user + system, per thread)
+and the client's round-trip p50/p99 (µs), to compare with ``broker_publish_latency_acks1`` of
+``bench_broker`` (the broker's own figure).
 """
 
 from __future__ import annotations
